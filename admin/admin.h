@@ -1,0 +1,57 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The admin API as a pure request -> response function: authentication, routing of admin
+ * paths, validation, JSON in and out, Prometheus text. The gateway owns the sockets. */
+#ifndef KVG_ADMIN_H
+#define KVG_ADMIN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "common.h"
+#include "router.h"
+
+typedef struct kvg_admin kvg_admin;
+
+typedef struct kvg_admin_config {
+    /* Accepted bearer tokens (borrowed only during kvg_admin_new, copied). At least one. */
+    const char *const *tokens;
+    size_t ntokens;
+} kvg_admin_config;
+
+typedef struct kvg_admin_request {
+    const char *method;        /* "GET", "PUT", ... */
+    const char *path;          /* path with optional query, e.g. "/admin/v1/workers" */
+    const char *authorization; /* value of the Authorization header, or NULL */
+    const char *body;          /* may be NULL when body_len is 0 */
+    size_t body_len;
+    const char *remote;        /* peer address for the audit log, or NULL */
+} kvg_admin_request;
+
+typedef struct kvg_admin_response {
+    int status;
+    const char *content_type; /* static string */
+    kvg_buf body;             /* owned by the response; free with kvg_admin_response_done */
+} kvg_admin_response;
+
+/** Writes extra Prometheus series into out (for example the gateway's front counters). */
+typedef void (*kvg_admin_metrics_fn)(kvg_buf *out, void *ud);
+/** True when the gateway can take traffic (listeners open, not shutting down). */
+typedef bool (*kvg_admin_ready_fn)(void *ud);
+
+/** Create the admin handler over reg (borrowed; must outlive the admin).
+ *  Returns 0, -EINVAL (no tokens) or -ENOMEM. */
+int kvg_admin_new(const kvg_admin_config *cfg, kvg_registry *reg, kvg_admin **out);
+void kvg_admin_free(kvg_admin *admin);
+/** Replace the accepted tokens (config reload). 0, -EINVAL or -ENOMEM (old tokens kept). */
+int kvg_admin_set_tokens(kvg_admin *admin, const char *const *tokens, size_t ntokens);
+/** Register an extra metrics writer, called on every /metrics scrape in registration order. */
+int kvg_admin_add_metrics(kvg_admin *admin, kvg_admin_metrics_fn fn, void *ud);
+/** Set the readiness probe used by /readyz (besides "at least one worker up"). */
+void kvg_admin_set_ready(kvg_admin *admin, kvg_admin_ready_fn fn, void *ud);
+
+/** Handle one admin request. Always fills resp (status, content type, body); the caller
+ *  sends it and then calls kvg_admin_response_done. Never blocks. */
+void kvg_admin_handle(kvg_admin *admin, const kvg_admin_request *req, kvg_admin_response *resp);
+void kvg_admin_response_done(kvg_admin_response *resp);
+
+#endif

@@ -1,0 +1,203 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Building blocks every kvgate module uses: errors, logging, arenas, byte buffers, JSON. */
+#ifndef KVG_COMMON_H
+#define KVG_COMMON_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVG_CONTAINER_OF(ptr, type, member) ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
+#define KVG_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define KVG_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define KVG_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+#if defined(__GNUC__)
+#define KVG_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#define KVG_UNUSED __attribute__((unused))
+#else
+#define KVG_PRINTF(f, a)
+#define KVG_UNUSED
+#endif
+
+/* ---- errors ------------------------------------------------------------------------------ */
+
+/* kvgate's own error codes; functions return 0, a negative errno, or one of these. */
+enum {
+    KVG_EFIRST = -10000,
+    KVG_EPARSE = KVG_EFIRST, /* malformed input */
+    KVG_ELIMIT,              /* a configured limit was exceeded */
+    KVG_ETYPE,               /* a value has the wrong type */
+    KVG_ENOTFOUND,           /* no such object */
+    KVG_EPROTO,              /* peer violated the protocol */
+    KVG_ETLS,                /* TLS library failure */
+    KVG_ECONFIG,             /* invalid configuration */
+    KVG_ELAST,
+};
+
+/** Name any return code of kvgate (0, -errno or KVG_E*). Never returns NULL. */
+const char *kvg_strerror(int err);
+
+/* ---- logging ----------------------------------------------------------------------------- */
+
+typedef enum kvg_log_level {
+    KVG_LOG_ERROR = 0,
+    KVG_LOG_WARN,
+    KVG_LOG_INFO,
+    KVG_LOG_DEBUG,
+    KVG_LOG_LEVEL_COUNT,
+} kvg_log_level;
+
+/** Name of a log level ("error", "warn", ...). */
+const char *kvg_log_level_str(kvg_log_level level);
+/** Parse a level name; returns 0 and writes *out, or KVG_EPARSE. */
+int kvg_log_level_parse(const char *name, kvg_log_level *out);
+/** Set the most verbose level that is printed (default INFO). Thread-safe. */
+void kvg_log_set_level(kvg_log_level level);
+/** True when messages of this level are printed. */
+bool kvg_log_enabled(kvg_log_level level);
+/** Print one line to stderr: time, level, message. One write(2) per line, so threads never
+ *  interleave inside a line. */
+void kvg_log(kvg_log_level level, const char *fmt, ...) KVG_PRINTF(2, 3);
+
+#define kvg_log_error(...) kvg_log(KVG_LOG_ERROR, __VA_ARGS__)
+#define kvg_log_warn(...) kvg_log(KVG_LOG_WARN, __VA_ARGS__)
+#define kvg_log_info(...) kvg_log(KVG_LOG_INFO, __VA_ARGS__)
+#define kvg_log_debug(...)                                                                         \
+    do {                                                                                           \
+        if (kvg_log_enabled(KVG_LOG_DEBUG))                                                        \
+            kvg_log(KVG_LOG_DEBUG, __VA_ARGS__);                                                   \
+    } while (0)
+
+/* ---- time -------------------------------------------------------------------------------- */
+
+/** Monotonic clock in nanoseconds. */
+uint64_t kvg_now_ns(void);
+/** Wall clock in nanoseconds since the epoch. */
+uint64_t kvg_wall_ns(void);
+/** Format a wall-clock time as RFC 3339 UTC with milliseconds into buf (>= 32 bytes). */
+void kvg_format_time(uint64_t wall_ns, char *buf, size_t len);
+
+/* ---- arena ------------------------------------------------------------------------------- */
+
+/* Bump allocator for memory that lives exactly as long as one request or one parse. */
+typedef struct kvg_arena_chunk kvg_arena_chunk;
+typedef struct kvg_arena {
+    kvg_arena_chunk *head;
+    size_t chunk_size;
+    size_t total;     /* bytes handed out, for limits */
+    size_t limit;     /* 0 = unlimited; allocations past it fail */
+} kvg_arena;
+
+/** Initialise an empty arena; chunk_size 0 picks a default. Allocates nothing yet. */
+void kvg_arena_init(kvg_arena *a, size_t chunk_size);
+/** Free every chunk; the arena can be reused after kvg_arena_init. */
+void kvg_arena_done(kvg_arena *a);
+/** 16-byte aligned allocation; NULL when out of memory or over the limit. */
+void *kvg_arena_alloc(kvg_arena *a, size_t size);
+/** Copy len bytes and add a NUL. NULL on failure. */
+char *kvg_arena_strndup(kvg_arena *a, const char *s, size_t len);
+char *kvg_arena_strdup(kvg_arena *a, const char *s);
+
+/* ---- growable byte buffer ------------------------------------------------------------------ */
+
+typedef struct kvg_buf {
+    char *data; /* always NUL-terminated when cap > 0 */
+    size_t len;
+    size_t cap;
+    bool failed; /* sticky: an append ran out of memory */
+} kvg_buf;
+
+void kvg_buf_init(kvg_buf *b);
+void kvg_buf_done(kvg_buf *b);
+void kvg_buf_reset(kvg_buf *b);
+/** Make room for n more bytes; 0 or -ENOMEM (and marks the buffer failed). */
+int kvg_buf_reserve(kvg_buf *b, size_t n);
+void kvg_buf_append(kvg_buf *b, const void *data, size_t len);
+void kvg_buf_puts(kvg_buf *b, const char *s);
+void kvg_buf_putc(kvg_buf *b, char c);
+void kvg_buf_printf(kvg_buf *b, const char *fmt, ...) KVG_PRINTF(2, 3);
+void kvg_buf_vprintf(kvg_buf *b, const char *fmt, va_list ap) KVG_PRINTF(2, 0);
+/** Append s as a JSON string literal (quotes included), escaping as RFC 8259 requires.
+ *  Invalid UTF-8 is replaced by U+FFFD so the output is always valid JSON. */
+void kvg_buf_json_string(kvg_buf *b, const char *s, size_t len);
+/** Take the buffer's memory; the buffer is left empty. Caller frees. */
+char *kvg_buf_steal(kvg_buf *b, size_t *len);
+
+/* ---- JSON -------------------------------------------------------------------------------- */
+
+typedef enum kvg_json_type {
+    KVG_JSON_NULL = 0,
+    KVG_JSON_FALSE,
+    KVG_JSON_TRUE,
+    KVG_JSON_NUMBER,
+    KVG_JSON_STRING,
+    KVG_JSON_ARRAY,
+    KVG_JSON_OBJECT,
+    KVG_JSON_TYPE_COUNT,
+} kvg_json_type;
+
+typedef struct kvg_json kvg_json;
+struct kvg_json {
+    kvg_json_type type;
+    union {
+        struct {
+            double value;
+            bool is_int;   /* written without fraction or exponent and fits in int64 */
+            int64_t ival;
+        } num;
+        struct {
+            char *ptr; /* decoded UTF-8, NUL-terminated (may contain NUL from \u0000) */
+            size_t len;
+        } str;
+        struct {
+            kvg_json **items;
+            size_t count;
+        } arr;
+        struct {
+            char **keys; /* decoded, NUL-terminated */
+            size_t *key_lens;
+            kvg_json **values;
+            size_t count;
+        } obj;
+    } u;
+};
+
+typedef struct kvg_json_limits {
+    size_t max_depth;  /* nesting; default 64 */
+    bool reject_duplicate_keys;
+} kvg_json_limits;
+
+typedef struct kvg_json_error {
+    size_t offset;     /* byte offset of the problem */
+    char message[96];
+} kvg_json_error;
+
+/** Strict RFC 8259 parse of [text, text+len) into a tree allocated from arena.
+ *  limits may be NULL for defaults. Returns 0 and *out, or KVG_EPARSE / KVG_ELIMIT / -ENOMEM
+ *  with err filled (err may be NULL). Strings must be valid UTF-8; escapes are decoded. */
+int kvg_json_parse(const char *text, size_t len, kvg_arena *arena, const kvg_json_limits *limits,
+                   kvg_json **out, kvg_json_error *err);
+/** Member of an object by key; the last one wins when keys repeat. NULL if absent or not an
+ *  object. */
+const kvg_json *kvg_json_get(const kvg_json *obj, const char *key);
+const char *kvg_json_type_str(kvg_json_type type);
+/** Serialise a tree compactly (member order kept). */
+void kvg_json_write(kvg_buf *b, const kvg_json *v);
+
+/* ---- small helpers ----------------------------------------------------------------------- */
+
+/** Split "host:port" or "[v6]:port" into host (NUL-terminated, <= host_len-1 bytes) and port.
+ *  Returns 0 or KVG_EPARSE. */
+int kvg_parse_hostport(const char *s, char *host, size_t host_len, uint16_t *port);
+/** Parse a non-negative decimal integer that fits in *out; 0 or KVG_EPARSE. */
+int kvg_parse_u64(const char *s, size_t len, uint64_t *out);
+/** Constant-time comparison of two byte strings of equal length; true when equal. */
+bool kvg_consttime_eq(const void *a, const void *b, size_t len);
+/** Fill buf with len random bytes from the OS; 0 or -errno. */
+int kvg_random_bytes(void *buf, size_t len);
+/** Case-insensitive ASCII comparison of a counted string with a C string. */
+bool kvg_strcaseeq(const char *a, size_t alen, const char *b);
+
+#endif

@@ -1,0 +1,98 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Small parsing and security helpers shared by all modules. */
+#include "common.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+int kvg_parse_hostport(const char *s, char *host, size_t host_len, uint16_t *port)
+{
+    const char *colon;
+    const char *h = s;
+    size_t hlen;
+    if (s[0] == '[') {
+        const char *close = strchr(s, ']');
+        if (!close || close[1] != ':')
+            return KVG_EPARSE;
+        h = s + 1;
+        hlen = (size_t)(close - h);
+        colon = close + 1;
+    } else {
+        colon = strrchr(s, ':');
+        if (!colon)
+            return KVG_EPARSE;
+        hlen = (size_t)(colon - s);
+        if (memchr(s, ':', hlen))
+            return KVG_EPARSE; /* bare IPv6 needs brackets */
+    }
+    if (hlen == 0 || hlen >= host_len)
+        return KVG_EPARSE;
+    uint64_t p;
+    if (kvg_parse_u64(colon + 1, strlen(colon + 1), &p) < 0 || p > 65535)
+        return KVG_EPARSE;
+    memcpy(host, h, hlen);
+    host[hlen] = '\0';
+    *port = (uint16_t)p;
+    return 0;
+}
+
+int kvg_parse_u64(const char *s, size_t len, uint64_t *out)
+{
+    if (len == 0 || len > 20)
+        return KVG_EPARSE;
+    uint64_t v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return KVG_EPARSE;
+        uint64_t d = (uint64_t)(s[i] - '0');
+        if (v > (UINT64_MAX - d) / 10)
+            return KVG_EPARSE;
+        v = v * 10 + d;
+    }
+    *out = v;
+    return 0;
+}
+
+bool kvg_consttime_eq(const void *a, const void *b, size_t len)
+{
+    const volatile unsigned char *x = a, *y = b;
+    unsigned char acc = 0;
+    for (size_t i = 0; i < len; i++)
+        acc |= x[i] ^ y[i];
+    return acc == 0;
+}
+
+int kvg_random_bytes(void *buf, size_t len)
+{
+    unsigned char *p = buf;
+    while (len) {
+        ssize_t n = getrandom(p, len, 0);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+bool kvg_strcaseeq(const char *a, size_t alen, const char *b)
+{
+    size_t blen = strlen(b);
+    if (alen != blen)
+        return false;
+    for (size_t i = 0; i < alen; i++) {
+        char x = a[i], y = b[i];
+        if (x >= 'A' && x <= 'Z')
+            x = (char)(x - 'A' + 'a');
+        if (y >= 'A' && y <= 'Z')
+            y = (char)(y - 'A' + 'a');
+        if (x != y)
+            return false;
+    }
+    return true;
+}

@@ -1,0 +1,72 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Load-based ranking of candidate workers; the prefix-aware cost policy joins it later. */
+#include "policy.h"
+
+#include <string.h>
+
+#include "common.h"
+
+static const char *const kind_names[KVG_POLICY_KIND_COUNT] = {
+    [KVG_POLICY_LEAST_LOADED] = "least_loaded",
+    [KVG_POLICY_ROUND_ROBIN] = "round_robin",
+};
+
+const char *kvg_policy_kind_str(kvg_policy_kind k)
+{
+    return k < KVG_POLICY_KIND_COUNT ? kind_names[k] : "?";
+}
+
+int kvg_policy_kind_parse(const char *name, kvg_policy_kind *out)
+{
+    for (int i = 0; i < KVG_POLICY_KIND_COUNT; i++) {
+        if (strcmp(name, kind_names[i]) == 0) {
+            *out = (kvg_policy_kind)i;
+            return 0;
+        }
+    }
+    return KVG_EPARSE;
+}
+
+/* Rotate the array left by r so that ties, and round robin, start at a moving position. */
+static void rotate(kvg_policy_candidate *c, size_t n, size_t r)
+{
+    if (n < 2 || (r %= n) == 0)
+        return;
+    kvg_policy_candidate tmp[64];
+    while (r) {
+        size_t k = KVG_MIN(r, KVG_ARRAY_LEN(tmp));
+        memcpy(tmp, c, k * sizeof(*c));
+        memmove(c, c + k, (n - k) * sizeof(*c));
+        memcpy(c + n - k, tmp, k * sizeof(*c));
+        r -= k;
+    }
+}
+
+void kvg_policy_rank(kvg_policy_kind kind, kvg_policy_candidate *cands, size_t n,
+                     uint64_t rotation)
+{
+    if (n == 0)
+        return;
+    if (kind == KVG_POLICY_ROUND_ROBIN) {
+        rotate(cands, n, (size_t)(rotation % n));
+        return;
+    }
+    /* Stable insertion sort by load: candidate lists are short (workers serving one model). */
+    for (size_t i = 1; i < n; i++) {
+        kvg_policy_candidate x = cands[i];
+        size_t j = i;
+        while (j > 0 && cands[j - 1].inflight > x.inflight) {
+            cands[j] = cands[j - 1];
+            j--;
+        }
+        cands[j] = x;
+    }
+    /* Rotate each run of equal load on its own, so every member of a tie leads equally often. */
+    for (size_t i = 0; i < n;) {
+        size_t j = i + 1;
+        while (j < n && cands[j].inflight == cands[i].inflight)
+            j++;
+        rotate(cands + i, j - i, (size_t)(rotation % (j - i)));
+        i = j;
+    }
+}

@@ -1,0 +1,151 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Worker registry: the workers kvgate routes to, their health and load, as immutable
+ * refcounted snapshots that every gateway thread reads without locks. */
+#ifndef KVG_ROUTER_H
+#define KVG_ROUTER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.h"
+
+typedef struct kvg_registry kvg_registry;
+typedef struct kvg_worker kvg_worker;
+typedef struct kvg_worker_set kvg_worker_set;
+
+#define KVG_WORKER_NAME_MAX 64
+#define KVG_WORKER_MODELS_MAX 64
+#define KVG_MODEL_NAME_MAX 256
+
+/* Where a worker definition came from: the config file (replaced on reload) or the admin API
+ * (kept across reloads; overrides a config worker of the same name). */
+typedef enum kvg_worker_source {
+    KVG_WORKER_SOURCE_CONFIG = 0,
+    KVG_WORKER_SOURCE_ADMIN,
+    KVG_WORKER_SOURCE_COUNT,
+} kvg_worker_source;
+
+const char *kvg_worker_source_str(kvg_worker_source s);
+
+/* Health as seen by active checks and by failed connects. */
+typedef enum kvg_worker_health {
+    KVG_WORKER_UP = 0,
+    KVG_WORKER_DOWN,
+    KVG_WORKER_HEALTH_COUNT,
+} kvg_worker_health;
+
+const char *kvg_worker_health_str(kvg_worker_health h);
+
+/* A worker as the operator defines it. Borrowed by kvg_registry_put, which copies it. */
+typedef struct kvg_worker_def {
+    const char *name;         /* [A-Za-z0-9._-], 1..KVG_WORKER_NAME_MAX */
+    const char *url;          /* http://host:port (optional trailing '/'), no other path */
+    const char *const *models; /* empty = serves every model */
+    size_t nmodels;
+    uint32_t kv_blocks;       /* engine KV capacity in blocks; 0 = unknown */
+    uint32_t max_inflight;    /* requests in flight this gateway sends it; 0 = registry default */
+} kvg_worker_def;
+
+typedef struct kvg_registry_config {
+    unsigned nthreads;         /* gateway threads: sizes the per-thread slots of each worker */
+    uint32_t default_max_inflight; /* 0 = 1024 */
+    unsigned health_fall;      /* consecutive failures that mark a worker down; 0 = 3 */
+    unsigned health_rise;      /* consecutive successes that mark it up again; 0 = 2 */
+} kvg_registry_config;
+
+/** Create an empty registry. Returns 0, -ENOMEM or -EINVAL. */
+int kvg_registry_new(const kvg_registry_config *cfg, kvg_registry **out);
+/** Free the registry; snapshots acquired earlier stay valid until unreffed. NULL is a no-op. */
+void kvg_registry_free(kvg_registry *reg);
+
+/** Check a definition without changing anything: 0, or KVG_EPARSE/KVG_ELIMIT with a message
+ *  naming the bad field written to msg (may be NULL). */
+int kvg_worker_def_validate(const kvg_worker_def *def, char *msg, size_t msg_len);
+
+/** Add or replace a worker; a new snapshot is published. Replacing with an identical
+ *  definition keeps the worker object (and its health and counters); a changed definition
+ *  creates a fresh worker that starts up. Thread-safe (serialised internally).
+ *  Returns 0, KVG_EPARSE (bad definition, see msg) or -ENOMEM. */
+int kvg_registry_put(kvg_registry *reg, const kvg_worker_def *def, kvg_worker_source source,
+                     char *msg, size_t msg_len);
+/** Remove a worker by name; KVG_ENOTFOUND if absent. Requests in flight keep their worker. */
+int kvg_registry_remove(kvg_registry *reg, const char *name);
+/** Stop sending new requests to a worker (it stays listed, draining). KVG_ENOTFOUND if absent. */
+int kvg_registry_drain(kvg_registry *reg, const char *name);
+/** Replace every CONFIG-sourced worker by defs (a reload). ADMIN workers are untouched and win
+ *  over a config worker of the same name. All or nothing: on error nothing changes and msg
+ *  names the bad worker. */
+int kvg_registry_replace_config(kvg_registry *reg, const kvg_worker_def *defs, size_t n,
+                                char *msg, size_t msg_len);
+
+/** Generation number, incremented by every published change. A relaxed atomic read: threads
+ *  poll it to notice a new snapshot cheaply. */
+uint64_t kvg_registry_generation(const kvg_registry *reg);
+/** The current snapshot, referenced; release with kvg_worker_set_unref. Never NULL. */
+kvg_worker_set *kvg_registry_acquire(kvg_registry *reg);
+
+void kvg_worker_set_unref(kvg_worker_set *set);
+uint64_t kvg_worker_set_generation(const kvg_worker_set *set);
+size_t kvg_worker_set_count(const kvg_worker_set *set);
+/** i-th worker (sorted by name), borrowed from the snapshot. */
+kvg_worker *kvg_worker_set_at(const kvg_worker_set *set, size_t i);
+/** Worker by name, borrowed; NULL if absent. */
+kvg_worker *kvg_worker_set_find(const kvg_worker_set *set, const char *name);
+/** Distinct model names served by the workers of the set, sorted; *n receives the count.
+ *  Borrowed from the snapshot. */
+const char *const *kvg_worker_set_models(const kvg_worker_set *set, size_t *n);
+
+/* Workers: refcounted; a snapshot holds one reference to each of its workers. Everything
+ * below is thread-safe. */
+kvg_worker *kvg_worker_ref(kvg_worker *w);
+void kvg_worker_unref(kvg_worker *w);
+/** Process-unique id, never reused. */
+uint64_t kvg_worker_id(const kvg_worker *w);
+const char *kvg_worker_name(const kvg_worker *w);
+const char *kvg_worker_url(const kvg_worker *w);
+/** Host (name or address, without brackets) and port parsed from the URL. */
+const char *kvg_worker_host(const kvg_worker *w);
+uint16_t kvg_worker_port(const kvg_worker *w);
+/** Value for the Host header: "host:port" ("[v6]:port" for IPv6 literals). */
+const char *kvg_worker_authority(const kvg_worker *w);
+size_t kvg_worker_model_count(const kvg_worker *w);
+const char *kvg_worker_model(const kvg_worker *w, size_t i);
+/** True when the worker lists model, or lists no models at all. model NULL matches any. */
+bool kvg_worker_serves(const kvg_worker *w, const char *model);
+uint32_t kvg_worker_kv_blocks(const kvg_worker *w);
+uint32_t kvg_worker_max_inflight(const kvg_worker *w);
+kvg_worker_source kvg_worker_source_of(const kvg_worker *w);
+
+kvg_worker_health kvg_worker_health_get(const kvg_worker *w);
+bool kvg_worker_draining(const kvg_worker *w);
+/** True once the worker has left the registry (removed or replaced). Threads drop pooled
+ *  connections of retired workers. */
+bool kvg_worker_retired(const kvg_worker *w);
+/** Feed one health observation (active check or connect result). Applies the fall/rise
+ *  thresholds; returns true when this observation changed the health state. */
+bool kvg_worker_health_observe(kvg_worker *w, bool ok);
+
+/** Requests this gateway has in flight to the worker (all threads). */
+uint32_t kvg_worker_inflight(const kvg_worker *w);
+/** Reserve an in-flight slot if under max_inflight; false when full. */
+bool kvg_worker_inflight_try_acquire(kvg_worker *w);
+void kvg_worker_inflight_release(kvg_worker *w);
+
+/** Count one finished request: HTTP status sent to the client (0 when the client went away
+ *  before a status), total duration and time to first response byte (0 if none). */
+void kvg_worker_record(kvg_worker *w, int status, uint64_t duration_ns, uint64_t ttfb_ns);
+/** Count one retry away from this worker (connect failure or reset before a response). */
+void kvg_worker_record_retry(kvg_worker *w);
+
+/** Per-thread opaque slot the gateway uses for its connection pool to this worker.
+ *  Slot t may only be touched by thread t. Starts NULL; must be NULL again before the
+ *  worker's last reference goes (the owner of the slot holds a worker reference). */
+void **kvg_worker_thread_slot(kvg_worker *w, unsigned thread);
+
+/** Append the registry's Prometheus series (kvgate_worker_up, kvgate_worker_inflight,
+ *  kvgate_worker_requests_total{worker,code}, kvgate_worker_request_duration_seconds,
+ *  kvgate_worker_ttfb_seconds, kvgate_worker_retries_total), with HELP and TYPE lines. */
+void kvg_registry_write_metrics(kvg_registry *reg, kvg_buf *out);
+
+#endif

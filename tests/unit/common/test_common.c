@@ -1,0 +1,174 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Unit tests for common/: JSON parser and writer, buffers, arena, small parsers. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <string.h>
+
+#include "common.h"
+
+static int parse(const char *text, kvg_arena *a, kvg_json **out)
+{
+    return kvg_json_parse(text, strlen(text), a, NULL, out, NULL);
+}
+
+static void test_json_valid(void **state)
+{
+    (void)state;
+    kvg_arena a;
+    kvg_arena_init(&a, 0);
+    kvg_json *v;
+    assert_int_equal(parse(" {\"a\": [1, -2.5e3, true, false, null], \"b\": \"x\\u00e9\\ud83d\\ude00\"} ", &a, &v), 0);
+    assert_int_equal(v->type, KVG_JSON_OBJECT);
+    const kvg_json *arr = kvg_json_get(v, "a");
+    assert_non_null(arr);
+    assert_int_equal(arr->u.arr.count, 5);
+    assert_true(arr->u.arr.items[0]->u.num.is_int);
+    assert_int_equal(arr->u.arr.items[0]->u.num.ival, 1);
+    assert_false(arr->u.arr.items[1]->u.num.is_int);
+    assert_true(arr->u.arr.items[1]->u.num.value == -2500.0);
+    assert_int_equal(arr->u.arr.items[2]->type, KVG_JSON_TRUE);
+    const kvg_json *b = kvg_json_get(v, "b");
+    assert_string_equal(b->u.str.ptr, "x\xc3\xa9\xf0\x9f\x98\x80");
+    assert_int_equal(b->u.str.len, 7);
+    assert_null(kvg_json_get(v, "c"));
+    kvg_arena_done(&a);
+}
+
+static void test_json_invalid(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {
+        "", " ", "{", "}", "[1,]", "{\"a\":1,}", "{\"a\" 1}", "01", "1.", "-", "1e", "+1",
+        "\"abc", "\"\\x\"", "\"\\u12\"", "\"\\ud800\"", "\"\\udc00\"", "\"a\x01\"", "tru",
+        "nul", "[1 2]", "{1:2}", "\"\xff\"", "\"\xc0\x80\"", "\"\xed\xa0\x80\"", "1 2", "[]]",
+        "\"\\",
+    };
+    for (size_t i = 0; i < KVG_ARRAY_LEN(bad); i++) {
+        kvg_arena a;
+        kvg_arena_init(&a, 0);
+        kvg_json *v = NULL;
+        kvg_json_error err = {0};
+        int rc = kvg_json_parse(bad[i], strlen(bad[i]), &a, NULL, &v, &err);
+        if (rc != KVG_EPARSE)
+            fail_msg("input %zu (%s) gave %d", i, bad[i], rc);
+        assert_true(err.message[0] != '\0');
+        kvg_arena_done(&a);
+    }
+}
+
+static void test_json_depth_and_dups(void **state)
+{
+    (void)state;
+    char deep[300];
+    memset(deep, '[', 150);
+    memset(deep + 150, ']', 150);
+    kvg_arena a;
+    kvg_arena_init(&a, 0);
+    kvg_json *v;
+    assert_int_equal(kvg_json_parse(deep, 300, &a, NULL, &v, NULL), KVG_ELIMIT);
+    kvg_json_limits lim = {.max_depth = 200};
+    assert_int_equal(kvg_json_parse(deep, 300, &a, &lim, &v, NULL), 0);
+    const char *dup = "{\"k\":1,\"k\":2}";
+    assert_int_equal(parse(dup, &a, &v), 0);
+    assert_int_equal(kvg_json_get(v, "k")->u.num.ival, 2); /* last wins */
+    kvg_json_limits strict = {.reject_duplicate_keys = true};
+    kvg_json_error err;
+    assert_int_equal(kvg_json_parse(dup, strlen(dup), &a, &strict, &v, &err), KVG_EPARSE);
+    assert_int_equal(err.offset, 7);
+    kvg_arena_done(&a);
+}
+
+static void test_json_roundtrip(void **state)
+{
+    (void)state;
+    const char *in = "{\"s\":\"a\\\"b\\\\c\\n\\u0001\",\"n\":[0,-1,1.5,1e+300],\"o\":{},\"e\":[]}";
+    kvg_arena a;
+    kvg_arena_init(&a, 0);
+    kvg_json *v;
+    assert_int_equal(parse(in, &a, &v), 0);
+    kvg_buf b;
+    kvg_buf_init(&b);
+    kvg_json_write(&b, v);
+    assert_string_equal(b.data, "{\"s\":\"a\\\"b\\\\c\\n\\u0001\",\"n\":[0,-1,1.5,1.0000000000000001e+300],\"o\":{},\"e\":[]}");
+    kvg_buf_done(&b);
+    kvg_arena_done(&a);
+}
+
+/* Every allocation failure point of the parser returns -ENOMEM cleanly (ASan checks leaks). */
+static void test_json_alloc_failures(void **state)
+{
+    (void)state;
+    const char *in = "{\"a\":[1,2,{\"b\":\"\\u00e9xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\"}],\"c\":null}";
+    bool succeeded = false;
+    for (size_t limit = 1; limit < 4096 && !succeeded; limit += 16) {
+        kvg_arena a;
+        kvg_arena_init(&a, 0);
+        a.limit = limit;
+        kvg_json *v = NULL;
+        int rc = parse(in, &a, &v);
+        if (rc == 0)
+            succeeded = true;
+        else
+            assert_int_equal(rc, -ENOMEM);
+        kvg_arena_done(&a);
+    }
+    assert_true(succeeded);
+}
+
+static void test_buf_json_string(void **state)
+{
+    (void)state;
+    kvg_buf b;
+    kvg_buf_init(&b);
+    kvg_buf_json_string(&b, "a\"\\\x01\xc3\xa9\xff", 7);
+    assert_string_equal(b.data, "\"a\\\"\\\\\\u0001\xc3\xa9\xef\xbf\xbd\"");
+    kvg_buf_reset(&b);
+    for (int i = 0; i < 1000; i++)
+        kvg_buf_printf(&b, "%d,", i);
+    assert_int_equal(b.len, 3890);
+    assert_false(b.failed);
+    kvg_buf_done(&b);
+}
+
+static void test_hostport(void **state)
+{
+    (void)state;
+    char host[64];
+    uint16_t port;
+    assert_int_equal(kvg_parse_hostport("127.0.0.1:8080", host, sizeof(host), &port), 0);
+    assert_string_equal(host, "127.0.0.1");
+    assert_int_equal(port, 8080);
+    assert_int_equal(kvg_parse_hostport("[::1]:0", host, sizeof(host), &port), 0);
+    assert_string_equal(host, "::1");
+    assert_int_equal(port, 0);
+    assert_int_equal(kvg_parse_hostport("::1:80", host, sizeof(host), &port), KVG_EPARSE);
+    assert_int_equal(kvg_parse_hostport("host:65536", host, sizeof(host), &port), KVG_EPARSE);
+    assert_int_equal(kvg_parse_hostport("host:", host, sizeof(host), &port), KVG_EPARSE);
+    assert_int_equal(kvg_parse_hostport(":80", host, sizeof(host), &port), KVG_EPARSE);
+    uint64_t u;
+    assert_int_equal(kvg_parse_u64("18446744073709551615", 20, &u), 0);
+    assert_int_equal(kvg_parse_u64("18446744073709551616", 20, &u), KVG_EPARSE);
+    assert_true(kvg_consttime_eq("abc", "abc", 3));
+    assert_false(kvg_consttime_eq("abc", "abd", 3));
+    assert_string_equal(kvg_strerror(KVG_ELIMIT), "limit exceeded");
+    assert_string_equal(kvg_strerror(-ENOMEM), strerror(ENOMEM));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_json_valid),
+        cmocka_unit_test(test_json_invalid),
+        cmocka_unit_test(test_json_depth_and_dups),
+        cmocka_unit_test(test_json_roundtrip),
+        cmocka_unit_test(test_json_alloc_failures),
+        cmocka_unit_test(test_buf_json_string),
+        cmocka_unit_test(test_hostport),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
