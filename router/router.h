@@ -17,6 +17,8 @@ typedef struct kvg_worker_set kvg_worker_set;
 #define KVG_WORKER_NAME_MAX 64
 #define KVG_WORKER_MODELS_MAX 64
 #define KVG_MODEL_NAME_MAX 256
+/* Most workers one source (config, admin) may define; the admin API is peer input. */
+#define KVG_REGISTRY_WORKERS_MAX 4096
 
 /* Where a worker definition came from: the config file (replaced on reload) or the admin API
  * (kept across reloads; overrides a config worker of the same name). */
@@ -48,13 +50,15 @@ typedef struct kvg_worker_def {
 } kvg_worker_def;
 
 typedef struct kvg_registry_config {
-    unsigned nthreads;         /* gateway threads: sizes the per-thread slots of each worker */
+    unsigned nthreads;         /* gateway threads: sizes the per-thread slots of each worker;
+                                  0 = 1, at most 4096 */
     uint32_t default_max_inflight; /* 0 = 1024 */
     unsigned health_fall;      /* consecutive failures that mark a worker down; 0 = 3 */
     unsigned health_rise;      /* consecutive successes that mark it up again; 0 = 2 */
 } kvg_registry_config;
 
-/** Create an empty registry. Returns 0, -ENOMEM or -EINVAL. */
+/** Create an empty registry. cfg may be NULL for the defaults. Returns 0, -ENOMEM or -EINVAL
+ *  (out of range: nthreads > 4096, health_fall or health_rise > 1000). */
 int kvg_registry_new(const kvg_registry_config *cfg, kvg_registry **out);
 /** Free the registry; snapshots acquired earlier stay valid until unreffed. NULL is a no-op. */
 void kvg_registry_free(kvg_registry *reg);
@@ -65,17 +69,22 @@ int kvg_worker_def_validate(const kvg_worker_def *def, char *msg, size_t msg_len
 
 /** Add or replace a worker; a new snapshot is published. Replacing with an identical
  *  definition keeps the worker object (and its health and counters); a changed definition
- *  creates a fresh worker that starts up. Thread-safe (serialised internally).
- *  Returns 0, KVG_EPARSE (bad definition, see msg) or -ENOMEM. */
+ *  creates a fresh worker that starts up. Either way the worker is no longer draining
+ *  (unless an ADMIN worker of that name hides this CONFIG one). Thread-safe (serialised
+ *  internally). Returns 0, KVG_EPARSE (bad definition, see msg), KVG_ELIMIT (the source
+ *  already has KVG_REGISTRY_WORKERS_MAX workers) or -ENOMEM. */
 int kvg_registry_put(kvg_registry *reg, const kvg_worker_def *def, kvg_worker_source source,
                      char *msg, size_t msg_len);
-/** Remove a worker by name; KVG_ENOTFOUND if absent. Requests in flight keep their worker. */
+/** Remove a worker by name; KVG_ENOTFOUND if absent. Requests in flight keep their worker.
+ *  Removing an ADMIN worker that hides a CONFIG worker of the same name brings the CONFIG
+ *  one back (as after a reload); removing a CONFIG worker lasts until the next reload. */
 int kvg_registry_remove(kvg_registry *reg, const char *name);
 /** Stop sending new requests to a worker (it stays listed, draining). KVG_ENOTFOUND if absent. */
 int kvg_registry_drain(kvg_registry *reg, const char *name);
 /** Replace every CONFIG-sourced worker by defs (a reload). ADMIN workers are untouched and win
  *  over a config worker of the same name. All or nothing: on error nothing changes and msg
- *  names the bad worker. */
+ *  names the bad worker. Returns 0, KVG_EPARSE (bad or duplicate definition), KVG_ELIMIT
+ *  (more than KVG_REGISTRY_WORKERS_MAX) or -ENOMEM. */
 int kvg_registry_replace_config(kvg_registry *reg, const kvg_worker_def *defs, size_t n,
                                 char *msg, size_t msg_len);
 

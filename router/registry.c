@@ -1,0 +1,540 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The worker registry: two layers of definitions (config, admin) merged into immutable
+ * refcounted snapshots that are swapped in on every change. */
+#include "router_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFAULT_MAX_INFLIGHT 1024
+#define DEFAULT_FALL 3
+#define DEFAULT_RISE 2
+
+/* A layer of definitions from one source, sorted by name. Replaced wholesale on change so a
+ * failed mutation leaves the old one untouched. */
+typedef struct layer {
+    worker_spec **specs;
+    size_t n;
+} layer;
+
+struct kvg_registry {
+    unsigned nthreads;
+    uint32_t default_max_inflight;
+    unsigned fall, rise;
+    /* Serialises mutations; guards the layers. Held while building a snapshot, never by
+     * readers. */
+    pthread_mutex_t write_lock;
+    /* Guards the current pointer only: readers hold it for a pointer load and a refcount
+     * increment. */
+    pthread_mutex_t pub_lock;
+    kvg_worker_set *current;
+    _Atomic uint64_t generation;
+    layer layers[KVG_WORKER_SOURCE_COUNT];
+};
+
+/* ---- snapshots ------------------------------------------------------------------------------ */
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+int kvg_router_set_new(kvg_worker **workers, size_t n, uint64_t generation, kvg_worker_set **out)
+{
+    size_t nmodels = 0;
+    for (size_t i = 0; i < n; i++)
+        nmodels += workers[i]->spec->nmodels;
+    kvg_worker_set *set =
+        malloc(sizeof(*set) + n * sizeof(kvg_worker *) + nmodels * sizeof(const char *));
+    if (!set)
+        return -ENOMEM;
+    atomic_init(&set->refs, 1);
+    set->generation = generation;
+    set->count = n;
+    set->workers = (kvg_worker **)(void *)(set + 1);
+    set->models = (const char **)(void *)(set->workers + n);
+    if (n)
+        memcpy(set->workers, workers, n * sizeof(*workers));
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < workers[i]->spec->nmodels; j++)
+            set->models[k++] = workers[i]->spec->models[j];
+    if (k > 1)
+        qsort(set->models, k, sizeof(*set->models), cmp_str);
+    size_t d = 0;
+    for (size_t i = 0; i < k; i++)
+        if (d == 0 || strcmp(set->models[d - 1], set->models[i]) != 0)
+            set->models[d++] = set->models[i];
+    set->nmodels = d;
+    *out = set;
+    return 0;
+}
+
+kvg_worker_set *kvg_router_set_ref(kvg_worker_set *set)
+{
+    atomic_fetch_add_explicit(&set->refs, 1, memory_order_relaxed);
+    return set;
+}
+
+void kvg_worker_set_unref(kvg_worker_set *set)
+{
+    if (!set || atomic_fetch_sub_explicit(&set->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    for (size_t i = 0; i < set->count; i++)
+        kvg_worker_unref(set->workers[i]);
+    free(set);
+}
+
+uint64_t kvg_worker_set_generation(const kvg_worker_set *set)
+{
+    return set->generation;
+}
+
+size_t kvg_worker_set_count(const kvg_worker_set *set)
+{
+    return set->count;
+}
+
+kvg_worker *kvg_worker_set_at(const kvg_worker_set *set, size_t i)
+{
+    return i < set->count ? set->workers[i] : NULL;
+}
+
+kvg_worker *kvg_worker_set_find(const kvg_worker_set *set, const char *name)
+{
+    size_t lo = 0, hi = set->count;
+    if (!name)
+        return NULL;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(set->workers[mid]->spec->name, name);
+        if (c == 0)
+            return set->workers[mid];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+const char *const *kvg_worker_set_models(const kvg_worker_set *set, size_t *n)
+{
+    *n = set->nmodels;
+    return set->models;
+}
+
+/* ---- layers ----------------------------------------------------------------------------------- */
+
+/* Index of name in the layer, or the insertion point with *found false. */
+static size_t layer_search(const layer *l, const char *name, bool *found)
+{
+    size_t lo = 0, hi = l->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(l->specs[mid]->name, name);
+        if (c == 0) {
+            *found = true;
+            return mid;
+        }
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    *found = false;
+    return lo;
+}
+
+/* A copy of l with spec inserted or replacing the entry of the same name. The new layer holds
+ * the caller's reference to spec and shares the others' (taken by layer_commit). */
+static int layer_with(const layer *l, worker_spec *spec, layer *out)
+{
+    bool found;
+    size_t at = layer_search(l, spec->name, &found);
+    size_t n = found ? l->n : l->n + 1;
+    if (!found && l->n >= KVG_REGISTRY_WORKERS_MAX)
+        return KVG_ELIMIT;
+    worker_spec **specs = malloc(n * sizeof(*specs));
+    if (!specs)
+        return -ENOMEM;
+    memcpy(specs, l->specs, at * sizeof(*specs));
+    specs[at] = spec;
+    size_t rest = found ? l->n - at - 1 : l->n - at;
+    memcpy(specs + at + 1, l->specs + (l->n - rest), rest * sizeof(*specs));
+    out->specs = specs;
+    out->n = n;
+    return 0;
+}
+
+static int layer_without(const layer *l, size_t at, layer *out)
+{
+    size_t n = l->n - 1;
+    worker_spec **specs = malloc((n ? n : 1) * sizeof(*specs));
+    if (!specs)
+        return -ENOMEM;
+    memcpy(specs, l->specs, at * sizeof(*specs));
+    memcpy(specs + at, l->specs + at + 1, (n - at) * sizeof(*specs));
+    out->specs = specs;
+    out->n = n;
+    return 0;
+}
+
+/* Install next as the layer: specs present in both keep their one reference, specs that
+ * only the old layer had are released. next's specs that are new already carry theirs. */
+static void layer_commit(layer *cur, layer next)
+{
+    for (size_t i = 0; i < cur->n; i++) {
+        bool found;
+        size_t at = layer_search(&next, cur->specs[i]->name, &found);
+        if (!found || next.specs[at] != cur->specs[i])
+            kvg_router_spec_unref(cur->specs[i]);
+    }
+    free(cur->specs);
+    *cur = next;
+}
+
+static void layer_done(layer *l)
+{
+    for (size_t i = 0; i < l->n; i++)
+        kvg_router_spec_unref(l->specs[i]);
+    free(l->specs);
+    l->specs = NULL;
+    l->n = 0;
+}
+
+/* ---- building and publishing -------------------------------------------------------------- */
+
+/* Merge the two layers into a snapshot: admin wins over config by name. A worker of the
+ * current snapshot with an identical definition is kept, with its health and counters. */
+static int build(kvg_registry *reg, const layer *admin, const layer *config,
+                 kvg_worker_set **out)
+{
+    size_t cap = admin->n + config->n;
+    kvg_worker **ws = malloc((cap ? cap : 1) * sizeof(*ws));
+    if (!ws)
+        return -ENOMEM;
+    size_t n = 0, i = 0, j = 0;
+    int rc = 0;
+    while (i < admin->n || j < config->n) {
+        worker_spec *spec;
+        kvg_worker_source src;
+        int c = i == admin->n    ? 1
+                : j == config->n ? -1
+                                 : strcmp(admin->specs[i]->name, config->specs[j]->name);
+        if (c <= 0) {
+            spec = admin->specs[i++];
+            src = KVG_WORKER_SOURCE_ADMIN;
+            if (c == 0)
+                j++; /* hidden by the admin definition */
+        } else {
+            spec = config->specs[j++];
+            src = KVG_WORKER_SOURCE_CONFIG;
+        }
+        kvg_worker *old = kvg_worker_set_find(reg->current, spec->name);
+        if (old && kvg_router_spec_equal(old->spec, spec)) {
+            ws[n++] = kvg_worker_ref(old);
+            continue;
+        }
+        rc = kvg_router_worker_new(kvg_router_spec_ref(spec), src, reg->nthreads, reg->fall,
+                                   reg->rise, &ws[n]);
+        if (rc < 0)
+            goto fail_workers;
+        n++;
+    }
+    rc = kvg_router_set_new(ws, n, reg->current->generation + 1, out);
+    if (rc < 0)
+        goto fail_workers;
+    free(ws);
+    return 0;
+
+fail_workers:
+    for (size_t k = 0; k < n; k++)
+        kvg_worker_unref(ws[k]);
+    free(ws);
+    return rc;
+}
+
+/* Swap next in (taking the caller's reference), then settle what the change implies for
+ * workers shared with the old snapshot (source) and those that left it (retired). */
+static void publish(kvg_registry *reg, kvg_worker_set *next)
+{
+    const layer *admin = &reg->layers[KVG_WORKER_SOURCE_ADMIN];
+    for (size_t i = 0; i < next->count; i++) {
+        kvg_worker *w = next->workers[i];
+        bool found;
+        layer_search(admin, w->spec->name, &found);
+        atomic_store_explicit(&w->source,
+                              found ? KVG_WORKER_SOURCE_ADMIN : KVG_WORKER_SOURCE_CONFIG,
+                              memory_order_relaxed);
+    }
+
+    pthread_mutex_lock(&reg->pub_lock);
+    kvg_worker_set *old = reg->current;
+    reg->current = next;
+    pthread_mutex_unlock(&reg->pub_lock);
+    /* After the swap, so a thread that sees the new number finds at least that snapshot. */
+    atomic_store_explicit(&reg->generation, next->generation, memory_order_release);
+
+    for (size_t i = 0; i < old->count; i++) {
+        kvg_worker *w = old->workers[i];
+        if (kvg_worker_set_find(next, w->spec->name) != w)
+            kvg_router_worker_set_retired(w);
+    }
+    kvg_worker_set_unref(old);
+}
+
+/* ---- public API --------------------------------------------------------------------------- */
+
+int kvg_registry_new(const kvg_registry_config *cfg, kvg_registry **out)
+{
+    static const kvg_registry_config defaults = {0};
+    int rc;
+    if (!out)
+        return -EINVAL;
+    if (!cfg)
+        cfg = &defaults;
+    if (cfg->nthreads > REGISTRY_THREADS_MAX || cfg->health_fall > HEALTH_THRESHOLD_MAX ||
+        cfg->health_rise > HEALTH_THRESHOLD_MAX)
+        return -EINVAL;
+
+    kvg_registry *reg = calloc(1, sizeof(*reg));
+    if (!reg)
+        return -ENOMEM;
+    reg->nthreads = cfg->nthreads ? cfg->nthreads : 1;
+    reg->default_max_inflight =
+        cfg->default_max_inflight ? cfg->default_max_inflight : DEFAULT_MAX_INFLIGHT;
+    reg->fall = cfg->health_fall ? cfg->health_fall : DEFAULT_FALL;
+    reg->rise = cfg->health_rise ? cfg->health_rise : DEFAULT_RISE;
+    atomic_init(&reg->generation, 1);
+
+    rc = -pthread_mutex_init(&reg->write_lock, NULL);
+    if (rc < 0)
+        goto fail_reg;
+    rc = -pthread_mutex_init(&reg->pub_lock, NULL);
+    if (rc < 0)
+        goto fail_write_lock;
+    rc = kvg_router_set_new(NULL, 0, 1, &reg->current);
+    if (rc < 0)
+        goto fail_pub_lock;
+    *out = reg;
+    return 0;
+
+fail_pub_lock:
+    pthread_mutex_destroy(&reg->pub_lock);
+fail_write_lock:
+    pthread_mutex_destroy(&reg->write_lock);
+fail_reg:
+    free(reg);
+    return rc;
+}
+
+void kvg_registry_free(kvg_registry *reg)
+{
+    if (!reg)
+        return;
+    for (size_t i = 0; i < reg->current->count; i++)
+        kvg_router_worker_set_retired(reg->current->workers[i]);
+    kvg_worker_set_unref(reg->current);
+    for (size_t i = 0; i < KVG_WORKER_SOURCE_COUNT; i++)
+        layer_done(&reg->layers[i]);
+    pthread_mutex_destroy(&reg->pub_lock);
+    pthread_mutex_destroy(&reg->write_lock);
+    free(reg);
+}
+
+int kvg_registry_put(kvg_registry *reg, const kvg_worker_def *def, kvg_worker_source source,
+                     char *msg, size_t msg_len)
+{
+    worker_spec *spec;
+    layer next;
+    kvg_worker_set *set;
+    if ((unsigned)source >= KVG_WORKER_SOURCE_COUNT)
+        return -EINVAL;
+    int rc = kvg_router_spec_new(def, reg->default_max_inflight, msg, msg_len, &spec);
+    if (rc == KVG_ELIMIT)
+        rc = KVG_EPARSE; /* the contract: any bad definition is a parse error */
+    if (rc < 0)
+        return rc;
+
+    pthread_mutex_lock(&reg->write_lock);
+    layer *cur = &reg->layers[source];
+    rc = layer_with(cur, spec, &next);
+    if (rc < 0) {
+        if (rc == KVG_ELIMIT && msg && msg_len)
+            snprintf(msg, msg_len, "too many workers (at most %d)", KVG_REGISTRY_WORKERS_MAX);
+        goto fail_spec;
+    }
+    const layer *admin = source == KVG_WORKER_SOURCE_ADMIN ? &next : &reg->layers[KVG_WORKER_SOURCE_ADMIN];
+    const layer *config = source == KVG_WORKER_SOURCE_CONFIG ? &next : &reg->layers[KVG_WORKER_SOURCE_CONFIG];
+    rc = build(reg, admin, config, &set);
+    if (rc < 0)
+        goto fail_layer;
+
+    kvg_worker *w = kvg_worker_set_find(set, spec->name);
+    bool hidden = false;
+    if (source == KVG_WORKER_SOURCE_CONFIG)
+        layer_search(&reg->layers[KVG_WORKER_SOURCE_ADMIN], spec->name, &hidden);
+    if (!hidden)
+        atomic_store_explicit(&w->draining, false, memory_order_relaxed);
+    layer_commit(cur, next);
+    publish(reg, set);
+    pthread_mutex_unlock(&reg->write_lock);
+    return 0;
+
+fail_layer:
+    free(next.specs);
+fail_spec:
+    pthread_mutex_unlock(&reg->write_lock);
+    kvg_router_spec_unref(spec);
+    if (rc == -ENOMEM && msg && msg_len)
+        snprintf(msg, msg_len, "out of memory");
+    return rc;
+}
+
+int kvg_registry_remove(kvg_registry *reg, const char *name)
+{
+    layer next;
+    kvg_worker_set *set;
+    int rc;
+    if (!name)
+        return KVG_ENOTFOUND;
+    pthread_mutex_lock(&reg->write_lock);
+    layer *admin = &reg->layers[KVG_WORKER_SOURCE_ADMIN];
+    layer *config = &reg->layers[KVG_WORKER_SOURCE_CONFIG];
+    bool found;
+    layer *cur = admin;
+    size_t at = layer_search(admin, name, &found);
+    if (!found) {
+        cur = config;
+        at = layer_search(config, name, &found);
+    }
+    if (!found) {
+        rc = KVG_ENOTFOUND;
+        goto out;
+    }
+    rc = layer_without(cur, at, &next);
+    if (rc < 0)
+        goto out;
+    rc = build(reg, cur == admin ? &next : admin, cur == config ? &next : config, &set);
+    if (rc < 0) {
+        free(next.specs);
+        goto out;
+    }
+    layer_commit(cur, next);
+    publish(reg, set);
+out:
+    pthread_mutex_unlock(&reg->write_lock);
+    return rc;
+}
+
+int kvg_registry_drain(kvg_registry *reg, const char *name)
+{
+    kvg_worker_set *set;
+    int rc;
+    pthread_mutex_lock(&reg->write_lock);
+    kvg_worker *w = name ? kvg_worker_set_find(reg->current, name) : NULL;
+    if (!w) {
+        rc = KVG_ENOTFOUND;
+        goto out;
+    }
+    /* Same workers, new generation: threads that cache per-generation candidate lists notice. */
+    rc = build(reg, &reg->layers[KVG_WORKER_SOURCE_ADMIN], &reg->layers[KVG_WORKER_SOURCE_CONFIG],
+               &set);
+    if (rc < 0)
+        goto out;
+    atomic_store_explicit(&w->draining, true, memory_order_relaxed);
+    publish(reg, set);
+out:
+    pthread_mutex_unlock(&reg->write_lock);
+    return rc;
+}
+
+static int cmp_spec(const void *a, const void *b)
+{
+    return strcmp((*(worker_spec *const *)a)->name, (*(worker_spec *const *)b)->name);
+}
+
+int kvg_registry_replace_config(kvg_registry *reg, const kvg_worker_def *defs, size_t n,
+                                char *msg, size_t msg_len)
+{
+    char why[256];
+    layer next = {0};
+    kvg_worker_set *set;
+    int rc;
+    if (msg && msg_len)
+        msg[0] = '\0';
+    if (n > KVG_REGISTRY_WORKERS_MAX) {
+        if (msg && msg_len)
+            snprintf(msg, msg_len, "too many workers (at most %d)", KVG_REGISTRY_WORKERS_MAX);
+        return KVG_ELIMIT;
+    }
+    if (n && !defs)
+        return -EINVAL;
+    next.specs = malloc((n ? n : 1) * sizeof(*next.specs));
+    if (!next.specs) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    for (; next.n < n; next.n++) {
+        const kvg_worker_def *def = &defs[next.n];
+        rc = kvg_router_spec_new(def, reg->default_max_inflight, why, sizeof(why),
+                                 &next.specs[next.n]);
+        if (rc < 0) {
+            if (rc != -ENOMEM && msg && msg_len) {
+                /* Name the worker by name when the name itself is sound. */
+                if (kvg_router_validate_name(def->name, NULL, 0) == 0)
+                    snprintf(msg, msg_len, "worker \"%s\": %s", def->name, why);
+                else
+                    snprintf(msg, msg_len, "workers[%zu]: %s", next.n, why);
+            }
+            if (rc == KVG_ELIMIT)
+                rc = KVG_EPARSE;
+            goto fail;
+        }
+    }
+    if (n > 1)
+        qsort(next.specs, n, sizeof(*next.specs), cmp_spec);
+    for (size_t i = 1; i < n; i++) {
+        if (strcmp(next.specs[i - 1]->name, next.specs[i]->name) == 0) {
+            if (msg && msg_len)
+                snprintf(msg, msg_len, "worker \"%s\": defined more than once",
+                         next.specs[i]->name);
+            rc = KVG_EPARSE;
+            goto fail;
+        }
+    }
+
+    pthread_mutex_lock(&reg->write_lock);
+    rc = build(reg, &reg->layers[KVG_WORKER_SOURCE_ADMIN], &next, &set);
+    if (rc < 0) {
+        pthread_mutex_unlock(&reg->write_lock);
+        goto fail;
+    }
+    layer_done(&reg->layers[KVG_WORKER_SOURCE_CONFIG]);
+    reg->layers[KVG_WORKER_SOURCE_CONFIG] = next;
+    publish(reg, set);
+    pthread_mutex_unlock(&reg->write_lock);
+    return 0;
+
+fail:
+    if (rc == -ENOMEM && msg && msg_len)
+        snprintf(msg, msg_len, "out of memory");
+    layer_done(&next);
+    return rc;
+}
+
+uint64_t kvg_registry_generation(const kvg_registry *reg)
+{
+    return atomic_load_explicit(&((kvg_registry *)reg)->generation, memory_order_relaxed);
+}
+
+kvg_worker_set *kvg_registry_acquire(kvg_registry *reg)
+{
+    pthread_mutex_lock(&reg->pub_lock);
+    kvg_worker_set *set = kvg_router_set_ref(reg->current);
+    pthread_mutex_unlock(&reg->pub_lock);
+    return set;
+}

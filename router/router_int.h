@@ -1,0 +1,104 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Private layout of the worker registry: worker objects, snapshots and their shared helpers. */
+#ifndef KVG_ROUTER_INT_H
+#define KVG_ROUTER_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "router.h"
+
+/* HTTP status codes counted per worker: 0 (no status) .. 599. */
+#define WORKER_CODES 600
+/* Upper bounds (inclusive) of the latency histograms, in nanoseconds; +Inf is implicit. */
+#define HIST_BUCKETS 15
+extern const uint64_t kvg_router_hist_bounds_ns[HIST_BUCKETS];
+extern const char *const kvg_router_hist_le[HIST_BUCKETS];
+
+#define URL_MAX 1024
+#define HOST_MAX 256
+#define REGISTRY_THREADS_MAX 4096
+#define HEALTH_THRESHOLD_MAX 1000
+
+/* An immutable, validated copy of a kvg_worker_def with the URL already parsed. One
+ * allocation: the strings and the model array follow the struct. Refcounted, so the
+ * registry's definition lists and the worker built from an entry share it. */
+typedef struct worker_spec {
+    _Atomic size_t refs;
+    const char *name;
+    const char *url;
+    const char *host;      /* without brackets */
+    const char *authority; /* host:port, [v6]:port */
+    const char **models;
+    size_t nmodels;
+    uint32_t kv_blocks;
+    uint32_t max_inflight; /* effective: the registry default is already applied */
+    uint16_t port;
+} worker_spec;
+
+/* Counts of a latency histogram; buckets are per bucket (not cumulative) so recording touches
+ * one of them, and the writer sums them up. */
+typedef struct worker_hist {
+    _Atomic uint64_t buckets[HIST_BUCKETS + 1]; /* last one: above every bound */
+    _Atomic uint64_t sum_us;
+} worker_hist;
+
+/* Health packed in one word so an observation is a single CAS: the top bit is set while
+ * down, the low bits count the current streak (failures while up, successes while down). */
+#define HEALTH_DOWN_BIT 0x80000000u
+#define HEALTH_STREAK_MASK 0x7fffffffu
+
+struct kvg_worker {
+    _Atomic size_t refs;
+    uint64_t id;
+    worker_spec *spec;
+    unsigned fall, rise;
+    unsigned nthreads;
+    _Atomic int source;
+    _Atomic bool draining;
+    _Atomic bool retired;
+    _Atomic uint32_t health;
+    _Atomic uint32_t inflight;
+    _Atomic uint64_t retries;
+    _Atomic uint64_t codes[WORKER_CODES];
+    worker_hist duration;
+    worker_hist ttfb;
+    void *slots[]; /* nthreads per-thread slots for the gateway */
+};
+
+struct kvg_worker_set {
+    _Atomic size_t refs;
+    uint64_t generation;
+    size_t count;
+    kvg_worker **workers; /* sorted by name; one reference each */
+    const char **models;  /* distinct, sorted; point into the workers' specs */
+    size_t nmodels;
+};
+
+/** Check a worker name alone; 0 or KVG_EPARSE / KVG_ELIMIT with msg (may be NULL). */
+int kvg_router_validate_name(const char *name, char *msg, size_t msg_len);
+/** Validate def and build its spec (the registry default applied to max_inflight).
+ *  0, KVG_EPARSE / KVG_ELIMIT with msg, or -ENOMEM. */
+int kvg_router_spec_new(const kvg_worker_def *def, uint32_t default_max_inflight, char *msg,
+                        size_t msg_len, worker_spec **out);
+worker_spec *kvg_router_spec_ref(worker_spec *spec);
+void kvg_router_spec_unref(worker_spec *spec);
+/** True when two specs describe the same worker (same name, URL, models, capacity, limit). */
+bool kvg_router_spec_equal(const worker_spec *a, const worker_spec *b);
+
+/** Create a worker with one reference; takes the caller's reference to spec (dropped on
+ *  failure too). */
+int kvg_router_worker_new(worker_spec *spec, kvg_worker_source source, unsigned nthreads,
+                          unsigned fall, unsigned rise, kvg_worker **out);
+void kvg_router_worker_set_retired(kvg_worker *w);
+
+/** Create a snapshot over workers (sorted by name), taking the caller's reference to each.
+ *  On failure the caller keeps its references. */
+int kvg_router_set_new(kvg_worker **workers, size_t n, uint64_t generation,
+                       kvg_worker_set **out);
+kvg_worker_set *kvg_router_set_ref(kvg_worker_set *set);
+
+#endif

@@ -1,0 +1,583 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Worker definitions (validation, URL parsing) and worker objects: identity, health, load
+ * and the per-worker request counters, all safe to touch from any thread. */
+#include "router_int.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Latency buckets for LLM traffic: short requests and cache hits at the low end, long
+ * generations (minutes) at the top. */
+const uint64_t kvg_router_hist_bounds_ns[HIST_BUCKETS] = {
+    5000000ull,     10000000ull,    25000000ull,    50000000ull,     100000000ull,
+    250000000ull,   500000000ull,   1000000000ull,  2500000000ull,   5000000000ull,
+    10000000000ull, 20000000000ull, 30000000000ull, 60000000000ull,  120000000000ull,
+};
+const char *const kvg_router_hist_le[HIST_BUCKETS] = {
+    "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1",
+    "2.5",   "5",    "10",    "20",   "30",  "60",  "120",
+};
+
+static _Atomic uint64_t next_worker_id = 1;
+
+static const char *const source_names[KVG_WORKER_SOURCE_COUNT] = {
+    [KVG_WORKER_SOURCE_CONFIG] = "config",
+    [KVG_WORKER_SOURCE_ADMIN] = "admin",
+};
+
+static const char *const health_names[KVG_WORKER_HEALTH_COUNT] = {
+    [KVG_WORKER_UP] = "up",
+    [KVG_WORKER_DOWN] = "down",
+};
+
+const char *kvg_worker_source_str(kvg_worker_source s)
+{
+    return (unsigned)s < KVG_WORKER_SOURCE_COUNT ? source_names[s] : "?";
+}
+
+const char *kvg_worker_health_str(kvg_worker_health h)
+{
+    return (unsigned)h < KVG_WORKER_HEALTH_COUNT ? health_names[h] : "?";
+}
+
+/* ---- validation ----------------------------------------------------------------------------- */
+
+static int bad(char *msg, size_t msg_len, int rc, const char *fmt, ...) KVG_PRINTF(4, 5);
+
+static int bad(char *msg, size_t msg_len, int rc, const char *fmt, ...)
+{
+    if (msg && msg_len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, msg_len, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
+/* Render one byte for a message without letting control bytes into logs. */
+static const char *show_char(unsigned char c, char buf[8])
+{
+    if (c > 0x20 && c < 0x7f)
+        snprintf(buf, 8, "'%c'", c);
+    else
+        snprintf(buf, 8, "0x%02x", c);
+    return buf;
+}
+
+static bool name_char(unsigned char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '.' || c == '_' || c == '-';
+}
+
+int kvg_router_validate_name(const char *name, char *msg, size_t msg_len)
+{
+    char cb[8];
+    if (!name)
+        return bad(msg, msg_len, KVG_EPARSE, "name: missing");
+    size_t len = strnlen(name, KVG_WORKER_NAME_MAX + 1);
+    if (len == 0)
+        return bad(msg, msg_len, KVG_EPARSE, "name: must not be empty");
+    if (len > KVG_WORKER_NAME_MAX)
+        return bad(msg, msg_len, KVG_ELIMIT, "name: longer than %d characters",
+                   KVG_WORKER_NAME_MAX);
+    for (size_t i = 0; i < len; i++)
+        if (!name_char((unsigned char)name[i]))
+            return bad(msg, msg_len, KVG_EPARSE,
+                       "name: invalid character %s (allowed: A-Z a-z 0-9 . _ -)",
+                       show_char((unsigned char)name[i], cb));
+    /* The name is a path segment of the admin API, where these two would be normalised. */
+    if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+        return bad(msg, msg_len, KVG_EPARSE, "name: \".\" and \"..\" are reserved");
+    return 0;
+}
+
+typedef struct parsed_url {
+    char host[HOST_MAX];
+    uint16_t port;
+    bool v6;
+} parsed_url;
+
+static bool host_char(unsigned char c)
+{
+    return name_char(c);
+}
+
+/* A DNS name or an IPv4 literal; labels separated by single dots. */
+static int validate_host(const char *h, size_t len, char *msg, size_t msg_len)
+{
+    char cb[8];
+    if (len == 0)
+        return bad(msg, msg_len, KVG_EPARSE, "url: missing host");
+    if (len > 253)
+        return bad(msg, msg_len, KVG_ELIMIT, "url: host longer than 253 characters");
+    bool numeric = true;
+    size_t label = 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)h[i];
+        if (!host_char(c))
+            return bad(msg, msg_len, KVG_EPARSE, "url: invalid character %s in host",
+                       show_char(c, cb));
+        if (c == '.') {
+            if (label == 0)
+                return bad(msg, msg_len, KVG_EPARSE, "url: empty label in host");
+            label = 0;
+            continue;
+        }
+        if (++label > 63)
+            return bad(msg, msg_len, KVG_EPARSE, "url: host label longer than 63 characters");
+        if (c < '0' || c > '9')
+            numeric = false;
+    }
+    if (label == 0)
+        return bad(msg, msg_len, KVG_EPARSE, "url: empty label in host");
+    if (numeric) {
+        char tmp[HOST_MAX];
+        struct in_addr a4;
+        memcpy(tmp, h, len);
+        tmp[len] = '\0';
+        if (inet_pton(AF_INET, tmp, &a4) != 1)
+            return bad(msg, msg_len, KVG_EPARSE, "url: invalid IPv4 address");
+    }
+    return 0;
+}
+
+static int parse_port(const char *p, size_t len, uint16_t *out, char *msg, size_t msg_len)
+{
+    uint64_t v;
+    if (len == 0)
+        return bad(msg, msg_len, KVG_EPARSE, "url: missing port (expected http://host:port)");
+    if (len > 5 || kvg_parse_u64(p, len, &v) < 0 || v == 0 || v > 65535)
+        return bad(msg, msg_len, KVG_EPARSE, "url: port must be a number in 1..65535");
+    *out = (uint16_t)v;
+    return 0;
+}
+
+static int parse_url(const char *url, parsed_url *pu, char *msg, size_t msg_len)
+{
+    static const char scheme[] = "http://";
+    if (!url)
+        return bad(msg, msg_len, KVG_EPARSE, "url: missing");
+    size_t len = strnlen(url, URL_MAX + 1);
+    if (len > URL_MAX)
+        return bad(msg, msg_len, KVG_ELIMIT, "url: longer than %d bytes", URL_MAX);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)url[i];
+        if (c <= 0x20 || c >= 0x7f)
+            return bad(msg, msg_len, KVG_EPARSE,
+                       "url: must be ASCII without spaces or control characters");
+    }
+    if (len >= 8 && kvg_strcaseeq(url, 8, "https://"))
+        return bad(msg, msg_len, KVG_EPARSE,
+                   "url: https is not supported; workers are reached over cleartext HTTP "
+                   "(http://host:port)");
+    if (len < sizeof(scheme) - 1 || !kvg_strcaseeq(url, sizeof(scheme) - 1, scheme))
+        return bad(msg, msg_len, KVG_EPARSE, "url: must look like http://host:port");
+    const char *a = url + sizeof(scheme) - 1;
+    const char *end = url + len;
+    if (memchr(a, '?', (size_t)(end - a)) || memchr(a, '#', (size_t)(end - a)))
+        return bad(msg, msg_len, KVG_EPARSE, "url: query and fragment are not allowed");
+    const char *slash = memchr(a, '/', (size_t)(end - a));
+    const char *aend = slash ? slash : end;
+    if (slash && slash + 1 != end)
+        return bad(msg, msg_len, KVG_EPARSE,
+                   "url: a path is not allowed (only an optional trailing '/')");
+    if (memchr(a, '@', (size_t)(aend - a)))
+        return bad(msg, msg_len, KVG_EPARSE, "url: user information is not allowed");
+    if (a == aend)
+        return bad(msg, msg_len, KVG_EPARSE, "url: missing host");
+
+    const char *port;
+    if (*a == '[') {
+        const char *close = memchr(a, ']', (size_t)(aend - a));
+        if (!close)
+            return bad(msg, msg_len, KVG_EPARSE, "url: unterminated IPv6 address");
+        size_t hlen = (size_t)(close - a - 1);
+        struct in6_addr a6;
+        if (hlen == 0 || hlen >= sizeof(pu->host))
+            return bad(msg, msg_len, KVG_EPARSE, "url: invalid IPv6 address");
+        memcpy(pu->host, a + 1, hlen);
+        pu->host[hlen] = '\0';
+        if (inet_pton(AF_INET6, pu->host, &a6) != 1)
+            return bad(msg, msg_len, KVG_EPARSE, "url: invalid IPv6 address");
+        if (close + 1 == aend || close[1] != ':')
+            return bad(msg, msg_len, KVG_EPARSE,
+                       "url: missing port (expected http://[address]:port)");
+        port = close + 2;
+        pu->v6 = true;
+    } else {
+        const char *colon = NULL;
+        for (const char *p = a; p < aend; p++)
+            if (*p == ':')
+                colon = p;
+        if (!colon)
+            return bad(msg, msg_len, KVG_EPARSE,
+                       "url: missing port (expected http://host:port)");
+        if (memchr(a, ':', (size_t)(colon - a)))
+            return bad(msg, msg_len, KVG_EPARSE, "url: IPv6 addresses need brackets");
+        size_t hlen = (size_t)(colon - a);
+        int rc = validate_host(a, hlen, msg, msg_len);
+        if (rc < 0)
+            return rc;
+        memcpy(pu->host, a, hlen);
+        pu->host[hlen] = '\0';
+        port = colon + 1;
+        pu->v6 = false;
+    }
+    return parse_port(port, (size_t)(aend - port), &pu->port, msg, msg_len);
+}
+
+static int validate_models(const char *const *models, size_t n, char *msg, size_t msg_len)
+{
+    if (n > KVG_WORKER_MODELS_MAX)
+        return bad(msg, msg_len, KVG_ELIMIT, "models: more than %d models",
+                   KVG_WORKER_MODELS_MAX);
+    if (n && !models)
+        return bad(msg, msg_len, KVG_EPARSE, "models: missing");
+    for (size_t i = 0; i < n; i++) {
+        const char *m = models[i];
+        if (!m)
+            return bad(msg, msg_len, KVG_EPARSE, "models[%zu]: missing", i);
+        size_t len = strnlen(m, KVG_MODEL_NAME_MAX + 1);
+        if (len == 0)
+            return bad(msg, msg_len, KVG_EPARSE, "models[%zu]: must not be empty", i);
+        if (len > KVG_MODEL_NAME_MAX)
+            return bad(msg, msg_len, KVG_ELIMIT, "models[%zu]: longer than %d bytes", i,
+                       KVG_MODEL_NAME_MAX);
+        for (size_t k = 0; k < len; k++)
+            if ((unsigned char)m[k] < 0x20 || (unsigned char)m[k] > 0x7e)
+                return bad(msg, msg_len, KVG_EPARSE, "models[%zu]: must be printable ASCII",
+                           i);
+        /* n <= 64, so the quadratic check is cheap. */
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(models[j], m) == 0)
+                return bad(msg, msg_len, KVG_EPARSE, "models[%zu]: duplicate of models[%zu]",
+                           i, j);
+    }
+    return 0;
+}
+
+static int validate(const kvg_worker_def *def, parsed_url *pu, char *msg, size_t msg_len)
+{
+    if (msg && msg_len)
+        msg[0] = '\0';
+    if (!def)
+        return bad(msg, msg_len, KVG_EPARSE, "definition missing");
+    int rc = kvg_router_validate_name(def->name, msg, msg_len);
+    if (rc == 0)
+        rc = parse_url(def->url, pu, msg, msg_len);
+    if (rc == 0)
+        rc = validate_models(def->models, def->nmodels, msg, msg_len);
+    return rc;
+}
+
+int kvg_worker_def_validate(const kvg_worker_def *def, char *msg, size_t msg_len)
+{
+    parsed_url pu;
+    return validate(def, &pu, msg, msg_len);
+}
+
+/* ---- specs ------------------------------------------------------------------------------------ */
+
+int kvg_router_spec_new(const kvg_worker_def *def, uint32_t default_max_inflight, char *msg,
+                        size_t msg_len, worker_spec **out)
+{
+    parsed_url pu;
+    int rc = validate(def, &pu, msg, msg_len);
+    if (rc < 0)
+        return rc;
+
+    size_t name_len = strlen(def->name) + 1;
+    size_t url_len = strlen(def->url) + 1;
+    size_t host_len = strlen(pu.host) + 1;
+    char authority[HOST_MAX + 16];
+    int alen = snprintf(authority, sizeof(authority), pu.v6 ? "[%s]:%u" : "%s:%u", pu.host,
+                        (unsigned)pu.port);
+    size_t auth_len = (size_t)alen + 1;
+    size_t size = sizeof(worker_spec) + def->nmodels * sizeof(char *) + name_len + url_len +
+                  host_len + auth_len;
+    for (size_t i = 0; i < def->nmodels; i++)
+        size += strlen(def->models[i]) + 1;
+
+    worker_spec *s = malloc(size);
+    if (!s)
+        return bad(msg, msg_len, -ENOMEM, "out of memory");
+    atomic_init(&s->refs, 1);
+    s->models = (const char **)(void *)(s + 1);
+    char *p = (char *)(s->models + def->nmodels);
+#define SPEC_COPY(dst, src, n)                                                                     \
+    do {                                                                                           \
+        memcpy(p, (src), (n));                                                                     \
+        (dst) = p;                                                                                 \
+        p += (n);                                                                                  \
+    } while (0)
+    SPEC_COPY(s->name, def->name, name_len);
+    SPEC_COPY(s->url, def->url, url_len);
+    SPEC_COPY(s->host, pu.host, host_len);
+    SPEC_COPY(s->authority, authority, auth_len);
+    for (size_t i = 0; i < def->nmodels; i++)
+        SPEC_COPY(s->models[i], def->models[i], strlen(def->models[i]) + 1);
+#undef SPEC_COPY
+    s->nmodels = def->nmodels;
+    s->kv_blocks = def->kv_blocks;
+    s->max_inflight = def->max_inflight ? def->max_inflight : default_max_inflight;
+    s->port = pu.port;
+    *out = s;
+    return 0;
+}
+
+worker_spec *kvg_router_spec_ref(worker_spec *spec)
+{
+    atomic_fetch_add_explicit(&spec->refs, 1, memory_order_relaxed);
+    return spec;
+}
+
+void kvg_router_spec_unref(worker_spec *spec)
+{
+    if (spec && atomic_fetch_sub_explicit(&spec->refs, 1, memory_order_acq_rel) == 1)
+        free(spec);
+}
+
+bool kvg_router_spec_equal(const worker_spec *a, const worker_spec *b)
+{
+    if (strcmp(a->name, b->name) != 0 || strcmp(a->url, b->url) != 0 ||
+        a->kv_blocks != b->kv_blocks || a->max_inflight != b->max_inflight ||
+        a->nmodels != b->nmodels)
+        return false;
+    for (size_t i = 0; i < a->nmodels; i++)
+        if (strcmp(a->models[i], b->models[i]) != 0)
+            return false;
+    return true;
+}
+
+/* ---- worker objects ------------------------------------------------------------------------- */
+
+int kvg_router_worker_new(worker_spec *spec, kvg_worker_source source, unsigned nthreads,
+                          unsigned fall, unsigned rise, kvg_worker **out)
+{
+    kvg_worker *w = calloc(1, sizeof(*w) + (size_t)nthreads * sizeof(void *));
+    if (!w) {
+        kvg_router_spec_unref(spec);
+        return -ENOMEM;
+    }
+    atomic_init(&w->refs, 1);
+    w->id = atomic_fetch_add_explicit(&next_worker_id, 1, memory_order_relaxed);
+    w->spec = spec;
+    w->fall = fall;
+    w->rise = rise;
+    w->nthreads = nthreads;
+    atomic_init(&w->source, (int)source);
+    atomic_init(&w->draining, false);
+    atomic_init(&w->retired, false);
+    atomic_init(&w->health, 0u);
+    atomic_init(&w->inflight, 0u);
+    atomic_init(&w->retries, 0u);
+    for (size_t i = 0; i < WORKER_CODES; i++)
+        atomic_init(&w->codes[i], 0u);
+    for (size_t i = 0; i <= HIST_BUCKETS; i++) {
+        atomic_init(&w->duration.buckets[i], 0u);
+        atomic_init(&w->ttfb.buckets[i], 0u);
+    }
+    atomic_init(&w->duration.sum_us, 0u);
+    atomic_init(&w->ttfb.sum_us, 0u);
+    *out = w;
+    return 0;
+}
+
+void kvg_router_worker_set_retired(kvg_worker *w)
+{
+    atomic_store_explicit(&w->retired, true, memory_order_release);
+}
+
+kvg_worker *kvg_worker_ref(kvg_worker *w)
+{
+    atomic_fetch_add_explicit(&w->refs, 1, memory_order_relaxed);
+    return w;
+}
+
+void kvg_worker_unref(kvg_worker *w)
+{
+    if (!w)
+        return;
+    /* acq_rel rather than a separate fence: ThreadSanitizer understands it. */
+    if (atomic_fetch_sub_explicit(&w->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    kvg_router_spec_unref(w->spec);
+    free(w);
+}
+
+uint64_t kvg_worker_id(const kvg_worker *w)
+{
+    return w->id;
+}
+
+const char *kvg_worker_name(const kvg_worker *w)
+{
+    return w->spec->name;
+}
+
+const char *kvg_worker_url(const kvg_worker *w)
+{
+    return w->spec->url;
+}
+
+const char *kvg_worker_host(const kvg_worker *w)
+{
+    return w->spec->host;
+}
+
+uint16_t kvg_worker_port(const kvg_worker *w)
+{
+    return w->spec->port;
+}
+
+const char *kvg_worker_authority(const kvg_worker *w)
+{
+    return w->spec->authority;
+}
+
+size_t kvg_worker_model_count(const kvg_worker *w)
+{
+    return w->spec->nmodels;
+}
+
+const char *kvg_worker_model(const kvg_worker *w, size_t i)
+{
+    return i < w->spec->nmodels ? w->spec->models[i] : NULL;
+}
+
+bool kvg_worker_serves(const kvg_worker *w, const char *model)
+{
+    if (!model || w->spec->nmodels == 0)
+        return true;
+    for (size_t i = 0; i < w->spec->nmodels; i++)
+        if (strcmp(w->spec->models[i], model) == 0)
+            return true;
+    return false;
+}
+
+uint32_t kvg_worker_kv_blocks(const kvg_worker *w)
+{
+    return w->spec->kv_blocks;
+}
+
+uint32_t kvg_worker_max_inflight(const kvg_worker *w)
+{
+    return w->spec->max_inflight;
+}
+
+kvg_worker_source kvg_worker_source_of(const kvg_worker *w)
+{
+    return (kvg_worker_source)atomic_load_explicit(&w->source, memory_order_relaxed);
+}
+
+kvg_worker_health kvg_worker_health_get(const kvg_worker *w)
+{
+    uint32_t h = atomic_load_explicit(&w->health, memory_order_relaxed);
+    return (h & HEALTH_DOWN_BIT) ? KVG_WORKER_DOWN : KVG_WORKER_UP;
+}
+
+bool kvg_worker_draining(const kvg_worker *w)
+{
+    return atomic_load_explicit(&w->draining, memory_order_relaxed);
+}
+
+bool kvg_worker_retired(const kvg_worker *w)
+{
+    return atomic_load_explicit(&w->retired, memory_order_acquire);
+}
+
+bool kvg_worker_health_observe(kvg_worker *w, bool ok)
+{
+    uint32_t old = atomic_load_explicit(&w->health, memory_order_relaxed);
+    uint32_t next;
+    bool changed;
+    do {
+        uint32_t streak = (old & HEALTH_STREAK_MASK) + 1;
+        changed = false;
+        if (!(old & HEALTH_DOWN_BIT)) {
+            if (ok)
+                next = 0;
+            else if (streak >= w->fall) {
+                next = HEALTH_DOWN_BIT;
+                changed = true;
+            } else
+                next = streak;
+        } else {
+            if (!ok)
+                next = HEALTH_DOWN_BIT;
+            else if (streak >= w->rise) {
+                next = 0;
+                changed = true;
+            } else
+                next = HEALTH_DOWN_BIT | streak;
+        }
+    } while (!atomic_compare_exchange_weak_explicit(&w->health, &old, next, memory_order_relaxed,
+                                                    memory_order_relaxed));
+    return changed;
+}
+
+uint32_t kvg_worker_inflight(const kvg_worker *w)
+{
+    return atomic_load_explicit(&w->inflight, memory_order_relaxed);
+}
+
+bool kvg_worker_inflight_try_acquire(kvg_worker *w)
+{
+    uint32_t cur = atomic_load_explicit(&w->inflight, memory_order_relaxed);
+    do {
+        if (cur >= w->spec->max_inflight)
+            return false;
+    } while (!atomic_compare_exchange_weak_explicit(&w->inflight, &cur, cur + 1,
+                                                    memory_order_relaxed, memory_order_relaxed));
+    return true;
+}
+
+void kvg_worker_inflight_release(kvg_worker *w)
+{
+    /* A release without an acquire is a caller bug; never wrap below zero, which would make
+     * the worker look full forever. */
+    uint32_t cur = atomic_load_explicit(&w->inflight, memory_order_relaxed);
+    do {
+        if (cur == 0)
+            return;
+    } while (!atomic_compare_exchange_weak_explicit(&w->inflight, &cur, cur - 1,
+                                                    memory_order_relaxed, memory_order_relaxed));
+}
+
+static void hist_observe(worker_hist *h, uint64_t ns)
+{
+    size_t i = 0;
+    while (i < HIST_BUCKETS && ns > kvg_router_hist_bounds_ns[i])
+        i++;
+    atomic_fetch_add_explicit(&h->buckets[i], 1, memory_order_relaxed);
+    /* Microseconds: a nanosecond sum would wrap within months on a busy worker. */
+    atomic_fetch_add_explicit(&h->sum_us, (ns + 500) / 1000, memory_order_relaxed);
+}
+
+void kvg_worker_record(kvg_worker *w, int status, uint64_t duration_ns, uint64_t ttfb_ns)
+{
+    /* The status comes from an upstream peer; one outside the table is not counted by code. */
+    if (status >= 0 && status < WORKER_CODES)
+        atomic_fetch_add_explicit(&w->codes[status], 1, memory_order_relaxed);
+    hist_observe(&w->duration, duration_ns);
+    if (ttfb_ns)
+        hist_observe(&w->ttfb, ttfb_ns);
+}
+
+void kvg_worker_record_retry(kvg_worker *w)
+{
+    atomic_fetch_add_explicit(&w->retries, 1, memory_order_relaxed);
+}
+
+void **kvg_worker_thread_slot(kvg_worker *w, unsigned thread)
+{
+    if (thread >= w->nthreads)
+        return NULL;
+    return &w->slots[thread];
+}
