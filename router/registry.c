@@ -128,6 +128,13 @@ const char *const *kvg_worker_set_models(const kvg_worker_set *set, size_t *n)
 
 /* ---- layers ----------------------------------------------------------------------------------- */
 
+/* memcpy that tolerates the NULL array of an empty layer. */
+static void copy_specs(worker_spec **dst, worker_spec *const *src, size_t n)
+{
+    if (n)
+        memcpy(dst, src, n * sizeof(*dst));
+}
+
 /* Index of name in the layer, or the insertion point with *found false. */
 static size_t layer_search(const layer *l, const char *name, bool *found)
 {
@@ -160,10 +167,10 @@ static int layer_with(const layer *l, worker_spec *spec, layer *out)
     worker_spec **specs = malloc(n * sizeof(*specs));
     if (!specs)
         return -ENOMEM;
-    memcpy(specs, l->specs, at * sizeof(*specs));
+    copy_specs(specs, l->specs, at);
     specs[at] = spec;
     size_t rest = found ? l->n - at - 1 : l->n - at;
-    memcpy(specs + at + 1, l->specs + (l->n - rest), rest * sizeof(*specs));
+    copy_specs(specs + at + 1, l->specs + (l->n - rest), rest);
     out->specs = specs;
     out->n = n;
     return 0;
@@ -175,8 +182,8 @@ static int layer_without(const layer *l, size_t at, layer *out)
     worker_spec **specs = malloc((n ? n : 1) * sizeof(*specs));
     if (!specs)
         return -ENOMEM;
-    memcpy(specs, l->specs, at * sizeof(*specs));
-    memcpy(specs + at, l->specs + at + 1, (n - at) * sizeof(*specs));
+    copy_specs(specs, l->specs, at);
+    copy_specs(specs + at, l->specs + at + 1, n - at);
     out->specs = specs;
     out->n = n;
     return 0;
@@ -186,10 +193,11 @@ static int layer_without(const layer *l, size_t at, layer *out)
  * only the old layer had are released. next's specs that are new already carry theirs. */
 static void layer_commit(layer *cur, layer next)
 {
+    size_t k = 0;
     for (size_t i = 0; i < cur->n; i++) {
-        bool found;
-        size_t at = layer_search(&next, cur->specs[i]->name, &found);
-        if (!found || next.specs[at] != cur->specs[i])
+        while (k < next.n && strcmp(next.specs[k]->name, cur->specs[i]->name) < 0)
+            k++;
+        if (k == next.n || next.specs[k] != cur->specs[i])
             kvg_router_spec_unref(cur->specs[i]);
     }
     free(cur->specs);
@@ -216,7 +224,8 @@ static int build(kvg_registry *reg, const layer *admin, const layer *config,
     kvg_worker **ws = malloc((cap ? cap : 1) * sizeof(*ws));
     if (!ws)
         return -ENOMEM;
-    size_t n = 0, i = 0, j = 0;
+    const kvg_worker_set *cur = reg->current;
+    size_t n = 0, i = 0, j = 0, o = 0;
     int rc = 0;
     while (i < admin->n || j < config->n) {
         worker_spec *spec;
@@ -233,9 +242,12 @@ static int build(kvg_registry *reg, const layer *admin, const layer *config,
             spec = config->specs[j++];
             src = KVG_WORKER_SOURCE_CONFIG;
         }
-        kvg_worker *old = kvg_worker_set_find(reg->current, spec->name);
-        if (old && kvg_router_spec_equal(old->spec, spec)) {
-            ws[n++] = kvg_worker_ref(old);
+        /* Everything is sorted by name: walk the current snapshot alongside, so a change
+         * costs linear time even with thousands of workers. */
+        while (o < cur->count && strcmp(cur->workers[o]->spec->name, spec->name) < 0)
+            o++;
+        if (o < cur->count && kvg_router_spec_equal(cur->workers[o]->spec, spec)) {
+            ws[n++] = kvg_worker_ref(cur->workers[o]);
             continue;
         }
         rc = kvg_router_worker_new(kvg_router_spec_ref(spec), src, reg->nthreads, reg->fall,
@@ -244,7 +256,7 @@ static int build(kvg_registry *reg, const layer *admin, const layer *config,
             goto fail_workers;
         n++;
     }
-    rc = kvg_router_set_new(ws, n, reg->current->generation + 1, out);
+    rc = kvg_router_set_new(ws, n, cur->generation + 1, out);
     if (rc < 0)
         goto fail_workers;
     free(ws);
@@ -262,25 +274,32 @@ fail_workers:
 static void publish(kvg_registry *reg, kvg_worker_set *next)
 {
     const layer *admin = &reg->layers[KVG_WORKER_SOURCE_ADMIN];
+    size_t a = 0;
     for (size_t i = 0; i < next->count; i++) {
         kvg_worker *w = next->workers[i];
-        bool found;
-        layer_search(admin, w->spec->name, &found);
+        while (a < admin->n && strcmp(admin->specs[a]->name, w->spec->name) < 0)
+            a++;
+        bool is_admin = a < admin->n && strcmp(admin->specs[a]->name, w->spec->name) == 0;
         atomic_store_explicit(&w->source,
-                              found ? KVG_WORKER_SOURCE_ADMIN : KVG_WORKER_SOURCE_CONFIG,
+                              is_admin ? KVG_WORKER_SOURCE_ADMIN : KVG_WORKER_SOURCE_CONFIG,
                               memory_order_relaxed);
     }
 
+    /* The number changes inside the critical section: a thread that reads it and then
+     * acquires finds at least that snapshot, and one that acquires and then reads it sees at
+     * least the snapshot's number. */
     pthread_mutex_lock(&reg->pub_lock);
     kvg_worker_set *old = reg->current;
     reg->current = next;
+    atomic_store_explicit(&reg->generation, next->generation, memory_order_relaxed);
     pthread_mutex_unlock(&reg->pub_lock);
-    /* After the swap, so a thread that sees the new number finds at least that snapshot. */
-    atomic_store_explicit(&reg->generation, next->generation, memory_order_release);
 
+    size_t k = 0;
     for (size_t i = 0; i < old->count; i++) {
         kvg_worker *w = old->workers[i];
-        if (kvg_worker_set_find(next, w->spec->name) != w)
+        while (k < next->count && strcmp(next->workers[k]->spec->name, w->spec->name) < 0)
+            k++;
+        if (k == next->count || next->workers[k] != w)
             kvg_router_worker_set_retired(w);
     }
     kvg_worker_set_unref(old);
