@@ -12,6 +12,9 @@
 
 typedef struct kvg_admin kvg_admin;
 
+/* Largest request body the admin API accepts (bytes); the gateway may stop reading there. */
+#define KVG_ADMIN_BODY_MAX (1024 * 1024)
+
 typedef struct kvg_admin_config {
     /* Accepted bearer tokens (borrowed only during kvg_admin_new, copied). At least one. */
     const char *const *tokens;
@@ -29,8 +32,11 @@ typedef struct kvg_admin_request {
 
 typedef struct kvg_admin_response {
     int status;
-    const char *content_type; /* static string */
+    const char *content_type; /* static string, never NULL */
     kvg_buf body;             /* owned by the response; free with kvg_admin_response_done */
+    /* Extra response headers to send when non-NULL (static strings): */
+    const char *allow;            /* 405: value of the Allow header */
+    const char *www_authenticate; /* 401: value of the WWW-Authenticate header */
 } kvg_admin_response;
 
 /** Writes extra Prometheus series into out (for example the gateway's front counters). */
@@ -42,15 +48,22 @@ typedef bool (*kvg_admin_ready_fn)(void *ud);
  *  Returns 0, -EINVAL (no tokens) or -ENOMEM. */
 int kvg_admin_new(const kvg_admin_config *cfg, kvg_registry *reg, kvg_admin **out);
 void kvg_admin_free(kvg_admin *admin);
-/** Replace the accepted tokens (config reload). 0, -EINVAL or -ENOMEM (old tokens kept). */
+/** Replace the accepted tokens (config reload). 0, -EINVAL or -ENOMEM (old tokens kept).
+ *  Tokens must be non-empty, without spaces or control characters; at most 64. Only their
+ *  SHA-256 digests are kept. */
 int kvg_admin_set_tokens(kvg_admin *admin, const char *const *tokens, size_t ntokens);
-/** Register an extra metrics writer, called on every /metrics scrape in registration order. */
+/** Register an extra metrics writer, called on every /metrics scrape in registration order
+ *  (outside the admin's lock, possibly from several threads at once). 0, -EINVAL (fn NULL),
+ *  KVG_ELIMIT (more than 64 writers) or -ENOMEM. */
 int kvg_admin_add_metrics(kvg_admin *admin, kvg_admin_metrics_fn fn, void *ud);
 /** Set the readiness probe used by /readyz (besides "at least one worker up"). */
 void kvg_admin_set_ready(kvg_admin *admin, kvg_admin_ready_fn fn, void *ud);
 
-/** Handle one admin request. Always fills resp (status, content type, body); the caller
- *  sends it and then calls kvg_admin_response_done. Never blocks. */
+/** Handle one admin request. Always fills resp (status, content type, body, extra headers);
+ *  the caller sends it and then calls kvg_admin_response_done. Never blocks. Thread-safe:
+ *  requests may be handled on several threads at once, and concurrently with
+ *  kvg_admin_set_tokens, kvg_admin_add_metrics and kvg_admin_set_ready. Request bodies over
+ *  KVG_ADMIN_BODY_MAX get 413. */
 void kvg_admin_handle(kvg_admin *admin, const kvg_admin_request *req, kvg_admin_response *resp);
 void kvg_admin_response_done(kvg_admin_response *resp);
 

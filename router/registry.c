@@ -504,7 +504,7 @@ int kvg_registry_replace_config(kvg_registry *reg, const kvg_worker_def *defs, s
         if (rc < 0) {
             if (rc != -ENOMEM && msg && msg_len) {
                 /* Name the worker by name when the name itself is sound. */
-                if (kvg_router_validate_name(def->name, NULL, 0) == 0)
+                if (kvg_worker_name_validate(def->name, NULL, 0) == 0)
                     snprintf(msg, msg_len, "worker \"%s\": %s", def->name, why);
                 else
                     snprintf(msg, msg_len, "workers[%zu]: %s", next.n, why);

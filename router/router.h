@@ -63,6 +63,9 @@ int kvg_registry_new(const kvg_registry_config *cfg, kvg_registry **out);
 /** Free the registry; snapshots acquired earlier stay valid until unreffed. NULL is a no-op. */
 void kvg_registry_free(kvg_registry *reg);
 
+/** Check a worker name alone (for example a name taken from an admin URL path): 0, or
+ *  KVG_EPARSE/KVG_ELIMIT with a message starting "name: " written to msg (may be NULL). */
+int kvg_worker_name_validate(const char *name, char *msg, size_t msg_len);
 /** Check a definition without changing anything: 0, or KVG_EPARSE/KVG_ELIMIT with a message
  *  naming the bad field written to msg (may be NULL). */
 int kvg_worker_def_validate(const kvg_worker_def *def, char *msg, size_t msg_len);
@@ -102,7 +105,7 @@ kvg_worker *kvg_worker_set_at(const kvg_worker_set *set, size_t i);
 /** Worker by name, borrowed; NULL if absent. */
 kvg_worker *kvg_worker_set_find(const kvg_worker_set *set, const char *name);
 /** Distinct model names served by the workers of the set, sorted; *n receives the count.
- *  Borrowed from the snapshot. */
+ *  Workers that list no models (they serve any) add none. Borrowed from the snapshot. */
 const char *const *kvg_worker_set_models(const kvg_worker_set *set, size_t *n);
 
 /* Workers: refcounted; a snapshot holds one reference to each of its workers. Everything

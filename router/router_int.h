@@ -78,8 +78,6 @@ struct kvg_worker_set {
     size_t nmodels;
 };
 
-/** Check a worker name alone; 0 or KVG_EPARSE / KVG_ELIMIT with msg (may be NULL). */
-int kvg_router_validate_name(const char *name, char *msg, size_t msg_len);
 /** Validate def and build its spec (the registry default applied to max_inflight).
  *  0, KVG_EPARSE / KVG_ELIMIT with msg, or -ENOMEM. */
 int kvg_router_spec_new(const kvg_worker_def *def, uint32_t default_max_inflight, char *msg,

@@ -75,7 +75,7 @@ static bool name_char(unsigned char c)
            c == '.' || c == '_' || c == '-';
 }
 
-int kvg_router_validate_name(const char *name, char *msg, size_t msg_len)
+int kvg_worker_name_validate(const char *name, char *msg, size_t msg_len)
 {
     char cb[8];
     if (!name)
@@ -268,7 +268,7 @@ static int validate(const kvg_worker_def *def, parsed_url *pu, char *msg, size_t
         msg[0] = '\0';
     if (!def)
         return bad(msg, msg_len, KVG_EPARSE, "definition missing");
-    int rc = kvg_router_validate_name(def->name, msg, msg_len);
+    int rc = kvg_worker_name_validate(def->name, msg, msg_len);
     if (rc == 0)
         rc = parse_url(def->url, pu, msg, msg_len);
     if (rc == 0)

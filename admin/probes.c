@@ -1,0 +1,66 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Liveness, readiness and the Prometheus scrape endpoint. */
+#include "admin_int.h"
+
+#include <string.h>
+
+void kvg_admin_healthz(admin_ctx *c)
+{
+    kvg_admin_json(c->resp, 200);
+    kvg_buf_puts(&c->resp->body, "{\"status\":\"ok\"}");
+}
+
+void kvg_admin_readyz(admin_ctx *c)
+{
+    kvg_admin *admin = c->admin;
+    pthread_mutex_lock(&admin->lock);
+    kvg_admin_ready_fn ready = admin->ready;
+    void *ud = admin->ready_ud;
+    pthread_mutex_unlock(&admin->lock);
+
+    const char *reason = NULL;
+    if (ready && !ready(ud)) {
+        reason = "gateway is not ready";
+    } else {
+        kvg_worker_set *set = kvg_registry_acquire(admin->reg);
+        size_t n = kvg_worker_set_count(set);
+        bool any = false;
+        for (size_t i = 0; i < n && !any; i++) {
+            kvg_worker *w = kvg_worker_set_at(set, i);
+            any = kvg_worker_health_get(w) == KVG_WORKER_UP && !kvg_worker_draining(w);
+        }
+        kvg_worker_set_unref(set);
+        if (n == 0)
+            reason = "no workers registered";
+        else if (!any)
+            reason = "no worker is up and accepting requests";
+    }
+    if (!reason) {
+        kvg_admin_json(c->resp, 200);
+        kvg_buf_puts(&c->resp->body, "{\"status\":\"ready\"}");
+        return;
+    }
+    kvg_admin_json(c->resp, 503);
+    kvg_buf_puts(&c->resp->body, "{\"status\":\"not ready\",\"reason\":");
+    kvg_buf_json_string(&c->resp->body, reason, strlen(reason));
+    kvg_buf_putc(&c->resp->body, '}');
+}
+
+void kvg_admin_metrics(admin_ctx *c)
+{
+    kvg_admin *admin = c->admin;
+    admin_writer writers[ADMIN_WRITERS_MAX];
+    /* Copy, then call without the lock: a writer may take its own locks or be slow. */
+    pthread_mutex_lock(&admin->lock);
+    size_t n = admin->nwriters;
+    memcpy(writers, admin->writers, n * sizeof(*writers));
+    pthread_mutex_unlock(&admin->lock);
+
+    kvg_admin_response *resp = c->resp;
+    resp->status = 200;
+    resp->content_type = CT_METRICS;
+    kvg_buf_reset(&resp->body);
+    kvg_registry_write_metrics(admin->reg, &resp->body);
+    for (size_t i = 0; i < n; i++)
+        writers[i].fn(&resp->body, writers[i].ud);
+}
