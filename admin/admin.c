@@ -157,9 +157,12 @@ typedef enum route {
 
 /* Methods each route accepts, as the Allow header spells them. */
 static const char *const route_allow[ROUTE_COUNT] = {
-    [ROUTE_HEALTHZ] = "GET",     [ROUTE_READYZ] = "GET",
-    [ROUTE_METRICS] = "GET",     [ROUTE_WORKERS] = "GET",
-    [ROUTE_WORKER] = "GET, PUT, DELETE", [ROUTE_WORKER_DRAIN] = "POST",
+    [ROUTE_HEALTHZ] = "GET",
+    [ROUTE_READYZ] = "GET",
+    [ROUTE_METRICS] = "GET",
+    [ROUTE_WORKERS] = "GET",
+    [ROUTE_WORKER] = "GET, PUT, DELETE",
+    [ROUTE_WORKER_DRAIN] = "POST",
 };
 
 static bool path_is(const char *p, size_t len, const char *lit)

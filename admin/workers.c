@@ -27,15 +27,14 @@ static void put_worker(kvg_buf *b, const kvg_worker *w)
         s = kvg_worker_model(w, i);
         kvg_buf_json_string(b, s, strlen(s));
     }
-    kvg_buf_printf(b,
-                   "],\"kv_blocks\":%lu,\"max_inflight\":%lu,\"source\":\"%s\",\"health\":\"%s\","
-                   "\"draining\":%s,\"inflight\":%lu}",
-                   (unsigned long)kvg_worker_kv_blocks(w),
-                   (unsigned long)kvg_worker_max_inflight(w),
-                   kvg_worker_source_str(kvg_worker_source_of(w)),
-                   kvg_worker_health_str(kvg_worker_health_get(w)),
-                   kvg_worker_draining(w) ? "true" : "false",
-                   (unsigned long)kvg_worker_inflight(w));
+    kvg_buf_printf(
+        b,
+        "],\"kv_blocks\":%lu,\"max_inflight\":%lu,\"source\":\"%s\",\"health\":\"%s\","
+        "\"draining\":%s,\"inflight\":%lu}",
+        (unsigned long)kvg_worker_kv_blocks(w), (unsigned long)kvg_worker_max_inflight(w),
+        kvg_worker_source_str(kvg_worker_source_of(w)),
+        kvg_worker_health_str(kvg_worker_health_get(w)), kvg_worker_draining(w) ? "true" : "false",
+        (unsigned long)kvg_worker_inflight(w));
 }
 
 /* 200 (or status) with the worker as the registry now has it; 404 if it vanished. */
@@ -165,8 +164,8 @@ static void audit_rejected(admin_ctx *c, const char *action, const char *name, i
                            const char *why)
 {
     char safe[160];
-    kvg_log_info("admin: remote=%s %s worker %s rejected (%d): %s", c->remote, action, name,
-                 status, kvg_admin_log_safe(why, safe, sizeof(safe)));
+    kvg_log_info("admin: remote=%s %s worker %s rejected (%d): %s", c->remote, action, name, status,
+                 kvg_admin_log_safe(why, safe, sizeof(safe)));
 }
 
 void kvg_admin_worker_put(admin_ctx *c, const char *name)

@@ -35,8 +35,8 @@ static void put_series(kvg_buf *out, const char *name, const kvg_worker *w)
 }
 
 /* One sample per worker of a gauge or counter without extra labels. */
-static void put_simple(kvg_buf *out, const kvg_worker_set *set, const char *name,
-                       const char *type, const char *help, uint64_t (*value)(const kvg_worker *))
+static void put_simple(kvg_buf *out, const kvg_worker_set *set, const char *name, const char *type,
+                       const char *help, uint64_t (*value)(const kvg_worker *))
 {
     put_header(out, name, type, help);
     for (size_t i = 0; i < set->count; i++) {
@@ -107,14 +107,14 @@ void kvg_registry_write_metrics(kvg_registry *reg, kvg_buf *out)
     kvg_worker_set *set = kvg_registry_acquire(reg);
 
     put_simple(out, set, "kvgate_worker_up", "gauge",
-              "Whether the worker is up (1) or marked down by health checks (0).", up_value);
+               "Whether the worker is up (1) or marked down by health checks (0).", up_value);
     put_simple(out, set, "kvgate_worker_draining", "gauge",
-              "Whether the worker is draining: listed, but given no new requests.",
-              draining_value);
+               "Whether the worker is draining: listed, but given no new requests.",
+               draining_value);
     put_simple(out, set, "kvgate_worker_inflight", "gauge",
-              "Requests this gateway has in flight to the worker.", inflight_value);
+               "Requests this gateway has in flight to the worker.", inflight_value);
     put_simple(out, set, "kvgate_worker_max_inflight", "gauge",
-              "Most requests this gateway sends the worker at once.", max_inflight_value);
+               "Most requests this gateway sends the worker at once.", max_inflight_value);
 
     put_header(out, "kvgate_worker_requests_total", "counter",
                "Requests finished by the worker, by HTTP status sent to the client (0: the "
@@ -137,9 +137,9 @@ void kvg_registry_write_metrics(kvg_registry *reg, kvg_buf *out)
                   "Time from choosing the worker to the first response byte from it.",
                   offsetof(kvg_worker, ttfb));
     put_simple(out, set, "kvgate_worker_retries_total", "counter",
-              "Requests retried on another worker after a connect failure or a reset before "
-              "any response byte from this one.",
-              retries_value);
+               "Requests retried on another worker after a connect failure or a reset before "
+               "any response byte from this one.",
+               retries_value);
 
     kvg_worker_set_unref(set);
 }

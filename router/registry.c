@@ -126,7 +126,8 @@ const char *const *kvg_worker_set_models(const kvg_worker_set *set, size_t *n)
     return set->models;
 }
 
-/* ---- layers ----------------------------------------------------------------------------------- */
+/* ---- layers -----------------------------------------------------------------------------------
+ */
 
 /* memcpy that tolerates the NULL array of an empty layer. */
 static void copy_specs(worker_spec **dst, worker_spec *const *src, size_t n)
@@ -217,8 +218,7 @@ static void layer_done(layer *l)
 
 /* Merge the two layers into a snapshot: admin wins over config by name. A worker of the
  * current snapshot with an identical definition is kept, with its health and counters. */
-static int build(kvg_registry *reg, const layer *admin, const layer *config,
-                 kvg_worker_set **out)
+static int build(kvg_registry *reg, const layer *admin, const layer *config, kvg_worker_set **out)
 {
     size_t cap = admin->n + config->n;
     kvg_worker **ws = malloc((cap ? cap : 1) * sizeof(*ws));
@@ -386,8 +386,10 @@ int kvg_registry_put(kvg_registry *reg, const kvg_worker_def *def, kvg_worker_so
             snprintf(msg, msg_len, "too many workers (at most %d)", KVG_REGISTRY_WORKERS_MAX);
         goto fail_spec;
     }
-    const layer *admin = source == KVG_WORKER_SOURCE_ADMIN ? &next : &reg->layers[KVG_WORKER_SOURCE_ADMIN];
-    const layer *config = source == KVG_WORKER_SOURCE_CONFIG ? &next : &reg->layers[KVG_WORKER_SOURCE_CONFIG];
+    const layer *admin =
+        source == KVG_WORKER_SOURCE_ADMIN ? &next : &reg->layers[KVG_WORKER_SOURCE_ADMIN];
+    const layer *config =
+        source == KVG_WORKER_SOURCE_CONFIG ? &next : &reg->layers[KVG_WORKER_SOURCE_CONFIG];
     rc = build(reg, admin, config, &set);
     if (rc < 0)
         goto fail_layer;
@@ -476,8 +478,8 @@ static int cmp_spec(const void *a, const void *b)
     return strcmp((*(worker_spec *const *)a)->name, (*(worker_spec *const *)b)->name);
 }
 
-int kvg_registry_replace_config(kvg_registry *reg, const kvg_worker_def *defs, size_t n,
-                                char *msg, size_t msg_len)
+int kvg_registry_replace_config(kvg_registry *reg, const kvg_worker_def *defs, size_t n, char *msg,
+                                size_t msg_len)
 {
     char why[256];
     layer next = {0};

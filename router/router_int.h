@@ -95,8 +95,7 @@ void kvg_router_worker_set_retired(kvg_worker *w);
 
 /** Create a snapshot over workers (sorted by name), taking the caller's reference to each.
  *  On failure the caller keeps its references. */
-int kvg_router_set_new(kvg_worker **workers, size_t n, uint64_t generation,
-                       kvg_worker_set **out);
+int kvg_router_set_new(kvg_worker **workers, size_t n, uint64_t generation, kvg_worker_set **out);
 kvg_worker_set *kvg_router_set_ref(kvg_worker_set *set);
 
 #endif

@@ -13,13 +13,13 @@
 /* Latency buckets for LLM traffic: short requests and cache hits at the low end, long
  * generations (minutes) at the top. */
 const uint64_t kvg_router_hist_bounds_ns[HIST_BUCKETS] = {
-    5000000ull,     10000000ull,    25000000ull,    50000000ull,     100000000ull,
-    250000000ull,   500000000ull,   1000000000ull,  2500000000ull,   5000000000ull,
-    10000000000ull, 20000000000ull, 30000000000ull, 60000000000ull,  120000000000ull,
+    5000000ull,     10000000ull,    25000000ull,    50000000ull,    100000000ull,
+    250000000ull,   500000000ull,   1000000000ull,  2500000000ull,  5000000000ull,
+    10000000000ull, 20000000000ull, 30000000000ull, 60000000000ull, 120000000000ull,
 };
 const char *const kvg_router_hist_le[HIST_BUCKETS] = {
     "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1",
-    "2.5",   "5",    "10",    "20",   "30",  "60",  "120",
+    "2.5",   "5",    "10",    "20",   "30",  "60",   "120",
 };
 
 static _Atomic uint64_t next_worker_id = 1;
@@ -71,8 +71,8 @@ static const char *show_char(unsigned char c, char buf[8])
 
 static bool name_char(unsigned char c)
 {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '.' || c == '_' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == '-';
 }
 
 int kvg_worker_name_validate(const char *name, char *msg, size_t msg_len)
@@ -216,8 +216,7 @@ static int parse_url(const char *url, parsed_url *pu, char *msg, size_t msg_len)
             if (*p == ':')
                 colon = p;
         if (!colon)
-            return bad(msg, msg_len, KVG_EPARSE,
-                       "url: missing port (expected http://host:port)");
+            return bad(msg, msg_len, KVG_EPARSE, "url: missing port (expected http://host:port)");
         if (memchr(a, ':', (size_t)(colon - a)))
             return bad(msg, msg_len, KVG_EPARSE, "url: IPv6 addresses need brackets");
         size_t hlen = (size_t)(colon - a);
@@ -235,8 +234,7 @@ static int parse_url(const char *url, parsed_url *pu, char *msg, size_t msg_len)
 static int validate_models(const char *const *models, size_t n, char *msg, size_t msg_len)
 {
     if (n > KVG_WORKER_MODELS_MAX)
-        return bad(msg, msg_len, KVG_ELIMIT, "models: more than %d models",
-                   KVG_WORKER_MODELS_MAX);
+        return bad(msg, msg_len, KVG_ELIMIT, "models: more than %d models", KVG_WORKER_MODELS_MAX);
     if (n && !models)
         return bad(msg, msg_len, KVG_EPARSE, "models: missing");
     for (size_t i = 0; i < n; i++) {
@@ -251,13 +249,11 @@ static int validate_models(const char *const *models, size_t n, char *msg, size_
                        KVG_MODEL_NAME_MAX);
         for (size_t k = 0; k < len; k++)
             if ((unsigned char)m[k] < 0x20 || (unsigned char)m[k] > 0x7e)
-                return bad(msg, msg_len, KVG_EPARSE, "models[%zu]: must be printable ASCII",
-                           i);
+                return bad(msg, msg_len, KVG_EPARSE, "models[%zu]: must be printable ASCII", i);
         /* n <= 64, so the quadratic check is cheap. */
         for (size_t j = 0; j < i; j++)
             if (strcmp(models[j], m) == 0)
-                return bad(msg, msg_len, KVG_EPARSE, "models[%zu]: duplicate of models[%zu]",
-                           i, j);
+                return bad(msg, msg_len, KVG_EPARSE, "models[%zu]: duplicate of models[%zu]", i, j);
     }
     return 0;
 }
@@ -282,7 +278,8 @@ int kvg_worker_def_validate(const kvg_worker_def *def, char *msg, size_t msg_len
     return validate(def, &pu, msg, msg_len);
 }
 
-/* ---- specs ------------------------------------------------------------------------------------ */
+/* ---- specs ------------------------------------------------------------------------------------
+ */
 
 int kvg_router_spec_new(const kvg_worker_def *def, uint32_t default_max_inflight, char *msg,
                         size_t msg_len, worker_spec **out)

@@ -58,7 +58,7 @@ typedef struct reply {
     const char *content_type;
     const char *allow;
     const char *www_authenticate;
-    char *body;    /* copy, NUL-terminated; freed by reply_done */
+    char *body; /* copy, NUL-terminated; freed by reply_done */
     size_t len;
     kvg_json *json; /* parsed when the body is JSON */
 } reply;
@@ -184,9 +184,8 @@ static void test_healthz_readyz(void **state)
     assert_string_equal(str_field(&r, "status"), "not ready");
     assert_string_equal(str_field(&r, "reason"), "no workers registered");
 
-    assert_int_equal(call(f, "PUT", "/admin/v1/workers/w1", AUTH, "{\"url\":\"http://h:1\"}")
-                         .status,
-                     201);
+    assert_int_equal(
+        call(f, "PUT", "/admin/v1/workers/w1", AUTH, "{\"url\":\"http://h:1\"}").status, 201);
     r = call(f, "GET", "/readyz", NULL, NULL);
     assert_int_equal(r.status, 200);
     assert_string_equal(r.body, "{\"status\":\"ready\"}");
@@ -366,11 +365,10 @@ static void test_workers_crud(void **state)
              "{\"url\": \"http://127.0.0.1:8001\", \"models\": [\"llama\", \"q\\\"wen\"],"
              " \"kv_blocks\": 4096, \"max_inflight\": 64}");
     assert_int_equal(r.status, 201);
-    assert_string_equal(r.body,
-                        "{\"name\":\"gpu-1\",\"url\":\"http://127.0.0.1:8001\",\"models\":"
-                        "[\"llama\",\"q\\\"wen\"],\"kv_blocks\":4096,\"max_inflight\":64,"
-                        "\"source\":\"admin\",\"health\":\"up\",\"draining\":false,"
-                        "\"inflight\":0}");
+    assert_string_equal(r.body, "{\"name\":\"gpu-1\",\"url\":\"http://127.0.0.1:8001\",\"models\":"
+                                "[\"llama\",\"q\\\"wen\"],\"kv_blocks\":4096,\"max_inflight\":64,"
+                                "\"source\":\"admin\",\"health\":\"up\",\"draining\":false,"
+                                "\"inflight\":0}");
     /* the same again: 200, the worker object (and its state) kept */
     kvg_worker_set *s = kvg_registry_acquire(f->reg);
     kvg_worker *w = kvg_worker_set_find(s, "gpu-1");
@@ -464,7 +462,8 @@ static void test_put_validation(void **state)
         {"{\"url\":\"http://h:1\",\"models\":[\"a\",\"a\"]}", "models[1]: duplicate of models[0]"},
         {"{\"url\":\"http://h:1\",\"models\":[\"\"]}", "models[0]: must not be empty"},
         {"{\"url\":\"http://h:1\",\"models\":[\"tab\\there\"]}", "models[0]: must be printable"},
-        {"{\"url\":\"http://h:1\",\"kv_blocks\":-1}", "kv_blocks: must be an integer in 0..4294967295"},
+        {"{\"url\":\"http://h:1\",\"kv_blocks\":-1}",
+         "kv_blocks: must be an integer in 0..4294967295"},
         {"{\"url\":\"http://h:1\",\"kv_blocks\":1.5}", "kv_blocks: must be an integer"},
         {"{\"url\":\"http://h:1\",\"kv_blocks\":1e3}", "kv_blocks: must be an integer"},
         {"{\"url\":\"http://h:1\",\"kv_blocks\":4294967296}", "kv_blocks: must be an integer"},
@@ -501,9 +500,10 @@ static void test_put_validation(void **state)
     kvg_buf_done(&b);
 
     /* a field name full of junk is escaped and shortened in the message */
-    r = call(f, "PUT", "/admin/v1/workers/w", AUTH,
-             "{\"url\":\"http://h:1\",\"\\n\\u0001\\\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
-             "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\":1}");
+    r = call(
+        f, "PUT", "/admin/v1/workers/w", AUTH,
+        "{\"url\":\"http://h:1\",\"\\n\\u0001\\\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
+        "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\":1}");
     assert_error(&r, 400, "invalid_request_error", "unknown field \"\n\x01\"xxx");
     assert_true(strlen(str_field(&r, "error.message")) < 100);
 
@@ -562,9 +562,8 @@ static void test_metrics(void **state)
     assert_string_equal(r.content_type, "text/plain; version=0.0.4; charset=utf-8");
     assert_non_null(strstr(r.body, "# TYPE kvgate_worker_up gauge\n"));
 
-    assert_int_equal(call(f, "PUT", "/admin/v1/workers/w1", AUTH, "{\"url\":\"http://h:1\"}")
-                         .status,
-                     201);
+    assert_int_equal(
+        call(f, "PUT", "/admin/v1/workers/w1", AUTH, "{\"url\":\"http://h:1\"}").status, 201);
     static int value = 42;
     assert_int_equal(kvg_admin_add_metrics(f->admin, writer_a, &value), 0);
     assert_int_equal(kvg_admin_add_metrics(f->admin, writer_b, NULL), 0);
@@ -707,9 +706,8 @@ static void test_alloc_failures(void **state)
                 fail_msg("request %zu, allocation %ld: status %d", i, n, resp.status);
             if (resp.status == 500 && resp.body.len) {
                 kvg_json *v;
-                assert_int_equal(kvg_json_parse(resp.body.data, resp.body.len, &f->arena, NULL,
-                                                &v, NULL),
-                                 0);
+                assert_int_equal(
+                    kvg_json_parse(resp.body.data, resp.body.len, &f->arena, NULL, &v, NULL), 0);
                 assert_non_null(kvg_json_get(v, "error"));
             }
             kvg_admin_response_done(&resp);
@@ -751,8 +749,11 @@ static void *hammer(void *p)
         kvg_admin_request reqs[] = {
             {.method = "GET", .path = "/metrics", .authorization = "Bearer tok-a"},
             {.method = "GET", .path = "/admin/v1/workers", .authorization = "Bearer tok-b"},
-            {.method = "PUT", .path = "/admin/v1/workers/t", .authorization = "Bearer tok-a",
-             .body = "{\"url\":\"http://h:1\"}", .body_len = 20},
+            {.method = "PUT",
+             .path = "/admin/v1/workers/t",
+             .authorization = "Bearer tok-a",
+             .body = "{\"url\":\"http://h:1\"}",
+             .body_len = 20},
             {.method = "GET", .path = "/readyz"},
         };
         for (size_t k = 0; k < KVG_ARRAY_LEN(reqs); k++) {
@@ -769,8 +770,7 @@ static void *hammer(void *p)
 static void test_threads(void **state)
 {
     fixture *f = *state;
-    assert_int_equal(call(f, "PUT", "/admin/v1/workers/t", AUTH, "{\"url\":\"http://h:1\"}")
-                         .status,
+    assert_int_equal(call(f, "PUT", "/admin/v1/workers/t", AUTH, "{\"url\":\"http://h:1\"}").status,
                      201);
     pthread_t th[3];
     thread_arg args[3];

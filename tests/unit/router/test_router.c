@@ -90,8 +90,8 @@ static void test_validate_url(void **state)
         char msg[256] = "junk";
         int rc = kvg_worker_def_validate(&def, msg, sizeof(msg));
         if (rc != cases[i].rc || strncmp(msg, cases[i].msg, strlen(cases[i].msg)) != 0)
-            fail_msg("case %zu (%s): rc %d msg \"%s\"", i, cases[i].url ? cases[i].url : "NULL",
-                     rc, msg);
+            fail_msg("case %zu (%s): rc %d msg \"%s\"", i, cases[i].url ? cases[i].url : "NULL", rc,
+                     msg);
         if (rc == 0)
             assert_string_equal(msg, "");
     }
@@ -231,10 +231,14 @@ static void test_put_and_accessors(void **state)
     kvg_registry *reg = new_registry(2);
     const char *m1[] = {"llama", "qwen"};
     const char *m2[] = {"qwen", "mistral"};
-    kvg_worker_def a = {.name = "b-worker", .url = "http://10.0.0.2:8000/", .models = m1,
-                        .nmodels = 2, .kv_blocks = 4096, .max_inflight = 8};
-    kvg_worker_def b = {.name = "a-worker", .url = "http://[fd00::1]:9000", .models = m2,
-                        .nmodels = 2};
+    kvg_worker_def a = {.name = "b-worker",
+                        .url = "http://10.0.0.2:8000/",
+                        .models = m1,
+                        .nmodels = 2,
+                        .kv_blocks = 4096,
+                        .max_inflight = 8};
+    kvg_worker_def b = {
+        .name = "a-worker", .url = "http://[fd00::1]:9000", .models = m2, .nmodels = 2};
     kvg_worker_def c = {.name = "c-any", .url = "http://gpu3:8000"};
     char msg[128];
     assert_int_equal(kvg_registry_put(reg, &a, KVG_WORKER_SOURCE_ADMIN, msg, sizeof(msg)), 0);
@@ -490,9 +494,9 @@ static void test_replace_config_all_or_nothing(void **state)
     bad[1] = (kvg_worker_def){.name = "x", .url = "http://h:9"};
     assert_int_equal(kvg_registry_replace_config(reg, bad, 2, msg, sizeof(msg)), KVG_EPARSE);
     assert_string_equal(msg, "worker \"x\": defined more than once");
-    assert_int_equal(kvg_registry_replace_config(reg, bad, KVG_REGISTRY_WORKERS_MAX + 1, msg,
-                                                 sizeof(msg)),
-                     KVG_ELIMIT);
+    assert_int_equal(
+        kvg_registry_replace_config(reg, bad, KVG_REGISTRY_WORKERS_MAX + 1, msg, sizeof(msg)),
+        KVG_ELIMIT);
 
     /* nothing changed */
     assert_int_equal(kvg_registry_generation(reg), g);
@@ -633,7 +637,8 @@ static void test_inflight_and_slots(void **state)
     kvg_registry_free(reg);
 }
 
-/* ---- metrics ---------------------------------------------------------------------------------- */
+/* ---- metrics ----------------------------------------------------------------------------------
+ */
 
 typedef struct family {
     char name[96];
@@ -668,7 +673,7 @@ static size_t check_exposition(const char *text, family *fams, size_t *nfams)
     const char *line = text;
     const family *current = NULL;
     double last_le = -1, last_cum = -1;
-    char last_hist_series[256] = "";
+    char last_hist_series[1024] = "";
     while (*line) {
         const char *eol = strchr(line, '\n');
         assert_non_null(eol); /* every line ends with \n */
@@ -750,18 +755,17 @@ static size_t check_exposition(const char *text, family *fams, size_t *nfams)
         size_t blen = strlen(buf);
         if (blen > 7 && strcmp(buf + blen - 7, "_bucket") == 0) {
             assert_true(le > -2);
-            char series[256];
+            char series[1024];
             /* the series without le: the worker label comes first */
-            snprintf(series, sizeof(series), "%s%.*s", buf, (int)(strstr(brace + 1, ",le=") -
-                                                                  (brace + 1)),
-                     brace + 1);
+            snprintf(series, sizeof(series), "%s%.*s", buf,
+                     (int)(strstr(brace + 1, ",le=") - (brace + 1)), brace + 1);
             if (strcmp(series, last_hist_series) != 0) {
                 snprintf(last_hist_series, sizeof(last_hist_series), "%s", series);
                 last_le = -1;
                 last_cum = -1;
             }
-            assert_true(le > last_le);     /* le increasing */
-            assert_true(v >= last_cum);    /* cumulative counts never decrease */
+            assert_true(le > last_le);  /* le increasing */
+            assert_true(v >= last_cum); /* cumulative counts never decrease */
             last_le = le;
             last_cum = v;
         } else if (blen > 6 && strcmp(buf + blen - 6, "_count") == 0) {
@@ -794,11 +798,11 @@ static void test_metrics_format(void **state)
     kvg_worker_set *s = kvg_registry_acquire(reg);
     kvg_worker *w1 = kvg_worker_set_find(s, "w1");
     kvg_worker *w2 = kvg_worker_set_find(s, "w2");
-    kvg_worker_record(w1, 200, 3000000, 1000000);     /* 3 ms, ttfb 1 ms */
-    kvg_worker_record(w1, 200, 700000000, 50000000);  /* 0.7 s, ttfb 50 ms */
-    kvg_worker_record(w1, 503, 200000000000ull, 0);   /* 200 s: above every bound, no ttfb */
-    kvg_worker_record(w1, 0, 1000000000, 0);          /* client went away */
-    kvg_worker_record(w1, 700, 1000, 0);              /* out of range: not counted by code */
+    kvg_worker_record(w1, 200, 3000000, 1000000);    /* 3 ms, ttfb 1 ms */
+    kvg_worker_record(w1, 200, 700000000, 50000000); /* 0.7 s, ttfb 50 ms */
+    kvg_worker_record(w1, 503, 200000000000ull, 0);  /* 200 s: above every bound, no ttfb */
+    kvg_worker_record(w1, 0, 1000000000, 0);         /* client went away */
+    kvg_worker_record(w1, 700, 1000, 0);             /* out of range: not counted by code */
     kvg_worker_record_retry(w2);
     kvg_worker_record_retry(w2);
     assert_true(kvg_worker_inflight_try_acquire(w2));
@@ -949,13 +953,12 @@ static void test_concurrent_stress(void **state)
     for (int r = 0; r < STRESS_ROUNDS; r++) {
         snprintf(name, sizeof(name), "w%d", r % 13);
         snprintf(url, sizeof(url), "http://h%d:%d", r % 3, 1000 + r % 5);
-        kvg_worker_def d = {.name = name, .url = url, .models = models,
-                            .nmodels = (size_t)(r % 3)};
+        kvg_worker_def d = {.name = name, .url = url, .models = models, .nmodels = (size_t)(r % 3)};
         switch (r % 5) {
         case 0:
         case 1:
-            assert_int_equal(kvg_registry_put(st.reg, &d, KVG_WORKER_SOURCE_ADMIN, msg,
-                                              sizeof(msg)), 0);
+            assert_int_equal(
+                kvg_registry_put(st.reg, &d, KVG_WORKER_SOURCE_ADMIN, msg, sizeof(msg)), 0);
             break;
         case 2: {
             int rc = kvg_registry_remove(st.reg, name);
