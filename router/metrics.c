@@ -130,11 +130,12 @@ void kvg_registry_write_metrics(kvg_registry *reg, kvg_buf *out)
         }
     }
 
-    put_histogram(out, set, "kvgate_worker_request_duration_seconds",
-                  "Time from choosing the worker to the end of the response.",
-                  offsetof(kvg_worker, duration));
+    put_histogram(
+        out, set, "kvgate_worker_request_duration_seconds",
+        "Duration of requests finished on the worker, from arrival to the end of the response.",
+        offsetof(kvg_worker, duration));
     put_histogram(out, set, "kvgate_worker_ttfb_seconds",
-                  "Time from choosing the worker to the first response byte from it.",
+                  "Time from the arrival of a request to the first response byte from the worker.",
                   offsetof(kvg_worker, ttfb));
     put_simple(out, set, "kvgate_worker_retries_total", "counter",
                "Requests retried on another worker after a connect failure or a reset before "
