@@ -94,7 +94,9 @@ int kvg_registry_replace_config(kvg_registry *reg, const kvg_worker_def *defs, s
 /** Generation number, incremented by every published change. A relaxed atomic read: threads
  *  poll it to notice a new snapshot cheaply. */
 uint64_t kvg_registry_generation(const kvg_registry *reg);
-/** The current snapshot, referenced; release with kvg_worker_set_unref. Never NULL. */
+/** The current snapshot, referenced; release with kvg_worker_set_unref. Never NULL.
+ *  Holds an internal mutex for a pointer load and a refcount increment only; hot paths cache
+ *  the snapshot and acquire again when kvg_registry_generation changes. */
 kvg_worker_set *kvg_registry_acquire(kvg_registry *reg);
 
 void kvg_worker_set_unref(kvg_worker_set *set);

@@ -284,7 +284,7 @@ int kvg_worker_def_validate(const kvg_worker_def *def, char *msg, size_t msg_len
 int kvg_router_spec_new(const kvg_worker_def *def, uint32_t default_max_inflight, char *msg,
                         size_t msg_len, worker_spec **out)
 {
-    parsed_url pu;
+    parsed_url pu = {.v6 = false};
     int rc = validate(def, &pu, msg, msg_len);
     if (rc < 0)
         return rc;
