@@ -195,7 +195,7 @@ static void cancel_now(sim_engine *eng, sim_seq *s)
     event_del(&s->timer);
     if (s->state == SEQ_WAITING) {
         list_remove(&eng->waiting, s);
-        refresh_stats(eng);
+        admit(eng); /* it may have been the head blocking the others */
     } else {
         eng->stats.finished_abort++;
         retire(eng, s);

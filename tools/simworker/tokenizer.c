@@ -191,7 +191,7 @@ static const char *const output_words[] = {
     " the", " of",  " and", " to",  " in",   " is",  " that", " for", " it",  " as",  " was",
     " with", " be", " on",  " not", " he",   " by",  " are",  " this", " from", " at",  " or",
     " have", " an", " they", " you", " were", " her", " all",  " she", " one", " had", " word",
-    " but", " we",  " can", " said", " there", " use", " each", " when", " how", " will", " up",
+    " but", " we",  " can", " said", " now", " use", " each", " when", " how", " will", " up",
     " out", " then", " them", " so", " some", " make", " like", " him", " into", " time", " has",
     " look", " two", " more", " see", " way",  " been", " call", " who", " oil",
 };
