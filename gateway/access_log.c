@@ -1,0 +1,105 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* What happens when an exchange ends: one JSON access-log line, and the front's own counters
+ * (connections, requests by status class, protocol errors) in Prometheus text. */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "server.h"
+
+#define ACCESS_PATH_MAX 512
+
+static void put_str_or_null(kvg_buf *b, const char *s)
+{
+    if (s)
+        kvg_buf_json_string(b, s, KVG_MIN(strlen(s), ACCESS_PATH_MAX)); /* paths can be huge */
+    else
+        kvg_buf_puts(b, "null");
+}
+
+void kvg_thread_exchange_finished(kvg_thread *t, kvg_exchange *x)
+{
+    kvg_gateway *gw = t->gw;
+    int status = x->head_sent ? x->status : 0;
+    unsigned cls = status >= 100 && status < 600 ? (unsigned)status / 100 : 0;
+    atomic_fetch_add_explicit(&gw->stats.requests_by_class[cls], 1, memory_order_relaxed);
+    if (gw->access_log_fd < 0)
+        return;
+    uint64_t now = kvg_now_ns();
+    char ts[32];
+    kvg_format_time(x->start_wall_ns, ts, sizeof(ts));
+    kvg_buf b;
+    kvg_buf_init(&b);
+    kvg_buf_reserve(&b, 512);
+    kvg_buf_printf(&b, "{\"time\":\"%s\",\"request_id\":", ts);
+    put_str_or_null(&b, x->request_id[0] ? x->request_id : NULL);
+    kvg_buf_puts(&b, ",\"remote\":");
+    put_str_or_null(&b, x->remote);
+    kvg_buf_printf(&b, ",\"proto\":\"%s\",\"tls\":%s,\"method\":", kvg_exchange_proto_str(x->proto),
+                   x->tls ? "true" : "false");
+    put_str_or_null(&b, x->method);
+    kvg_buf_puts(&b, ",\"path\":");
+    put_str_or_null(&b, x->path);
+    kvg_buf_printf(&b, ",\"status\":%d,\"tenant\":", status);
+    put_str_or_null(&b, x->tenant);
+    kvg_buf_puts(&b, ",\"worker\":");
+    put_str_or_null(&b, x->worker_name);
+    kvg_buf_printf(&b,
+                   ",\"retries\":%u,\"bytes_in\":%llu,\"bytes_out\":%llu,\"duration_ms\":%.3f,"
+                   "\"ttfb_ms\":",
+                   x->retries, (unsigned long long)x->bytes_in, (unsigned long long)x->bytes_out,
+                   (double)(now - x->start_ns) / 1e6);
+    if (x->head_sent)
+        kvg_buf_printf(&b, "%.3f", (double)(x->first_byte_ns - x->start_ns) / 1e6);
+    else
+        kvg_buf_puts(&b, "null");
+    kvg_buf_puts(&b, ",\"error\":");
+    put_str_or_null(&b, x->error_type);
+    kvg_buf_puts(&b, "}\n");
+    if (!b.failed) {
+        /* One write per line with O_APPEND: lines from all threads stay whole. */
+        ssize_t w = write(gw->access_log_fd, b.data, b.len);
+        (void)w;
+    }
+    kvg_buf_done(&b);
+}
+
+static void counter(kvg_buf *out, const char *name, const char *help, uint64_t v)
+{
+    kvg_buf_printf(out, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name,
+                   (unsigned long long)v);
+}
+
+void kvg_front_stats_write(kvg_buf *out, void *arg)
+{
+    kvg_gateway *gw = arg;
+    kvg_front_stats *s = &gw->stats;
+    kvg_buf_puts(out, "# HELP kvgate_connections_total Front connections accepted, by protocol.\n"
+                      "# TYPE kvgate_connections_total counter\n");
+    kvg_buf_printf(out, "kvgate_connections_total{protocol=\"http1\"} %llu\n",
+                   (unsigned long long)atomic_load(&s->connections_total[KVG_PROTO_HTTP1]));
+    kvg_buf_printf(out, "kvgate_connections_total{protocol=\"http2\"} %llu\n",
+                   (unsigned long long)atomic_load(&s->connections_total[KVG_PROTO_HTTP2]));
+    kvg_buf_printf(out,
+                   "# HELP kvgate_connections_open Front connections open now.\n"
+                   "# TYPE kvgate_connections_open gauge\nkvgate_connections_open %lld\n",
+                   (long long)atomic_load(&s->connections_open));
+    kvg_buf_puts(out, "# HELP kvgate_http_requests_total Requests answered by the front, by status "
+                      "class (0xx: the client left before a status).\n"
+                      "# TYPE kvgate_http_requests_total counter\n");
+    for (unsigned c = 0; c < 6; c++)
+        kvg_buf_printf(out, "kvgate_http_requests_total{class=\"%uxx\"} %llu\n", c,
+                       (unsigned long long)atomic_load(&s->requests_by_class[c]));
+    counter(out, "kvgate_tls_handshake_failures_total", "TLS handshakes that failed.",
+            atomic_load(&s->tls_handshake_failures));
+    counter(out, "kvgate_protocol_errors_total",
+            "Connections or requests dropped for malformed HTTP/1.1 or HTTP/2.",
+            atomic_load(&s->protocol_errors));
+    counter(out, "kvgate_timeouts_total",
+            "Front read timeouts and upstream connect/response timeouts.",
+            atomic_load(&s->timeouts));
+    kvg_buf_printf(out,
+                   "# HELP kvgate_shutting_down 1 while the gateway drains for exit.\n"
+                   "# TYPE kvgate_shutting_down gauge\nkvgate_shutting_down %d\n",
+                   atomic_load(&gw->shutting_down) ? 1 : 0);
+}

@@ -1,0 +1,108 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The gateway's configuration: embedded defaults, the JSON config file, command-line flags. */
+#ifndef KVG_GATEWAY_CONFIG_H
+#define KVG_GATEWAY_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common.h"
+#include "router.h"
+
+#define KVG_MAX_LISTENERS 16
+#define KVG_MAX_ADMIN_TOKENS 16
+#define KVG_CONFIG_MAX_WORKERS 4096
+
+typedef struct kvg_listener_config {
+    char address[280]; /* host:port as written */
+    char host[256];
+    uint16_t port;
+    char *tls_cert;    /* PEM paths; both or neither */
+    char *tls_key;
+    bool cleartext;    /* accept cleartext h1/h2 as well as TLS (default true) */
+} kvg_listener_config;
+
+typedef struct kvg_front_limits {
+    size_t header_bytes;         /* request line + headers; 431 past it */
+    size_t body_bytes;           /* request body; 413 past it */
+    uint32_t streams_per_conn;   /* HTTP/2 concurrent streams */
+    uint32_t header_timeout_ms;  /* complete a request head within this */
+    uint32_t idle_timeout_ms;    /* keep-alive connection with nothing in flight */
+    uint32_t read_timeout_ms;    /* gap between request body bytes */
+} kvg_front_limits;
+
+typedef struct kvg_upstream_config {
+    uint32_t connect_timeout_ms;
+    uint32_t response_timeout_ms; /* request sent -> first response byte: 504 past it */
+    uint32_t read_timeout_ms;     /* gap between response bytes */
+    uint32_t max_idle_per_worker; /* pooled keep-alive connections per worker per thread */
+    uint32_t idle_timeout_ms;     /* pooled connection unused this long is closed */
+    uint32_t retries;             /* further workers tried after a connect failure */
+    uint32_t max_inflight;        /* default per-worker limit of requests in flight */
+} kvg_upstream_config;
+
+typedef struct kvg_health_config {
+    uint32_t interval_ms;
+    uint32_t timeout_ms;
+    uint32_t fall;
+    uint32_t rise;
+    char path[128];
+} kvg_health_config;
+
+typedef struct kvg_config_worker {
+    char *name;
+    char *url;
+    char **models;
+    size_t nmodels;
+    uint32_t kv_blocks;
+    uint32_t max_inflight;
+} kvg_config_worker;
+
+typedef struct kvg_config {
+    char *path; /* the config file, or NULL when running on defaults */
+    kvg_listener_config listeners[KVG_MAX_LISTENERS];
+    size_t nlisteners;
+    kvg_listener_config admin_listeners[KVG_MAX_LISTENERS];
+    size_t nadmin_listeners;
+    char *admin_tokens[KVG_MAX_ADMIN_TOKENS];
+    size_t nadmin_tokens;
+    char *state_dir;
+    unsigned threads; /* 0 = one per core */
+    kvg_log_level log_level;
+    char *access_log; /* path, "-" for stdout, "off" */
+    bool worker_header; /* x-kvgate-worker response header */
+    uint32_t shutdown_timeout_ms;
+    char *port_file;  /* write bound ports here once listening (tests, supervisors) */
+    kvg_front_limits limits;
+    kvg_upstream_config upstream;
+    kvg_health_config health;
+    kvg_config_worker *workers;
+    size_t nworkers;
+} kvg_config;
+
+/** Fill cfg with the embedded defaults (no allocation beyond strings; free with _done). */
+int kvg_config_init(kvg_config *cfg);
+void kvg_config_done(kvg_config *cfg);
+/** Merge a JSON config file over cfg. Unknown keys, wrong types and bad values fail with a
+ *  message naming the key in err. Returns 0, KVG_ECONFIG or -errno (unreadable). */
+int kvg_config_load_file(kvg_config *cfg, const char *path, char *err, size_t err_len);
+/** Apply argv flags over cfg (flags win over the file). Sets *action to what main should do.
+ *  Returns 0 or KVG_ECONFIG with err. */
+typedef enum kvg_config_action {
+    KVG_ACTION_RUN = 0,
+    KVG_ACTION_HELP,
+    KVG_ACTION_VERSION,
+    KVG_ACTION_CHECK,
+    KVG_ACTION_COUNT,
+} kvg_config_action;
+int kvg_config_parse_args(kvg_config *cfg, int argc, char **argv, kvg_config_action *action,
+                          char *err, size_t err_len);
+/** Check cross-field rules after everything is merged (TLS pairs, worker definitions). */
+int kvg_config_validate(const kvg_config *cfg, char *err, size_t err_len);
+/** Worker definitions of cfg as registry input (pointers into cfg; caller frees the array). */
+kvg_worker_def *kvg_config_worker_defs(const kvg_config *cfg);
+void kvg_config_usage(FILE *out);
+
+#endif

@@ -1,0 +1,209 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Front connections: accept, pick the protocol from the first bytes (TLS, HTTP/2 preface or
+ * HTTP/1.1) without consuming them, TLS handshake and ALPN, timers, deferred close. */
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <event2/bufferevent_ssl.h>
+#include <openssl/err.h>
+
+#include <arpa/inet.h>
+#include <stdio.h>
+
+#include "server.h"
+
+static const char h2_preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+#define H2_PREFACE_LEN 24
+
+static void close_cb(evutil_socket_t fd, short what, void *arg)
+{
+    kvg_conn *c = arg;
+    kvg_thread *t = c->thread;
+    if (c->proto_free)
+        c->proto_free(c);
+    event_del(&c->peek_ev);
+    event_del(&c->timer_ev);
+    if (c->bev)
+        bufferevent_free(c->bev); /* closes fd (BEV_OPT_CLOSE_ON_FREE) and frees the SSL */
+    else if (c->fd >= 0)
+        close(c->fd);
+    kvg_list_unlink(&c->link);
+    t->nconns--;
+    t->gw->stats.connections_open--;
+    free(c);
+    if (t->draining && t->nconns == 0)
+        event_base_loopexit(t->base, NULL);
+}
+
+void kvg_conn_close(kvg_conn *c)
+{
+    if (c->closing)
+        return;
+    c->closing = true;
+    if (c->bev)
+        bufferevent_disable(c->bev, EV_READ | EV_WRITE);
+    event_active(&c->close_ev, EV_READ, 0);
+}
+
+static void timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    kvg_conn *c = arg;
+    if (c->closing)
+        return;
+    if (c->proto_timeout) {
+        c->proto_timeout(c);
+        return;
+    }
+    /* Still choosing a protocol or in the TLS handshake: a slow or silent client. */
+    c->thread->gw->stats.timeouts++;
+    kvg_conn_close(c);
+}
+
+void kvg_conn_set_timer(kvg_conn *c, uint32_t ms)
+{
+    if (ms == 0) {
+        event_del(&c->timer_ev);
+        return;
+    }
+    struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+    event_add(&c->timer_ev, &tv);
+}
+
+static void start_proto(kvg_conn *c, bool h2)
+{
+    int rc = h2 ? kvg_h2_start(c) : kvg_h1_start(c);
+    if (rc < 0) {
+        kvg_log_error("cannot start %s on connection from %s: %s", h2 ? "HTTP/2" : "HTTP/1.1",
+                      c->remote, kvg_strerror(rc));
+        kvg_conn_close(c);
+    }
+}
+
+static void tls_event_cb(struct bufferevent *bev, short what, void *arg)
+{
+    kvg_conn *c = arg;
+    if (what & BEV_EVENT_CONNECTED) {
+        SSL *ssl = bufferevent_openssl_get_ssl(bev);
+        start_proto(c, kvg_tls_is_h2(ssl));
+        return;
+    }
+    /* The handshake failed or the client left during it. */
+    unsigned long e = bufferevent_get_openssl_error(bev);
+    if (e) {
+        char buf[160];
+        ERR_error_string_n(e, buf, sizeof(buf));
+        kvg_log_debug("TLS handshake with %s failed: %s", c->remote, buf);
+    }
+    c->thread->gw->stats.tls_handshake_failures++;
+    kvg_conn_close(c);
+}
+
+static int make_bev(kvg_conn *c)
+{
+    c->bev = bufferevent_socket_new(c->thread->base, c->fd, BEV_OPT_CLOSE_ON_FREE);
+    return c->bev ? 0 : -ENOMEM;
+}
+
+static void peek_cb(evutil_socket_t fd, short what, void *arg)
+{
+    kvg_conn *c = arg;
+    unsigned char buf[H2_PREFACE_LEN];
+    ssize_t n = recv(fd, buf, sizeof(buf), MSG_PEEK);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        event_add(&c->peek_ev, NULL);
+        return;
+    }
+    if (n <= 0) {
+        kvg_conn_close(c);
+        return;
+    }
+    kvg_listener *l = c->listener;
+    if (buf[0] == 0x16 && l->ssl_ctx) {
+        SSL *ssl = SSL_new(l->ssl_ctx);
+        if (!ssl) {
+            kvg_conn_close(c);
+            return;
+        }
+        c->bev = bufferevent_openssl_socket_new(c->thread->base, fd, ssl,
+                                                BUFFEREVENT_SSL_ACCEPTING, BEV_OPT_CLOSE_ON_FREE);
+        if (!c->bev) {
+            SSL_free(ssl);
+            kvg_conn_close(c);
+            return;
+        }
+        c->tls = true;
+        /* Peers that drop the connection without close_notify are common; they are not
+         * errors for a server. */
+        bufferevent_openssl_set_allow_dirty_shutdown(c->bev, 1);
+        bufferevent_setcb(c->bev, NULL, NULL, tls_event_cb, c);
+        bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+        return;
+    }
+    if (!l->cfg.cleartext) {
+        kvg_conn_close(c); /* a TLS-only listener */
+        return;
+    }
+    bool h2 = memcmp(buf, h2_preface, (size_t)n) == 0;
+    if (h2 && n < H2_PREFACE_LEN) {
+        /* A prefix of the preface so far (or of "PRI ..." in HTTP/1.1): wait for more. */
+        event_add(&c->peek_ev, NULL);
+        return;
+    }
+    if (make_bev(c) < 0) {
+        kvg_conn_close(c);
+        return;
+    }
+    start_proto(c, h2);
+}
+
+static void format_addr(const struct sockaddr *sa, char *buf, size_t len)
+{
+    char host[INET6_ADDRSTRLEN] = "?";
+    unsigned port = 0;
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)(const void *)sa;
+        inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+        port = ntohs(in->sin_port);
+        snprintf(buf, len, "%s:%u", host, port);
+    } else if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)(const void *)sa;
+        inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+        port = ntohs(in6->sin6_port);
+        snprintf(buf, len, "[%s]:%u", host, port);
+    } else {
+        snprintf(buf, len, "unix");
+    }
+}
+
+void kvg_conn_accept(kvg_thread *t, kvg_listener *l, evutil_socket_t fd, const struct sockaddr *sa,
+                     int salen)
+{
+    if (t->draining) {
+        close(fd);
+        return;
+    }
+    kvg_conn *c = calloc(1, sizeof(*c));
+    if (!c) {
+        close(fd);
+        return;
+    }
+    c->thread = t;
+    c->listener = l;
+    c->fd = fd;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    format_addr(sa, c->remote, sizeof(c->remote));
+    event_assign(&c->peek_ev, t->base, fd, EV_READ, peek_cb, c);
+    event_assign(&c->timer_ev, t->base, -1, 0, timer_cb, c);
+    event_assign(&c->close_ev, t->base, -1, 0, close_cb, c);
+    kvg_list_insert(&t->conns, &c->link);
+    t->nconns++;
+    t->gw->stats.connections_open++;
+    kvg_conn_set_timer(c, t->gw->cfg.limits.header_timeout_ms);
+    event_add(&c->peek_ev, NULL);
+}

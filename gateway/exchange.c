@@ -1,0 +1,260 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Protocol-independent half of an exchange: header lookup, response helpers, the two-sided
+ * lifetime (front and handler each release their hold), and error bodies. */
+#include "exchange.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "server.h"
+
+const char *kvg_exchange_proto_str(kvg_exchange_proto p)
+{
+    static const char *const names[KVG_PROTO_COUNT] = {"HTTP/1.1", "HTTP/2"};
+    return p < KVG_PROTO_COUNT ? names[p] : "?";
+}
+
+int kvg_exchange_init(kvg_exchange *x, kvg_thread *t, kvg_exchange_proto proto,
+                      const kvg_exchange_ops *ops, void *proto_data)
+{
+    memset(x, 0, sizeof(*x));
+    kvg_arena_init(&x->arena, 4096);
+    x->proto = proto;
+    x->ops = ops;
+    x->proto_data = proto_data;
+    x->thread = t;
+    x->content_length = -1;
+    x->resp_content_length = -1;
+    x->scheme = "http";
+    x->start_ns = kvg_now_ns();
+    x->start_wall_ns = kvg_wall_ns();
+    x->body = evbuffer_new();
+    x->out = evbuffer_new();
+    if (!x->body || !x->out) {
+        kvg_exchange_done(x);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+void kvg_exchange_done(kvg_exchange *x)
+{
+    if (x->body)
+        evbuffer_free(x->body);
+    if (x->out)
+        evbuffer_free(x->out);
+    x->body = x->out = NULL;
+    kvg_arena_done(&x->arena);
+}
+
+const char *kvg_exchange_header(const kvg_exchange *x, const char *name, size_t *len)
+{
+    for (size_t i = 0; i < x->nheaders; i++) {
+        if (kvg_strcaseeq(x->headers[i].name, x->headers[i].name_len, name)) {
+            if (len)
+                *len = x->headers[i].value_len;
+            return x->headers[i].value;
+        }
+    }
+    return NULL;
+}
+
+void kvg_exchange_read_body(kvg_exchange *x)
+{
+    if (x->aborted || x->front_done)
+        return;
+    x->ops->read_body(x);
+}
+
+int kvg_exchange_add_header(kvg_exchange *x, const char *name, size_t name_len, const char *value,
+                            size_t value_len)
+{
+    if (x->head_sent)
+        return -EINVAL;
+    /* Grow the array in the arena by doubling; old arrays stay in the arena until the end. */
+    size_t n = x->resp_nheaders;
+    if ((n & (n - 1)) == 0) {
+        size_t cap = n ? n * 2 : 8;
+        kvg_header *h = kvg_arena_alloc(&x->arena, cap * sizeof(*h));
+        if (!h)
+            return -ENOMEM;
+        if (n)
+            memcpy(h, x->resp_headers, n * sizeof(*h));
+        x->resp_headers = h;
+    }
+    kvg_header *h = &x->resp_headers[n];
+    char *nm = kvg_arena_strndup(&x->arena, name, name_len);
+    char *val = kvg_arena_strndup(&x->arena, value, value_len);
+    if (!nm || !val)
+        return -ENOMEM;
+    for (size_t i = 0; i < name_len; i++)
+        if (nm[i] >= 'A' && nm[i] <= 'Z')
+            nm[i] = (char)(nm[i] - 'A' + 'a');
+    *h = (kvg_header){nm, name_len, val, value_len};
+    x->resp_nheaders = n + 1;
+    return 0;
+}
+
+void kvg_exchange_respond(kvg_exchange *x, int status, int64_t content_length)
+{
+    if (x->head_sent || x->aborted || x->front_done)
+        return;
+    x->status = status;
+    x->resp_content_length = content_length;
+    x->head_sent = true;
+    x->first_byte_ns = kvg_now_ns();
+    x->ops->send_head(x);
+}
+
+void kvg_exchange_write(kvg_exchange *x, const void *data, size_t len)
+{
+    if (!x->head_sent || x->ended || x->aborted || x->front_done || len == 0)
+        return;
+    evbuffer_add(x->out, data, len);
+    x->bytes_out += len;
+    x->ops->send_data(x);
+}
+
+void kvg_exchange_end(kvg_exchange *x)
+{
+    if (!x->head_sent || x->ended || x->aborted || x->front_done)
+        return;
+    x->ended = true;
+    x->ops->send_end(x);
+}
+
+void kvg_exchange_reset(kvg_exchange *x)
+{
+    if (x->aborted || x->front_done)
+        return;
+    x->aborted = true;
+    x->handler_reset = true; /* the handler asked for it: no on_abort back */
+    x->ops->reset(x);
+}
+
+bool kvg_exchange_output_full(kvg_exchange *x)
+{
+    if (x->aborted || x->front_done)
+        return false;
+    if (x->ops->pending(x) > KVG_EXCHANGE_HIGH_WATER) {
+        x->want_writable = true;
+        return true;
+    }
+    return false;
+}
+
+static void maybe_release(kvg_exchange *x)
+{
+    if (x->front_done && x->handler_done) {
+        kvg_thread_exchange_finished(x->thread, x);
+        x->ops->release(x);
+    }
+}
+
+void kvg_exchange_detach(kvg_exchange *x)
+{
+    if (x->handler_done)
+        return;
+    x->handler_done = true;
+    maybe_release(x);
+}
+
+void kvg_exchange_front_finish(kvg_exchange *x)
+{
+    if (x->front_done)
+        return;
+    /* A handler still attached learns that the client is gone before x can go, unless it
+     * finished the response itself (end or reset) and is about to detach anyway. */
+    if (!x->handler_done && !x->abort_delivered && x->handler && !x->ended && !x->handler_reset) {
+        x->aborted = true;
+        x->abort_delivered = true;
+        x->front_done = true;
+        x->handler->on_abort(x);
+    } else {
+        x->front_done = true;
+        if (!x->handler)
+            x->handler_done = true;
+    }
+    maybe_release(x);
+}
+
+void kvg_exchange_deliver_head(kvg_exchange *x)
+{
+    if (x->handler && !x->handler_done && !x->abort_delivered)
+        x->handler->on_head(x);
+}
+
+void kvg_exchange_deliver_body(kvg_exchange *x)
+{
+    x->body_complete = true;
+    if (x->handler && !x->handler_done && !x->abort_delivered)
+        x->handler->on_body(x);
+}
+
+void kvg_exchange_deliver_writable(kvg_exchange *x)
+{
+    if (!x->want_writable || x->handler_done || x->abort_delivered || !x->handler)
+        return;
+    x->want_writable = false;
+    if (x->handler->on_writable)
+        x->handler->on_writable(x);
+}
+
+void kvg_exchange_deliver_abort(kvg_exchange *x)
+{
+    if (x->abort_delivered || x->handler_done || !x->handler)
+        return;
+    x->abort_delivered = true;
+    x->handler->on_abort(x);
+}
+
+void kvg_exchange_send_body(kvg_exchange *x, int status, const char *content_type, const void *body,
+                            size_t len)
+{
+    if (x->head_sent || x->aborted || x->front_done)
+        return;
+    if (content_type)
+        kvg_exchange_add_header(x, "content-type", 12, content_type, strlen(content_type));
+    kvg_exchange_respond(x, status, (int64_t)len);
+    kvg_exchange_write(x, body, len);
+    kvg_exchange_end(x);
+}
+
+void kvg_exchange_send_error_retry(kvg_exchange *x, int status, const char *type,
+                                   unsigned retry_after_s, const char *message)
+{
+    if (x->head_sent) {
+        /* Too late for a status: the only honest signal left is to cut the stream. */
+        kvg_exchange_reset(x);
+        return;
+    }
+    kvg_buf b;
+    kvg_buf_init(&b);
+    kvg_buf_puts(&b, "{\"error\":{\"message\":");
+    kvg_buf_json_string(&b, message, strlen(message));
+    kvg_buf_puts(&b, ",\"type\":");
+    kvg_buf_json_string(&b, type, strlen(type));
+    kvg_buf_printf(&b, ",\"param\":null,\"code\":%d}}", status);
+    x->error_type = type;
+    if (retry_after_s) {
+        char ra[16];
+        int n = snprintf(ra, sizeof(ra), "%u", retry_after_s);
+        kvg_exchange_add_header(x, "retry-after", 11, ra, (size_t)n);
+    }
+    if (b.failed)
+        kvg_exchange_reset(x);
+    else
+        kvg_exchange_send_body(x, status, "application/json", b.data, b.len);
+    kvg_buf_done(&b);
+}
+
+void kvg_exchange_send_error(kvg_exchange *x, int status, const char *type, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    kvg_exchange_send_error_retry(x, status, type, 0, msg);
+}

@@ -1,0 +1,167 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* One request and its response on a front connection, independent of HTTP/1.1 or HTTP/2:
+ * the contract between the protocol fronts (h1.c, h2.c) and the handlers (proxy, admin). */
+#ifndef KVG_GATEWAY_EXCHANGE_H
+#define KVG_GATEWAY_EXCHANGE_H
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common.h"
+
+typedef struct kvg_exchange kvg_exchange;
+typedef struct kvg_conn kvg_conn;
+typedef struct kvg_thread kvg_thread;
+
+typedef struct kvg_header {
+    const char *name; /* lowercase */
+    size_t name_len;
+    const char *value;
+    size_t value_len;
+} kvg_header;
+
+/* What a handler implements. Callbacks run on the connection's thread. After the handler calls
+ * kvg_exchange_detach, none of them is called again. */
+typedef struct kvg_handler {
+    /* The request head is complete (method, path, headers). Either respond at once, or call
+     * kvg_exchange_read_body to receive the body. */
+    void (*on_head)(kvg_exchange *x);
+    /* The whole body is in x->body. */
+    void (*on_body)(kvg_exchange *x);
+    /* Output toward the client fell below the low-water mark after the handler saw
+     * kvg_exchange_output_full() return true. Optional. */
+    void (*on_writable)(kvg_exchange *x);
+    /* The client went away, the stream was reset, or a timeout fired. The handler releases
+     * what it holds for x and calls kvg_exchange_detach. Responding is no longer possible.
+     * Not delivered once the handler ended or reset the response: it detaches on its own. */
+    void (*on_abort)(kvg_exchange *x);
+    void *data;
+} kvg_handler;
+
+typedef enum kvg_exchange_proto {
+    KVG_PROTO_HTTP1 = 0,
+    KVG_PROTO_HTTP2,
+    KVG_PROTO_COUNT,
+} kvg_exchange_proto;
+
+const char *kvg_exchange_proto_str(kvg_exchange_proto p);
+
+/* Hooks the protocol front implements; handlers never call these directly. */
+typedef struct kvg_exchange_ops {
+    void (*read_body)(kvg_exchange *x);  /* start receiving the body (h1: 100-continue) */
+    void (*send_head)(kvg_exchange *x);  /* x->status, x->resp_headers are set */
+    void (*send_data)(kvg_exchange *x);  /* x->out has new bytes */
+    void (*send_end)(kvg_exchange *x);   /* no more bytes after x->out */
+    void (*reset)(kvg_exchange *x);      /* abort the response mid-way */
+    size_t (*pending)(kvg_exchange *x);  /* bytes queued toward the client */
+    void (*release)(kvg_exchange *x);    /* both sides are done: the front frees x */
+} kvg_exchange_ops;
+
+struct kvg_exchange {
+    /* --- request, filled by the front before on_head; arena-backed, read-only after --- */
+    kvg_arena arena;
+    kvg_exchange_proto proto;
+    const char *method;
+    const char *path;      /* including any query */
+    const char *authority; /* Host or :authority, may be NULL */
+    const char *scheme;    /* "http" or "https" */
+    kvg_header *headers;
+    size_t nheaders;
+    int64_t content_length; /* -1 when not given */
+    bool expect_continue;
+    bool tls;
+    char remote[64];       /* peer address for logs */
+    char request_id[72];
+    uint64_t start_ns;     /* monotonic, first byte of the request head */
+    uint64_t start_wall_ns;
+
+    /* --- body, filled by the front after kvg_exchange_read_body --- */
+    struct evbuffer *body;
+    size_t body_limit;
+    bool body_complete;
+
+    /* --- response --- */
+    int status;             /* 0 until a head is sent */
+    kvg_header *resp_headers;
+    size_t resp_nheaders;
+    int64_t resp_content_length; /* -1: streamed */
+    struct evbuffer *out;   /* bytes not yet handed to the front */
+    bool head_sent;
+    bool ended;             /* kvg_exchange_end called */
+    bool aborted;           /* the response cannot continue (reset, or the client is gone) */
+    bool abort_delivered;   /* the handler got on_abort */
+    bool handler_reset;     /* the handler reset the response itself */
+    bool front_done;        /* the protocol side has finished with x */
+    bool handler_done;      /* the handler detached */
+    bool want_writable;
+    uint64_t bytes_in;
+    uint64_t bytes_out;
+    uint64_t first_byte_ns; /* monotonic time the response head went out */
+
+    /* --- for the access log and metrics, set by handlers --- */
+    const char *worker_name; /* arena copy */
+    const char *tenant;      /* arena copy, or NULL */
+    unsigned retries;
+    const char *error_type;  /* static string for errors the gateway generated */
+
+    /* --- binding --- */
+    const kvg_exchange_ops *ops;
+    void *proto_data;        /* the front's per-stream state */
+    const kvg_handler *handler;
+    void *handler_state;     /* the handler's per-request state */
+    kvg_thread *thread;
+};
+
+/** Set up x for a new request on thread t (the front calls this). */
+int kvg_exchange_init(kvg_exchange *x, kvg_thread *t, kvg_exchange_proto proto,
+                      const kvg_exchange_ops *ops, void *proto_data);
+/** Free what x owns (the front calls this from its release hook). */
+void kvg_exchange_done(kvg_exchange *x);
+
+/** Value of a request header (case-insensitive name), or NULL. *len receives its length. */
+const char *kvg_exchange_header(const kvg_exchange *x, const char *name, size_t *len);
+
+/** Ask the front to receive the request body into x->body; on_body follows. */
+void kvg_exchange_read_body(kvg_exchange *x);
+/** Add a response header (copied into the arena) before kvg_exchange_respond. */
+int kvg_exchange_add_header(kvg_exchange *x, const char *name, size_t name_len, const char *value,
+                            size_t value_len);
+/** Send the response head. content_length -1 streams the body (chunked on HTTP/1.1). */
+void kvg_exchange_respond(kvg_exchange *x, int status, int64_t content_length);
+/** Queue body bytes (copied). */
+void kvg_exchange_write(kvg_exchange *x, const void *data, size_t len);
+/** The response is complete. */
+void kvg_exchange_end(kvg_exchange *x);
+/** Abort a response already under way (h2: RST_STREAM, h1: close the connection). */
+void kvg_exchange_reset(kvg_exchange *x);
+/** True when more than the high-water mark is queued toward the client; the handler should
+ *  stop producing until on_writable. */
+bool kvg_exchange_output_full(kvg_exchange *x);
+/** The handler is finished with x (after end, reset or on_abort); x may be freed now. */
+void kvg_exchange_detach(kvg_exchange *x);
+
+/** A complete JSON error response in the OpenAI shape:
+ *  {"error":{"message":..,"type":..,"param":null,"code":status}}. Adds Retry-After when
+ *  retry_after_s > 0. Ends the response. */
+void kvg_exchange_send_error(kvg_exchange *x, int status, const char *type, const char *fmt, ...)
+    KVG_PRINTF(4, 5);
+void kvg_exchange_send_error_retry(kvg_exchange *x, int status, const char *type,
+                                   unsigned retry_after_s, const char *message);
+/** A complete response with a body (copied). */
+void kvg_exchange_send_body(kvg_exchange *x, int status, const char *content_type, const void *body,
+                            size_t len);
+
+/* Front helpers: deliver events to the handler, at most once, never after detach. */
+void kvg_exchange_deliver_head(kvg_exchange *x);
+void kvg_exchange_deliver_body(kvg_exchange *x);
+void kvg_exchange_deliver_writable(kvg_exchange *x);
+void kvg_exchange_deliver_abort(kvg_exchange *x);
+/** The front is finished with x; frees it through ops->release once the handler detached. */
+void kvg_exchange_front_finish(kvg_exchange *x);
+
+#define KVG_EXCHANGE_HIGH_WATER (256u * 1024u)
+#define KVG_EXCHANGE_LOW_WATER (64u * 1024u)
+
+#endif

@@ -1,0 +1,662 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* HTTP/1.1 front: parses requests with http-parser (Debian's libhttp-parser, the nodejs parser:
+ * requests and responses, chunked, smuggling checks, long fuzzed), one exchange at a time per
+ * connection, keep-alive, 100-continue, chunked or length-delimited responses. */
+#include <errno.h>
+#include <http_parser.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+
+#include "server.h"
+
+typedef enum h1_state {
+    H1_IDLE = 0,   /* between requests */
+    H1_HEAD,       /* inside a request head */
+    H1_BODY,       /* request head delivered, body being read (or discarded) */
+    H1_WAIT,       /* request complete; the response is under way */
+    H1_CLOSING,    /* flushing the last bytes, then close */
+    H1_STATE_COUNT,
+} h1_state;
+
+typedef struct h1_conn {
+    kvg_conn *conn;
+    http_parser parser;
+    h1_state state;
+    kvg_exchange *x;
+    kvg_buf url;
+    kvg_buf field;
+    kvg_buf value;
+    bool in_value;
+    size_t head_bytes;
+    size_t nheaders, cap_headers;
+    kvg_header *headers;   /* in x->arena */
+    bool paused_for_head;  /* parser paused at end of head, waiting for the handler */
+    bool message_complete; /* parser saw the end of the request */
+    bool body_wanted;      /* the handler asked for the body */
+    bool discard_body;     /* the handler answered early: drop the body */
+    bool keep_alive;
+    bool head_request;
+    bool chunked_response;
+    bool response_complete;
+    bool close_after;      /* no keep-alive after this response */
+    bool continue_sent;
+    bool upgrade;
+    int pending_error;     /* status of an error found inside a parser callback */
+    const char *pending_error_msg;
+    struct event process_ev; /* re-run the parse loop outside callbacks */
+} h1_conn;
+
+static void h1_process(h1_conn *h);
+static void h1_finish_exchange(h1_conn *h);
+
+static const char *reason_phrase(int status)
+{
+    switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 201: return "Created";
+    case 204: return "No Content";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 411: return "Length Required";
+    case 413: return "Content Too Large";
+    case 414: return "URI Too Long";
+    case 415: return "Unsupported Media Type";
+    case 422: return "Unprocessable Content";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    case 505: return "HTTP Version Not Supported";
+    default: return status < 300 ? "OK" : status < 400 ? "Redirect" : status < 500 ? "Error" : "Server Error";
+    }
+}
+
+/* ---- exchange ops --------------------------------------------------------------------------- */
+
+static struct evbuffer *h1_output(h1_conn *h)
+{
+    return bufferevent_get_output(h->conn->bev);
+}
+
+static void op_read_body(kvg_exchange *x)
+{
+    h1_conn *h = x->proto_data;
+    if (h->body_wanted || h->discard_body)
+        return;
+    h->body_wanted = true;
+    if (x->expect_continue && !h->continue_sent && !h->message_complete) {
+        evbuffer_add(h1_output(h), "HTTP/1.1 100 Continue\r\n\r\n", 25);
+        h->continue_sent = true;
+    }
+    event_active(&h->process_ev, EV_READ, 0);
+}
+
+static void op_send_head(kvg_exchange *x)
+{
+    h1_conn *h = x->proto_data;
+    struct evbuffer *out = h1_output(h);
+    /* Answering before the body was read: either drop the rest of the body or close, since the
+     * client may still be sending it (or waiting for a 100 we will not send). */
+    if (!h->message_complete && !h->body_wanted) {
+        if (x->expect_continue && !h->continue_sent)
+            h->close_after = true;
+        else
+            h->discard_body = true;
+    }
+    if (h->conn->thread->draining || !h->keep_alive || h->upgrade)
+        h->close_after = true;
+    evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\n", x->status, reason_phrase(x->status));
+    for (size_t i = 0; i < x->resp_nheaders; i++) {
+        kvg_header *hd = &x->resp_headers[i];
+        evbuffer_add(out, hd->name, hd->name_len);
+        evbuffer_add(out, ": ", 2);
+        evbuffer_add(out, hd->value, hd->value_len);
+        evbuffer_add(out, "\r\n", 2);
+    }
+    bool no_body = h->head_request || x->status == 204 || x->status == 304 || x->status < 200;
+    if (x->resp_content_length >= 0) {
+        if (x->status != 204 && x->status != 304)
+            evbuffer_add_printf(out, "content-length: %lld\r\n", (long long)x->resp_content_length);
+    } else if (!no_body) {
+        if (h->parser.http_major == 1 && h->parser.http_minor >= 1) {
+            h->chunked_response = true;
+            evbuffer_add(out, "transfer-encoding: chunked\r\n", 28);
+        } else {
+            h->close_after = true; /* HTTP/1.0: the end of the body is the end of the connection */
+        }
+    }
+    if (h->close_after)
+        evbuffer_add(out, "connection: close\r\n\r\n", 21);
+    else if (h->parser.http_minor == 0)
+        evbuffer_add(out, "connection: keep-alive\r\n\r\n", 26);
+    else
+        evbuffer_add(out, "\r\n", 2);
+}
+
+static void op_send_data(kvg_exchange *x)
+{
+    h1_conn *h = x->proto_data;
+    size_t len = evbuffer_get_length(x->out);
+    if (len == 0)
+        return;
+    if (h->head_request) {
+        evbuffer_drain(x->out, len);
+        return;
+    }
+    struct evbuffer *out = h1_output(h);
+    if (h->chunked_response)
+        evbuffer_add_printf(out, "%zx\r\n", len);
+    evbuffer_add_buffer(out, x->out);
+    if (h->chunked_response)
+        evbuffer_add(out, "\r\n", 2);
+}
+
+static void op_send_end(kvg_exchange *x)
+{
+    h1_conn *h = x->proto_data;
+    op_send_data(x);
+    if (h->chunked_response && !h->head_request)
+        evbuffer_add(h1_output(h), "0\r\n\r\n", 5);
+    h->response_complete = true;
+    /* The whole response is queued in order; the connection can move to the next request
+     * while the bytes drain (unless the request body is still arriving). */
+    if (h->message_complete || h->close_after)
+        h1_finish_exchange(h);
+}
+
+static void op_reset(kvg_exchange *x)
+{
+    h1_conn *h = x->proto_data;
+    /* The client must see a broken response, not a short one that looks complete: drop the
+     * connection without the terminating chunk. */
+    h->close_after = true;
+    h->x = NULL;
+    h->state = H1_CLOSING;
+    kvg_exchange_front_finish(x);
+    kvg_conn_close(h->conn);
+}
+
+static size_t op_pending(kvg_exchange *x)
+{
+    h1_conn *h = x->proto_data;
+    return evbuffer_get_length(h1_output(h));
+}
+
+static void op_release(kvg_exchange *x)
+{
+    kvg_exchange_done(x);
+    free(x);
+}
+
+static const kvg_exchange_ops h1_ops = {
+    .read_body = op_read_body,
+    .send_head = op_send_head,
+    .send_data = op_send_data,
+    .send_end = op_send_end,
+    .reset = op_reset,
+    .pending = op_pending,
+    .release = op_release,
+};
+
+/* ---- request lifecycle ---------------------------------------------------------------------- */
+
+static void h1_reset_request_state(h1_conn *h)
+{
+    kvg_buf_reset(&h->url);
+    kvg_buf_reset(&h->field);
+    kvg_buf_reset(&h->value);
+    h->in_value = false;
+    h->head_bytes = 0;
+    h->nheaders = h->cap_headers = 0;
+    h->headers = NULL;
+    h->paused_for_head = h->message_complete = h->body_wanted = h->discard_body = false;
+    h->head_request = h->chunked_response = h->response_complete = false;
+    h->continue_sent = false;
+    h->pending_error = 0;
+}
+
+/* The front is done with the current exchange: the response is fully queued. */
+static void h1_finish_exchange(h1_conn *h)
+{
+    kvg_exchange *x = h->x;
+    if (!x)
+        return;
+    h->x = NULL;
+    kvg_exchange_front_finish(x);
+    kvg_conn *c = h->conn;
+    if (h->close_after || c->thread->draining) {
+        h->state = H1_CLOSING;
+        bufferevent_disable(c->bev, EV_READ);
+        bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
+        if (evbuffer_get_length(h1_output(h)) == 0)
+            kvg_conn_close(c);
+        return;
+    }
+    h->state = H1_IDLE;
+    h1_reset_request_state(h);
+    http_parser_pause(&h->parser, 0);
+    kvg_conn_set_timer(c, c->thread->gw->cfg.limits.idle_timeout_ms);
+    /* Pipelined requests may already be buffered. */
+    event_active(&h->process_ev, EV_READ, 0);
+}
+
+/* Errors found before a handler took the request: answer and close. */
+static void h1_fail(h1_conn *h, int status, const char *msg)
+{
+    kvg_conn *c = h->conn;
+    c->thread->gw->stats.protocol_errors++;
+    h->close_after = true;
+    if (!h->x) {
+        /* No exchange yet (garbage before a request line): build one for the error response so
+         * it is logged like any other. */
+        kvg_exchange *x = calloc(1, sizeof(*x));
+        if (!x || kvg_exchange_init(x, c->thread, KVG_PROTO_HTTP1, &h1_ops, h) < 0) {
+            free(x);
+            kvg_conn_close(c);
+            return;
+        }
+        snprintf(x->remote, sizeof(x->remote), "%s", c->remote);
+        x->method = "-";
+        x->path = "-";
+        kvg_thread_request_id(c->thread, x->request_id, sizeof(x->request_id));
+        h->x = x;
+    }
+    kvg_exchange *x = h->x;
+    if (x->head_sent) {
+        op_reset(x);
+        return;
+    }
+    /* A handler that was working on it is told the request is gone. */
+    kvg_exchange_deliver_abort(x);
+    h->message_complete = true; /* nothing more will be read */
+    kvg_exchange_send_error(x, status, "invalid_request_error", "%s", msg);
+    if (h->x == x)
+        h1_finish_exchange(h);
+}
+
+static int cb_message_begin(http_parser *p)
+{
+    h1_conn *h = p->data;
+    h->state = H1_HEAD;
+    kvg_conn_set_timer(h->conn, h->conn->thread->gw->cfg.limits.header_timeout_ms);
+    return 0;
+}
+
+static int count_head(h1_conn *h, size_t len)
+{
+    h->head_bytes += len;
+    if (h->head_bytes > h->conn->thread->gw->cfg.limits.header_bytes) {
+        h->pending_error = 431;
+        h->pending_error_msg = "request header fields too large";
+        return -1;
+    }
+    return 0;
+}
+
+static int cb_url(http_parser *p, const char *at, size_t len)
+{
+    h1_conn *h = p->data;
+    if (count_head(h, len) < 0)
+        return -1;
+    kvg_buf_append(&h->url, at, len);
+    return 0;
+}
+
+static int push_header(h1_conn *h)
+{
+    kvg_exchange *x = h->x;
+    if (h->nheaders == h->cap_headers) {
+        size_t cap = h->cap_headers ? h->cap_headers * 2 : 16;
+        kvg_header *nh = kvg_arena_alloc(&x->arena, cap * sizeof(*nh));
+        if (!nh)
+            return -1;
+        if (h->nheaders)
+            memcpy(nh, h->headers, h->nheaders * sizeof(*nh));
+        h->headers = nh;
+        h->cap_headers = cap;
+    }
+    char *name = kvg_arena_strndup(&x->arena, h->field.data ? h->field.data : "", h->field.len);
+    char *value = kvg_arena_strndup(&x->arena, h->value.data ? h->value.data : "", h->value.len);
+    if (!name || !value)
+        return -1;
+    for (size_t i = 0; i < h->field.len; i++)
+        if (name[i] >= 'A' && name[i] <= 'Z')
+            name[i] = (char)(name[i] - 'A' + 'a');
+    /* Optional whitespace around values is not part of them (RFC 9110 5.5). */
+    size_t vlen = h->value.len;
+    while (vlen && (value[vlen - 1] == ' ' || value[vlen - 1] == '\t'))
+        value[--vlen] = '\0';
+    h->headers[h->nheaders++] = (kvg_header){name, h->field.len, value, vlen};
+    kvg_buf_reset(&h->field);
+    kvg_buf_reset(&h->value);
+    return 0;
+}
+
+static int ensure_exchange(h1_conn *h)
+{
+    if (h->x)
+        return 0;
+    kvg_conn *c = h->conn;
+    kvg_exchange *x = calloc(1, sizeof(*x));
+    if (!x || kvg_exchange_init(x, c->thread, KVG_PROTO_HTTP1, &h1_ops, h) < 0) {
+        free(x);
+        return -1;
+    }
+    x->handler = c->listener->handler;
+    x->tls = c->tls;
+    x->scheme = c->tls ? "https" : "http";
+    x->body_limit = c->thread->gw->cfg.limits.body_bytes;
+    snprintf(x->remote, sizeof(x->remote), "%s", c->remote);
+    h->x = x;
+    return 0;
+}
+
+static int cb_header_field(http_parser *p, const char *at, size_t len)
+{
+    h1_conn *h = p->data;
+    if (count_head(h, len) < 0)
+        return -1;
+    if (ensure_exchange(h) < 0)
+        return -1;
+    if (h->in_value) {
+        if (push_header(h) < 0)
+            return -1;
+        h->in_value = false;
+    }
+    kvg_buf_append(&h->field, at, len);
+    return 0;
+}
+
+static int cb_header_value(http_parser *p, const char *at, size_t len)
+{
+    h1_conn *h = p->data;
+    if (count_head(h, len) < 0)
+        return -1;
+    h->in_value = true;
+    kvg_buf_append(&h->value, at, len);
+    return 0;
+}
+
+static int cb_headers_complete(http_parser *p)
+{
+    h1_conn *h = p->data;
+    if (ensure_exchange(h) < 0)
+        return -1;
+    if (h->in_value && push_header(h) < 0)
+        return -1;
+    h->in_value = false;
+    if (h->url.failed || h->field.failed || h->value.failed)
+        return -1;
+    kvg_exchange *x = h->x;
+    x->method = http_method_str((enum http_method)p->method);
+    x->path = kvg_arena_strndup(&x->arena, h->url.data ? h->url.data : "", h->url.len);
+    x->headers = h->headers;
+    x->nheaders = h->nheaders;
+    if (!x->path)
+        return -1;
+    x->authority = kvg_exchange_header(x, "host", NULL);
+    if (p->flags & F_CONTENTLENGTH)
+        x->content_length = (int64_t)p->content_length;
+    else if (!(p->flags & F_CHUNKED))
+        x->content_length = 0; /* a request without either has no body (RFC 9112 6.3) */
+    size_t elen;
+    const char *expect = kvg_exchange_header(x, "expect", &elen);
+    if (expect) {
+        if (!kvg_strcaseeq(expect, elen, "100-continue")) {
+            h->pending_error = 417;
+            h->pending_error_msg = "unsupported Expect header";
+            return -1;
+        }
+        x->expect_continue = true;
+    }
+    h->keep_alive = http_should_keep_alive(p) != 0;
+    h->head_request = p->method == HTTP_HEAD;
+    h->upgrade = p->upgrade;
+    if (p->method == HTTP_CONNECT) {
+        h->pending_error = 405;
+        h->pending_error_msg = "CONNECT is not supported";
+        return -1;
+    }
+    const char *id = kvg_exchange_header(x, "x-request-id", &elen);
+    bool id_ok = id && elen > 0 && elen < sizeof(x->request_id);
+    for (size_t i = 0; id_ok && i < elen; i++)
+        id_ok = id[i] > 0x20 && id[i] < 0x7f && id[i] != '"' && id[i] != '\\';
+    if (id_ok)
+        memcpy(x->request_id, id, elen), x->request_id[elen] = '\0';
+    else
+        kvg_thread_request_id(h->conn->thread, x->request_id, sizeof(x->request_id));
+    if (x->path[0] != '/' && !(p->method == HTTP_OPTIONS && strcmp(x->path, "*") == 0)) {
+        h->pending_error = 400;
+        h->pending_error_msg = "request target must be an absolute path";
+        return -1;
+    }
+    if (x->content_length > 0 && (uint64_t)x->content_length > x->body_limit) {
+        h->pending_error = 413;
+        h->pending_error_msg = "request body too large";
+        return -1;
+    }
+    h->state = H1_BODY;
+    h->paused_for_head = true;
+    kvg_conn_set_timer(h->conn, h->conn->thread->gw->cfg.limits.read_timeout_ms);
+    http_parser_pause(p, 1);
+    return 0;
+}
+
+static int cb_body(http_parser *p, const char *at, size_t len)
+{
+    h1_conn *h = p->data;
+    kvg_exchange *x = h->x;
+    if (!x)
+        return 0;
+    x->bytes_in += len;
+    if (x->bytes_in > x->body_limit) {
+        h->pending_error = 413;
+        h->pending_error_msg = "request body too large";
+        return -1;
+    }
+    if (!h->discard_body)
+        evbuffer_add(x->body, at, len);
+    kvg_conn_set_timer(h->conn, h->conn->thread->gw->cfg.limits.read_timeout_ms);
+    return 0;
+}
+
+static int cb_message_complete(http_parser *p)
+{
+    h1_conn *h = p->data;
+    h->message_complete = true;
+    h->state = H1_WAIT;
+    kvg_conn_set_timer(h->conn, 0);
+    http_parser_pause(p, 1);
+    return 0;
+}
+
+static const http_parser_settings h1_settings = {
+    .on_message_begin = cb_message_begin,
+    .on_url = cb_url,
+    .on_header_field = cb_header_field,
+    .on_header_value = cb_header_value,
+    .on_headers_complete = cb_headers_complete,
+    .on_body = cb_body,
+    .on_message_complete = cb_message_complete,
+};
+
+/* Feed buffered input to the parser until it pauses, errs or runs out. */
+static void h1_process(h1_conn *h)
+{
+    kvg_conn *c = h->conn;
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    for (;;) {
+        if (c->closing || h->state == H1_CLOSING)
+            return;
+        if (h->paused_for_head) {
+            h->paused_for_head = false;
+            kvg_exchange_deliver_head(h->x);
+            if (!h->x || c->closing)
+                return;
+            if (!h->body_wanted && !h->discard_body && !h->x->head_sent)
+                return; /* the handler decides later; op_read_body resumes us */
+            http_parser_pause(&h->parser, 0);
+        }
+        if (h->state == H1_BODY && !h->body_wanted && !h->discard_body)
+            return;
+        if (h->message_complete) {
+            if (h->x && !h->x->body_complete && h->body_wanted) {
+                kvg_exchange *x = h->x;
+                kvg_exchange_deliver_body(x);
+            } else if (h->x && h->response_complete) {
+                h1_finish_exchange(h);
+            }
+            return; /* resumed by h1_finish_exchange */
+        }
+        size_t avail = evbuffer_get_length(in);
+        if (avail == 0)
+            return;
+        struct evbuffer_iovec vec;
+        if (evbuffer_peek(in, -1, NULL, &vec, 1) < 1)
+            return;
+        size_t n = http_parser_execute(&h->parser, &h1_settings, vec.iov_base, vec.iov_len);
+        evbuffer_drain(in, n);
+        enum http_errno err = HTTP_PARSER_ERRNO(&h->parser);
+        if (err == HPE_PAUSED)
+            continue;
+        if (err != HPE_OK) {
+            int status = h->pending_error ? h->pending_error : 400;
+            const char *msg = h->pending_error_msg;
+            if (!h->pending_error) {
+                if (err == HPE_HEADER_OVERFLOW) {
+                    status = 431;
+                    msg = "request header fields too large";
+                } else {
+                    msg = http_errno_description(err);
+                }
+            }
+            h1_fail(h, status, msg);
+            return;
+        }
+    }
+}
+
+static void process_cb(evutil_socket_t fd, short what, void *arg)
+{
+    h1_process(arg);
+}
+
+static void read_cb(struct bufferevent *bev, void *arg)
+{
+    h1_conn *h = ((kvg_conn *)arg)->proto_state;
+    h1_process(h);
+}
+
+static void write_cb(struct bufferevent *bev, void *arg)
+{
+    kvg_conn *c = arg;
+    h1_conn *h = c->proto_state;
+    if (h->state == H1_CLOSING) {
+        if (evbuffer_get_length(h1_output(h)) == 0)
+            kvg_conn_close(c);
+        return;
+    }
+    if (h->x)
+        kvg_exchange_deliver_writable(h->x);
+}
+
+static void event_cb(struct bufferevent *bev, short what, void *arg)
+{
+    kvg_conn *c = arg;
+    h1_conn *h = c->proto_state;
+    /* EOF counts as the client giving up, as nginx treats it: a half-closed HTTP/1.1
+     * connection is almost always a client that is gone, and its upstream work is wasted. */
+    if (h->x) {
+        kvg_exchange *x = h->x;
+        h->x = NULL;
+        kvg_exchange_front_finish(x);
+    }
+    kvg_conn_close(c);
+}
+
+static void h1_free(kvg_conn *c)
+{
+    h1_conn *h = c->proto_state;
+    if (!h)
+        return;
+    if (h->x) {
+        kvg_exchange *x = h->x;
+        h->x = NULL;
+        kvg_exchange_front_finish(x);
+    }
+    event_del(&h->process_ev);
+    kvg_buf_done(&h->url);
+    kvg_buf_done(&h->field);
+    kvg_buf_done(&h->value);
+    free(h);
+    c->proto_state = NULL;
+}
+
+static void h1_drain(kvg_conn *c)
+{
+    h1_conn *h = c->proto_state;
+    /* Idle keep-alive connections go now; busy ones close after their response. */
+    if (!h->x && (h->state == H1_IDLE))
+        kvg_conn_close(c);
+    else
+        h->close_after = true;
+}
+
+static void h1_timeout(h1_conn *h)
+{
+    kvg_conn *c = h->conn;
+    if (h->state == H1_HEAD || (h->state == H1_BODY && h->x && !h->x->head_sent)) {
+        c->thread->gw->stats.timeouts++;
+        h1_fail(h, 408, "timed out reading the request");
+        return;
+    }
+    kvg_conn_close(c);
+}
+
+static void timer_hook(kvg_conn *c)
+{
+    h1_timeout(c->proto_state);
+}
+
+int kvg_h1_start(kvg_conn *c)
+{
+    h1_conn *h = calloc(1, sizeof(*h));
+    if (!h)
+        return -ENOMEM;
+    h->conn = c;
+    http_parser_init(&h->parser, HTTP_REQUEST);
+    h->parser.data = h;
+    kvg_buf_init(&h->url);
+    kvg_buf_init(&h->field);
+    kvg_buf_init(&h->value);
+    event_assign(&h->process_ev, c->thread->base, -1, 0, process_cb, h);
+    c->proto = KVG_PROTO_HTTP1;
+    c->proto_known = true;
+    c->proto_state = h;
+    c->proto_free = h1_free;
+    c->proto_drain = h1_drain;
+    c->proto_timeout = timer_hook;
+    kvg_conn_set_timer(c, c->thread->gw->cfg.limits.header_timeout_ms);
+    const kvg_front_limits *lim = &c->thread->gw->cfg.limits;
+    /* Bound what a pipelining client can park in our input buffer. */
+    bufferevent_setwatermark(c->bev, EV_READ, 0, lim->header_bytes + 65536);
+    bufferevent_setwatermark(c->bev, EV_WRITE, KVG_EXCHANGE_LOW_WATER, 0);
+    bufferevent_setcb(c->bev, read_cb, write_cb, event_cb, c);
+    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    c->thread->gw->stats.connections_total[KVG_PROTO_HTTP1]++;
+    event_active(&h->process_ev, EV_READ, 0);
+    return 0;
+}

@@ -1,0 +1,455 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvgate's main: configuration, state directory, listeners, threads, signals, reload and the
+ * graceful shutdown sequence. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <http_parser.h>
+#include <nghttp2/nghttp2.h>
+#include <openssl/ssl.h>
+
+#include "kvg_config.h"
+#include "server.h"
+
+static int g_argc;
+static char **g_argv;
+
+/* ---- state directory and admin token ------------------------------------------------------- */
+
+static int mkdir_p(const char *path, mode_t mode)
+{
+    char tmp[4096];
+    if (snprintf(tmp, sizeof(tmp), "%s", path) >= (int)sizeof(tmp))
+        return -ENAMETOOLONG;
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(tmp, mode) < 0 && errno != EEXIST)
+            return -errno;
+        *p = '/';
+    }
+    if (mkdir(tmp, mode) < 0 && errno != EEXIST)
+        return -errno;
+    return 0;
+}
+
+/* The admin token: the environment, then the config, then one generated on first start and
+ * kept (0600) in the state directory so that the operator can read it. */
+static int admin_token(kvg_config *cfg, char **out_token, bool *generated)
+{
+    *generated = false;
+    const char *env = getenv("KVGATE_ADMIN_TOKEN");
+    if (env && *env) {
+        *out_token = strdup(env);
+        return *out_token ? 0 : -ENOMEM;
+    }
+    if (cfg->nadmin_tokens > 0) {
+        *out_token = NULL;
+        return 0;
+    }
+    char path[4200];
+    snprintf(path, sizeof(path), "%s/admin-token", cfg->state_dir);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        char buf[256] = "";
+        char *ok = fgets(buf, sizeof(buf), f);
+        fclose(f);
+        buf[strcspn(buf, "\r\n")] = '\0';
+        if (ok && strlen(buf) >= 16) {
+            *out_token = strdup(buf);
+            return *out_token ? 0 : -ENOMEM;
+        }
+    }
+    unsigned char raw[32];
+    int rc = kvg_random_bytes(raw, sizeof(raw));
+    if (rc < 0)
+        return rc;
+    char hex[65];
+    for (size_t i = 0; i < sizeof(raw); i++)
+        snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -errno;
+    ssize_t w = write(fd, hex, 64);
+    w += write(fd, "\n", 1);
+    fsync(fd);
+    close(fd);
+    if (w != 65)
+        return -EIO;
+    *generated = true;
+    *out_token = strdup(hex);
+    return *out_token ? 0 : -ENOMEM;
+}
+
+static int open_access_log(const char *spec)
+{
+    if (strcmp(spec, "off") == 0)
+        return -1;
+    if (strcmp(spec, "-") == 0)
+        return dup(STDOUT_FILENO);
+    int fd = open(spec, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+    if (fd < 0)
+        kvg_log_error("cannot open access log %s: %s", spec, strerror(errno));
+    return fd;
+}
+
+/* ---- listeners ------------------------------------------------------------------------------- */
+
+static int setup_listener(kvg_gateway *gw, kvg_listener *l, const kvg_listener_config *cfg,
+                          bool is_admin, kvg_thread **threads, unsigned nthreads, uint16_t *port)
+{
+    char err[512];
+    l->cfg = *cfg;
+    l->cfg.tls_cert = l->cfg.tls_key = NULL; /* the strings stay owned by gw->cfg */
+    l->is_admin = is_admin;
+    l->handler = is_admin ? &kvg_admin_handler : &kvg_proxy_handler;
+    if (cfg->tls_cert) {
+        l->cfg.tls_cert = cfg->tls_cert;
+        l->cfg.tls_key = cfg->tls_key;
+        if (kvg_tls_ctx_new(cfg, &l->ssl_ctx, err, sizeof(err)) < 0) {
+            kvg_log_error("listener %s: %s", cfg->address, err);
+            return KVG_ETLS;
+        }
+    }
+    uint16_t want = cfg->port;
+    for (unsigned i = 0; i < nthreads; i++) {
+        evutil_socket_t fd;
+        int rc = kvg_listen_socket(cfg->host, want, nthreads > 1, &fd, port);
+        if (rc < 0) {
+            kvg_log_error("cannot listen on %s: %s", cfg->address, kvg_strerror(rc));
+            return rc;
+        }
+        want = *port; /* port 0: every thread joins the port the first socket got */
+        rc = kvg_thread_add_listener(threads[i], l, fd);
+        if (rc < 0) {
+            close(fd);
+            return rc;
+        }
+    }
+    kvg_log_info("%s listening on %s:%u%s", is_admin ? "admin" : "gateway", cfg->host, *port,
+                 l->ssl_ctx ? (cfg->cleartext ? " (TLS and cleartext)" : " (TLS only)") : "");
+    return 0;
+}
+
+static int write_port_file(const char *path, kvg_gateway *gw, const uint16_t *front_ports,
+                           const uint16_t *admin_ports)
+{
+    char tmp[4200];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return -errno;
+    for (size_t i = 0; i < gw->nlisteners; i++)
+        fprintf(f, "front=%s:%u\n", gw->listeners[i].cfg.host, front_ports[i]);
+    for (size_t i = 0; i < gw->nadmin_listeners; i++)
+        fprintf(f, "admin=%s:%u\n", gw->admin_listeners[i].cfg.host, admin_ports[i]);
+    if (fclose(f) != 0 || rename(tmp, path) < 0)
+        return -errno;
+    return 0;
+}
+
+/* ---- signals, reload, shutdown ----------------------------------------------------------------- */
+
+static void stop_control(kvg_gateway *gw)
+{
+    kvg_thread_close_listeners(&gw->control);
+    kvg_thread_force_close(&gw->control);
+    kvg_health_stop(gw);
+    event_base_loopexit(gw->control.base, NULL);
+}
+
+void kvg_gateway_control_wakeup(kvg_gateway *gw)
+{
+    if (atomic_load(&gw->shutting_down) && atomic_load(&gw->threads_exited) == gw->nthreads)
+        stop_control(gw);
+}
+
+static void shutdown_deadline_cb(evutil_socket_t fd, short what, void *arg)
+{
+    kvg_gateway *gw = arg;
+    kvg_log_warn("shutdown deadline reached: closing the remaining connections");
+    atomic_store(&gw->force_stop, true);
+    kvg_gateway_notify_all(gw);
+}
+
+static void begin_shutdown(kvg_gateway *gw, const char *why)
+{
+    if (atomic_load(&gw->shutting_down)) {
+        kvg_log_warn("%s again: stopping now", why);
+        shutdown_deadline_cb(-1, 0, gw);
+        return;
+    }
+    kvg_log_info("%s: draining (up to %u ms)", why, gw->cfg.shutdown_timeout_ms);
+    atomic_store(&gw->shutting_down, true);
+    kvg_gateway_notify_all(gw);
+    gw->shutdown_timer = evtimer_new(gw->control.base, shutdown_deadline_cb, gw);
+    uint32_t ms = gw->cfg.shutdown_timeout_ms;
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    if (gw->shutdown_timer)
+        evtimer_add(gw->shutdown_timer, &tv);
+    kvg_gateway_control_wakeup(gw);
+}
+
+static void reload(kvg_gateway *gw)
+{
+    /* Reopen the access log first: log rotation sends SIGHUP too. */
+    int fd = open_access_log(gw->cfg.access_log);
+    if (fd >= 0 && gw->access_log_fd >= 0) {
+        dup2(fd, gw->access_log_fd); /* same descriptor number: threads keep writing to it */
+        close(fd);
+    } else if (fd >= 0) {
+        close(fd);
+    }
+    kvg_config next;
+    char err[512];
+    kvg_config_action action;
+    if (kvg_config_init(&next) < 0)
+        return;
+    if (kvg_config_parse_args(&next, g_argc, g_argv, &action, err, sizeof(err)) < 0 ||
+        kvg_config_validate(&next, err, sizeof(err)) < 0) {
+        kvg_log_error("reload failed, keeping the running configuration: %s", err);
+        kvg_config_done(&next);
+        return;
+    }
+    kvg_worker_def *defs = kvg_config_worker_defs(&next);
+    char msg[256] = "";
+    int rc = defs ? kvg_registry_replace_config(gw->registry, defs, next.nworkers, msg, sizeof(msg))
+                  : -ENOMEM;
+    free(defs);
+    if (rc < 0) {
+        kvg_log_error("reload failed, keeping the running workers: %s", msg);
+        kvg_config_done(&next);
+        return;
+    }
+    kvg_log_set_level(next.log_level);
+    if (next.nadmin_tokens > 0 && !getenv("KVGATE_ADMIN_TOKEN"))
+        kvg_admin_set_tokens(gw->admin, (const char *const *)next.admin_tokens, next.nadmin_tokens);
+    if (next.nlisteners != gw->cfg.nlisteners || next.threads != gw->cfg.threads)
+        kvg_log_warn("reload: listener and thread changes take effect after a restart");
+    kvg_log_info("configuration reloaded: %zu workers from the config", next.nworkers);
+    kvg_config_done(&next);
+    kvg_gateway_notify_all(gw);
+}
+
+static void signal_cb(evutil_socket_t sig, short what, void *arg)
+{
+    kvg_gateway *gw = arg;
+    if (sig == SIGHUP)
+        reload(gw);
+    else
+        begin_shutdown(gw, sig == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+static bool ready_cb(void *arg)
+{
+    kvg_gateway *gw = arg;
+    return !atomic_load(&gw->shutting_down);
+}
+
+/* ---- main -------------------------------------------------------------------------------------- */
+
+static unsigned default_threads(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (unsigned)n : 1;
+}
+
+int main(int argc, char **argv)
+{
+    kvg_gateway *gw = calloc(1, sizeof(*gw));
+    char err[1024];
+    int status = 1;
+    if (!gw || kvg_config_init(&gw->cfg) < 0) {
+        fprintf(stderr, "kvgate: out of memory\n");
+        return 1;
+    }
+    g_argc = argc;
+    g_argv = argv;
+    gw->access_log_fd = -1;
+    kvg_config_action action;
+    if (kvg_config_parse_args(&gw->cfg, argc, argv, &action, err, sizeof(err)) < 0) {
+        fprintf(stderr, "kvgate: %s\n", err);
+        goto out_cfg;
+    }
+    if (action == KVG_ACTION_HELP) {
+        kvg_config_usage(stdout);
+        status = 0;
+        goto out_cfg;
+    }
+    if (action == KVG_ACTION_VERSION) {
+        printf("kvgate %s (libevent %s, nghttp2 %s, %s)\n", KVG_VERSION, event_get_version(),
+               nghttp2_version(0)->version_str, OpenSSL_version(OPENSSL_VERSION));
+        status = 0;
+        goto out_cfg;
+    }
+    if (kvg_config_validate(&gw->cfg, err, sizeof(err)) < 0) {
+        fprintf(stderr, "kvgate: %s\n", err);
+        goto out_cfg;
+    }
+    if (action == KVG_ACTION_CHECK) {
+        printf("configuration ok: %zu listeners, %zu admin listeners, %zu workers\n",
+               gw->cfg.nlisteners, gw->cfg.nadmin_listeners, gw->cfg.nworkers);
+        status = 0;
+        goto out_cfg;
+    }
+    kvg_log_set_level(gw->cfg.log_level);
+    signal(SIGPIPE, SIG_IGN);
+    /* Our own header accounting answers 431 first; this is the parser's hard backstop. */
+    http_parser_set_max_header_size((uint32_t)gw->cfg.limits.header_bytes + 4096);
+
+    int rc = mkdir_p(gw->cfg.state_dir, 0700);
+    if (rc < 0) {
+        kvg_log_error("cannot create state directory %s: %s", gw->cfg.state_dir, kvg_strerror(rc));
+        goto out_cfg;
+    }
+    char *token = NULL;
+    bool generated;
+    rc = admin_token(&gw->cfg, &token, &generated);
+    if (rc < 0) {
+        kvg_log_error("cannot set up the admin token in %s: %s", gw->cfg.state_dir,
+                      kvg_strerror(rc));
+        goto out_cfg;
+    }
+    if (generated)
+        kvg_log_info("generated an admin token in %s/admin-token", gw->cfg.state_dir);
+
+    gw->nthreads = gw->cfg.threads ? gw->cfg.threads : default_threads();
+    kvg_registry_config rcfg = {
+        .nthreads = gw->nthreads + 1, /* + the control thread's slot (health checks) */
+        .default_max_inflight = gw->cfg.upstream.max_inflight,
+        .health_fall = gw->cfg.health.fall,
+        .health_rise = gw->cfg.health.rise,
+    };
+    rc = kvg_registry_new(&rcfg, &gw->registry);
+    if (rc < 0) {
+        kvg_log_error("cannot create the worker registry: %s", kvg_strerror(rc));
+        free(token);
+        goto out_cfg;
+    }
+    kvg_worker_def *defs = kvg_config_worker_defs(&gw->cfg);
+    char msg[256] = "";
+    rc = defs ? kvg_registry_replace_config(gw->registry, defs, gw->cfg.nworkers, msg, sizeof(msg))
+              : -ENOMEM;
+    free(defs);
+    if (rc < 0) {
+        kvg_log_error("workers: %s", msg);
+        free(token);
+        goto out_registry;
+    }
+    const char *const *tokens = token ? (const char *const *)&token
+                                      : (const char *const *)gw->cfg.admin_tokens;
+    kvg_admin_config acfg = {.tokens = tokens, .ntokens = token ? 1 : gw->cfg.nadmin_tokens};
+    rc = kvg_admin_new(&acfg, gw->registry, &gw->admin);
+    free(token);
+    if (rc < 0) {
+        kvg_log_error("cannot create the admin API: %s", kvg_strerror(rc));
+        goto out_registry;
+    }
+    kvg_admin_add_metrics(gw->admin, kvg_front_stats_write, gw);
+    kvg_admin_set_ready(gw->admin, ready_cb, gw);
+
+    /* Threads and listeners. */
+    if (kvg_thread_init(&gw->control, gw, gw->nthreads, true) < 0)
+        goto out_admin;
+    gw->threads = calloc(gw->nthreads, sizeof(kvg_thread));
+    kvg_thread **tp = calloc(gw->nthreads, sizeof(kvg_thread *));
+    unsigned started = 0;
+    if (!gw->threads || !tp)
+        goto out_threads;
+    for (unsigned i = 0; i < gw->nthreads; i++) {
+        if (kvg_thread_init(&gw->threads[i], gw, i, false) < 0)
+            goto out_threads;
+        tp[i] = &gw->threads[i];
+        started = i + 1;
+    }
+    uint16_t front_ports[KVG_MAX_LISTENERS], admin_ports[KVG_MAX_LISTENERS];
+    kvg_thread *control = &gw->control;
+    for (size_t i = 0; i < gw->cfg.nlisteners; i++) {
+        gw->nlisteners = i + 1;
+        if (setup_listener(gw, &gw->listeners[i], &gw->cfg.listeners[i], false, tp, gw->nthreads,
+                           &front_ports[i]) < 0)
+            goto out_threads;
+    }
+    for (size_t i = 0; i < gw->cfg.nadmin_listeners; i++) {
+        gw->nadmin_listeners = i + 1;
+        if (setup_listener(gw, &gw->admin_listeners[i], &gw->cfg.admin_listeners[i], true,
+                           &control, 1, &admin_ports[i]) < 0)
+            goto out_threads;
+    }
+    gw->access_log_fd = open_access_log(gw->cfg.access_log);
+    gw->sig_term = evsignal_new(control->base, SIGTERM, signal_cb, gw);
+    gw->sig_int = evsignal_new(control->base, SIGINT, signal_cb, gw);
+    gw->sig_hup = evsignal_new(control->base, SIGHUP, signal_cb, gw);
+    if (!gw->sig_term || !gw->sig_int || !gw->sig_hup || evsignal_add(gw->sig_term, NULL) < 0 ||
+        evsignal_add(gw->sig_int, NULL) < 0 || evsignal_add(gw->sig_hup, NULL) < 0)
+        goto out_threads;
+    if (kvg_health_start(gw) < 0)
+        goto out_threads;
+    for (unsigned i = 0; i < gw->nthreads; i++) {
+        if (kvg_thread_spawn(&gw->threads[i]) < 0) {
+            kvg_log_error("cannot start thread %u", i);
+            atomic_store(&gw->force_stop, true);
+            atomic_store(&gw->shutting_down, true);
+            for (unsigned j = 0; j < i; j++)
+                kvg_thread_notify(&gw->threads[j]);
+            for (unsigned j = 0; j < i; j++)
+                pthread_join(gw->threads[j].tid, NULL);
+            goto out_threads;
+        }
+    }
+    if (gw->cfg.port_file && write_port_file(gw->cfg.port_file, gw, front_ports, admin_ports) < 0)
+        kvg_log_error("cannot write port file %s", gw->cfg.port_file);
+    kvg_log_info("kvgate %s running with %u threads, %zu workers", KVG_VERSION, gw->nthreads,
+                 gw->cfg.nworkers);
+
+    event_base_dispatch(control->base);
+
+    for (unsigned i = 0; i < gw->nthreads; i++)
+        pthread_join(gw->threads[i].tid, NULL);
+    kvg_log_info("stopped");
+    status = 0;
+
+out_threads:
+    kvg_health_stop(gw);
+    for (unsigned i = 0; i < started; i++) {
+        kvg_thread_close_listeners(&gw->threads[i]);
+        kvg_thread_done(&gw->threads[i]);
+    }
+    kvg_thread_close_listeners(&gw->control);
+    /* Admin connections left at exit are freed by their deferred close events. */
+    if (gw->control.base)
+        event_base_loop(gw->control.base, EVLOOP_NONBLOCK);
+    if (gw->sig_term)
+        event_free(gw->sig_term);
+    if (gw->sig_int)
+        event_free(gw->sig_int);
+    if (gw->sig_hup)
+        event_free(gw->sig_hup);
+    if (gw->shutdown_timer)
+        event_free(gw->shutdown_timer);
+    kvg_thread_done(&gw->control);
+    free(gw->threads);
+    free(tp);
+    for (size_t i = 0; i < gw->nlisteners; i++)
+        SSL_CTX_free(gw->listeners[i].ssl_ctx);
+    for (size_t i = 0; i < gw->nadmin_listeners; i++)
+        SSL_CTX_free(gw->admin_listeners[i].ssl_ctx);
+    if (gw->access_log_fd >= 0)
+        close(gw->access_log_fd);
+out_admin:
+    kvg_admin_free(gw->admin);
+out_registry:
+    kvg_registry_free(gw->registry);
+out_cfg:
+    kvg_config_done(&gw->cfg);
+    free(gw);
+    return status;
+}

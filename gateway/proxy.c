@@ -1,0 +1,483 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The front handler for the OpenAI API: reads the body, picks a worker through policy/,
+ * forwards over the upstream pool, streams the answer back with backpressure both ways, and
+ * retries another worker when a connection fails before any response byte. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "policy.h"
+#include "server.h"
+#include "upstream.h"
+
+#define PROXY_MAX_CANDIDATES 64
+
+typedef struct proxy_req {
+    kvg_exchange *x;
+    kvg_worker *cands[PROXY_MAX_CANDIDATES]; /* ranked, referenced */
+    size_t ncands;
+    size_t next;
+    kvg_worker *worker;     /* current attempt, one of cands */
+    bool inflight_held;
+    bool stale_retry_used;  /* one free retry after a pooled connection turned out dead */
+    kvg_upstream *up;
+    int status;             /* status passed to the client */
+    uint64_t ttfb_ns;
+} proxy_req;
+
+typedef enum proxy_route {
+    ROUTE_NONE = 0,
+    ROUTE_COMPLETIONS,
+    ROUTE_CHAT,
+    ROUTE_EMBEDDINGS,
+    ROUTE_MODELS,
+    ROUTE_COUNT,
+} proxy_route;
+
+static void try_next(proxy_req *r);
+
+static size_t path_len(const char *path)
+{
+    const char *q = strchr(path, '?');
+    return q ? (size_t)(q - path) : strlen(path);
+}
+
+static proxy_route classify(const char *path)
+{
+    size_t n = path_len(path);
+    static const struct {
+        const char *path;
+        proxy_route route;
+    } routes[] = {
+        {"/v1/completions", ROUTE_COMPLETIONS},
+        {"/v1/chat/completions", ROUTE_CHAT},
+        {"/v1/embeddings", ROUTE_EMBEDDINGS},
+        {"/v1/models", ROUTE_MODELS},
+    };
+    for (size_t i = 0; i < KVG_ARRAY_LEN(routes); i++)
+        if (strlen(routes[i].path) == n && memcmp(routes[i].path, path, n) == 0)
+            return routes[i].route;
+    return ROUTE_NONE;
+}
+
+/* ---- finishing -------------------------------------------------------------------------------- */
+
+static void release_worker(proxy_req *r)
+{
+    if (r->inflight_held && r->worker) {
+        kvg_worker_inflight_release(r->worker);
+        r->inflight_held = false;
+    }
+}
+
+static void finish(proxy_req *r, int status)
+{
+    kvg_exchange *x = r->x;
+    release_worker(r);
+    if (r->worker) {
+        uint64_t now = kvg_now_ns();
+        kvg_worker_record(r->worker, status, now - x->start_ns, r->ttfb_ns);
+    }
+    for (size_t i = 0; i < r->ncands; i++)
+        kvg_worker_unref(r->cands[i]);
+    r->ncands = 0;
+    x->handler_state = NULL;
+    free(r);
+    kvg_exchange_detach(x);
+}
+
+static void fail(proxy_req *r, int status, const char *type, const char *msg)
+{
+    kvg_exchange_send_error(r->x, status, type, "%s", msg);
+    finish(r, status);
+}
+
+/* ---- upstream callbacks ------------------------------------------------------------------------ */
+
+/* Response headers not passed to the client: hop-by-hop ones, and ours that the gateway sets. */
+static bool hop_by_hop(const kvg_header *h)
+{
+    static const char *const names[] = {
+        "connection", "keep-alive", "proxy-connection", "transfer-encoding", "te",
+        "trailer", "upgrade", "content-length", "x-kvgate-worker", "x-request-id",
+    };
+    for (size_t i = 0; i < KVG_ARRAY_LEN(names); i++)
+        if (kvg_strcaseeq(h->name, h->name_len, names[i]))
+            return true;
+    return false;
+}
+
+static bool ci_eq(const char *a, size_t alen, const char *b, size_t blen)
+{
+    if (alen != blen)
+        return false;
+    for (size_t i = 0; i < alen; i++) {
+        char x = a[i], y = b[i];
+        if (x >= 'A' && x <= 'Z')
+            x = (char)(x - 'A' + 'a');
+        if (y >= 'A' && y <= 'Z')
+            y = (char)(y - 'A' + 'a');
+        if (x != y)
+            return false;
+    }
+    return true;
+}
+
+/* Headers named in the Connection header are hop-by-hop too (RFC 9110 7.6.1). */
+static bool named_by_connection(const kvg_header *h, const kvg_header *all, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!kvg_strcaseeq(all[i].name, all[i].name_len, "connection"))
+            continue;
+        const char *v = all[i].value, *end = v + all[i].value_len;
+        while (v < end) {
+            while (v < end && (*v == ' ' || *v == '\t' || *v == ','))
+                v++;
+            const char *tok = v;
+            while (v < end && *v != ',' && *v != ' ' && *v != '\t')
+                v++;
+            if (v > tok && ci_eq(tok, (size_t)(v - tok), h->name, h->name_len))
+                return true;
+        }
+    }
+    return false;
+}
+
+static void up_head(void *ud, int status, const kvg_header *hdrs, size_t n, int64_t content_length)
+{
+    proxy_req *r = ud;
+    kvg_exchange *x = r->x;
+    for (size_t i = 0; i < n; i++) {
+        if (hop_by_hop(&hdrs[i]) || named_by_connection(&hdrs[i], hdrs, n))
+            continue;
+        kvg_exchange_add_header(x, hdrs[i].name, hdrs[i].name_len, hdrs[i].value,
+                                hdrs[i].value_len);
+    }
+    if (x->thread->gw->cfg.worker_header) {
+        const char *name = kvg_worker_name(r->worker);
+        kvg_exchange_add_header(x, "x-kvgate-worker", 15, name, strlen(name));
+    }
+    kvg_exchange_add_header(x, "x-request-id", 12, x->request_id, strlen(x->request_id));
+    r->status = status;
+    r->ttfb_ns = kvg_now_ns() - x->start_ns;
+    kvg_exchange_respond(x, status, content_length);
+}
+
+static void up_data(void *ud, const char *data, size_t len)
+{
+    proxy_req *r = ud;
+    kvg_exchange_write(r->x, data, len);
+    /* Backpressure: a slow client stops us reading the worker, which stops the worker. */
+    if (r->up && kvg_exchange_output_full(r->x))
+        kvg_upstream_pause(r->up, true);
+}
+
+static void up_end(void *ud)
+{
+    proxy_req *r = ud;
+    r->up = NULL;
+    kvg_exchange_end(r->x);
+    finish(r, r->status);
+}
+
+static void up_error(void *ud, int status, const char *msg)
+{
+    proxy_req *r = ud;
+    r->up = NULL;
+    kvg_log_warn("request %s to worker %s failed: %s", r->x->request_id,
+                 kvg_worker_name(r->worker), msg);
+    if (r->x->head_sent) {
+        /* Bytes already went out: the client must see a broken stream, not a clean end. */
+        kvg_exchange_reset(r->x);
+        finish(r, r->status);
+        return;
+    }
+    fail(r, status, status == 504 ? "timeout" : "upstream_error", msg);
+}
+
+static void up_retryable(void *ud, int err, bool connect_failed)
+{
+    proxy_req *r = ud;
+    bool was_reused = r->up && kvg_upstream_reused(r->up);
+    r->up = NULL;
+    release_worker(r);
+    kvg_worker_record_retry(r->worker);
+    kvg_log_info("request %s: worker %s %s (%s), trying another", r->x->request_id,
+                 kvg_worker_name(r->worker),
+                 connect_failed ? "unreachable" : "closed the connection", kvg_strerror(err));
+    /* A pooled connection the worker had already closed says nothing about the worker: try it
+     * again once on a fresh connection before moving on. */
+    if (was_reused && !r->stale_retry_used) {
+        r->stale_retry_used = true;
+        r->next--;
+    } else {
+        r->x->retries++;
+    }
+    try_next(r);
+}
+
+static const kvg_upstream_cbs upstream_cbs = {
+    .on_retryable = up_retryable,
+    .on_head = up_head,
+    .on_data = up_data,
+    .on_end = up_end,
+    .on_error = up_error,
+};
+
+/* ---- forwarding -------------------------------------------------------------------------------- */
+
+static bool forwardable(const kvg_header *h)
+{
+    static const char *const drop[] = {
+        "host", "content-length", "transfer-encoding", "connection", "keep-alive",
+        "proxy-connection", "te", "trailer", "upgrade", "expect", "authorization",
+        "x-request-id", "x-forwarded-for", "x-forwarded-proto", "http2-settings",
+    };
+    for (size_t i = 0; i < KVG_ARRAY_LEN(drop); i++)
+        if (kvg_strcaseeq(h->name, h->name_len, drop[i]))
+            return false;
+    return true;
+}
+
+static struct evbuffer *build_head(proxy_req *r, kvg_worker *w)
+{
+    kvg_exchange *x = r->x;
+    struct evbuffer *b = evbuffer_new();
+    if (!b)
+        return NULL;
+    size_t plen = path_len(x->path);
+    evbuffer_add_printf(b, "%s %.*s HTTP/1.1\r\nhost: %s\r\ncontent-length: %zu\r\n", x->method,
+                        (int)plen, x->path, kvg_worker_authority(w),
+                        evbuffer_get_length(x->body));
+    for (size_t i = 0; i < x->nheaders; i++) {
+        const kvg_header *h = &x->headers[i];
+        if (!forwardable(h) || named_by_connection(h, x->headers, x->nheaders))
+            continue;
+        evbuffer_add(b, h->name, h->name_len);
+        evbuffer_add(b, ": ", 2);
+        evbuffer_add(b, h->value, h->value_len);
+        evbuffer_add(b, "\r\n", 2);
+    }
+    /* The client's address, without its port, appended to any chain it brought. */
+    char ip[64];
+    snprintf(ip, sizeof(ip), "%s", x->remote);
+    char *colon = strrchr(ip, ':');
+    if (colon)
+        *colon = '\0';
+    size_t xff_len;
+    const char *xff = kvg_exchange_header(x, "x-forwarded-for", &xff_len);
+    if (xff)
+        evbuffer_add_printf(b, "x-forwarded-for: %.*s, %s\r\n", (int)xff_len, xff, ip);
+    else
+        evbuffer_add_printf(b, "x-forwarded-for: %s\r\n", ip);
+    evbuffer_add_printf(b, "x-forwarded-proto: %s\r\nx-request-id: %s\r\n\r\n", x->scheme,
+                        x->request_id);
+    return b;
+}
+
+static void try_next(proxy_req *r)
+{
+    kvg_exchange *x = r->x;
+    unsigned max_retries = x->thread->gw->cfg.upstream.retries;
+    bool any_full = false;
+    while (r->next < r->ncands && x->retries <= max_retries) {
+        kvg_worker *w = r->cands[r->next++];
+        if (!kvg_worker_inflight_try_acquire(w)) {
+            any_full = true;
+            continue;
+        }
+        r->worker = w;
+        r->inflight_held = true;
+        x->worker_name = kvg_arena_strdup(&x->arena, kvg_worker_name(w));
+        struct evbuffer *head = build_head(r, w);
+        if (!head) {
+            fail(r, 500, "internal_error", "out of memory");
+            return;
+        }
+        int rc = kvg_upstream_request(x->thread, w, head, x->body, &upstream_cbs, r, &r->up);
+        evbuffer_free(head);
+        if (rc < 0) {
+            fail(r, 500, "internal_error", "cannot start the upstream request");
+            return;
+        }
+        return;
+    }
+    if (x->retries > 0) {
+        fail(r, 502, "upstream_error", "no worker could be reached");
+        return;
+    }
+    if (any_full) {
+        kvg_exchange_send_error_retry(x, 503, "overloaded", 1,
+                                      "every worker for this model is at its in-flight limit");
+        finish(r, 503);
+        return;
+    }
+    fail(r, 503, "service_unavailable", "no healthy worker is available");
+}
+
+/* Pick the model out of the body. Invalid JSON and wrong types get a 400 naming the problem. */
+static int parse_model(proxy_req *r, char **model)
+{
+    kvg_exchange *x = r->x;
+    size_t len = evbuffer_get_length(x->body);
+    const char *data = (const char *)evbuffer_pullup(x->body, -1);
+    kvg_arena a;
+    kvg_arena_init(&a, 16384);
+    kvg_json *root;
+    kvg_json_error err = {0};
+    int rc = kvg_json_parse(data ? data : "", len, &a, NULL, &root, &err);
+    if (rc < 0) {
+        kvg_exchange_send_error(x, 400, "invalid_request_error",
+                                "the request body is not valid JSON: %s at byte %zu", err.message,
+                                err.offset);
+        kvg_arena_done(&a);
+        return -1;
+    }
+    if (root->type != KVG_JSON_OBJECT) {
+        kvg_exchange_send_error(x, 400, "invalid_request_error",
+                                "the request body must be a JSON object");
+        kvg_arena_done(&a);
+        return -1;
+    }
+    const kvg_json *m = kvg_json_get(root, "model");
+    *model = NULL;
+    if (m && m->type != KVG_JSON_NULL) {
+        if (m->type != KVG_JSON_STRING || m->u.str.len == 0 || m->u.str.len > KVG_MODEL_NAME_MAX ||
+            memchr(m->u.str.ptr, '\0', m->u.str.len)) {
+            kvg_exchange_send_error(x, 400, "invalid_request_error",
+                                    "'model' must be a non-empty string");
+            kvg_arena_done(&a);
+            return -1;
+        }
+        *model = kvg_arena_strndup(&x->arena, m->u.str.ptr, m->u.str.len);
+    }
+    kvg_arena_done(&a);
+    return 0;
+}
+
+static void on_body(kvg_exchange *x)
+{
+    proxy_req *r = x->handler_state;
+    char *model = NULL;
+    if (parse_model(r, &model) < 0) {
+        finish(r, 400);
+        return;
+    }
+    kvg_worker_set *set = kvg_thread_workers(x->thread);
+    size_t n = kvg_worker_set_count(set);
+    kvg_policy_candidate cands[PROXY_MAX_CANDIDATES];
+    size_t ncand = 0, serving = 0;
+    for (size_t i = 0; i < n && ncand < PROXY_MAX_CANDIDATES; i++) {
+        kvg_worker *w = kvg_worker_set_at(set, i);
+        if (!kvg_worker_serves(w, model))
+            continue;
+        serving++;
+        if (kvg_worker_health_get(w) != KVG_WORKER_UP || kvg_worker_draining(w))
+            continue;
+        cands[ncand++] = (kvg_policy_candidate){(uint32_t)i, kvg_worker_inflight(w)};
+    }
+    if (serving == 0) {
+        if (model && n > 0) {
+            kvg_exchange_send_error(x, 404, "not_found_error", "The model `%s` does not exist.",
+                                    model);
+            finish(r, 404);
+        } else {
+            fail(r, 503, "service_unavailable", "no worker is configured");
+        }
+        return;
+    }
+    uint64_t rotation = atomic_fetch_add_explicit(&x->thread->gw->rotation, 1,
+                                                  memory_order_relaxed);
+    kvg_policy_rank(KVG_POLICY_LEAST_LOADED, cands, ncand, rotation);
+    for (size_t i = 0; i < ncand; i++)
+        r->cands[r->ncands++] = kvg_worker_ref(kvg_worker_set_at(set, cands[i].index));
+    try_next(r);
+}
+
+static void send_models(kvg_exchange *x)
+{
+    kvg_worker_set *set = kvg_thread_workers(x->thread);
+    size_t n;
+    const char *const *models = kvg_worker_set_models(set, &n);
+    kvg_buf b;
+    kvg_buf_init(&b);
+    kvg_buf_puts(&b, "{\"object\":\"list\",\"data\":[");
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            kvg_buf_putc(&b, ',');
+        kvg_buf_puts(&b, "{\"id\":");
+        kvg_buf_json_string(&b, models[i], strlen(models[i]));
+        kvg_buf_puts(&b, ",\"object\":\"model\",\"created\":0,\"owned_by\":\"kvgate\"}");
+    }
+    kvg_buf_puts(&b, "]}");
+    kvg_exchange_send_body(x, 200, "application/json", b.data, b.len);
+    kvg_buf_done(&b);
+}
+
+static void on_head(kvg_exchange *x)
+{
+    proxy_route route = classify(x->path);
+    bool is_get = strcmp(x->method, "GET") == 0 || strcmp(x->method, "HEAD") == 0;
+    switch (route) {
+    case ROUTE_NONE:
+        kvg_exchange_send_error(x, 404, "not_found_error", "no route for %s %.*s", x->method,
+                                (int)KVG_MIN(path_len(x->path), 200), x->path);
+        kvg_exchange_detach(x);
+        return;
+    case ROUTE_MODELS:
+        if (!is_get) {
+            kvg_exchange_send_error(x, 405, "invalid_request_error", "use GET for /v1/models");
+        } else {
+            send_models(x);
+        }
+        kvg_exchange_detach(x);
+        return;
+    default:
+        break;
+    }
+    if (strcmp(x->method, "POST") != 0) {
+        kvg_exchange_send_error(x, 405, "invalid_request_error", "use POST for %.*s",
+                                (int)path_len(x->path), x->path);
+        kvg_exchange_detach(x);
+        return;
+    }
+    proxy_req *r = calloc(1, sizeof(*r));
+    if (!r) {
+        kvg_exchange_send_error(x, 500, "internal_error", "out of memory");
+        kvg_exchange_detach(x);
+        return;
+    }
+    r->x = x;
+    x->handler_state = r;
+    kvg_exchange_read_body(x);
+}
+
+static void on_writable(kvg_exchange *x)
+{
+    proxy_req *r = x->handler_state;
+    if (r && r->up)
+        kvg_upstream_pause(r->up, false);
+}
+
+static void on_abort(kvg_exchange *x)
+{
+    proxy_req *r = x->handler_state;
+    if (!r) {
+        kvg_exchange_detach(x);
+        return;
+    }
+    if (r->up) {
+        /* The client is gone: stop the worker's work too (it sees the connection close). */
+        kvg_upstream_abort(r->up);
+        r->up = NULL;
+    }
+    finish(r, 499);
+}
+
+const kvg_handler kvg_proxy_handler = {
+    .on_head = on_head,
+    .on_body = on_body,
+    .on_writable = on_writable,
+    .on_abort = on_abort,
+};

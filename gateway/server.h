@@ -1,0 +1,189 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The gateway process: its threads (one event loop each), listeners and front connections. */
+#ifndef KVG_GATEWAY_SERVER_H
+#define KVG_GATEWAY_SERVER_H
+
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/event_struct.h>
+#include <event2/listener.h>
+#include <openssl/ssl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "admin.h"
+#include "config.h"
+#include "exchange.h"
+#include "router.h"
+
+typedef struct kvg_gateway kvg_gateway;
+typedef struct kvg_listener kvg_listener;
+typedef struct kvg_upstream_pool kvg_upstream_pool;
+
+/* Intrusive doubly linked list (h2o/Linux style). */
+typedef struct kvg_link {
+    struct kvg_link *prev, *next;
+} kvg_link;
+
+static inline void kvg_list_init(kvg_link *head)
+{
+    head->prev = head->next = head;
+}
+static inline bool kvg_list_empty(const kvg_link *head)
+{
+    return head->next == head;
+}
+static inline void kvg_list_insert(kvg_link *head, kvg_link *n)
+{
+    n->next = head->next;
+    n->prev = head;
+    head->next->prev = n;
+    head->next = n;
+}
+static inline void kvg_list_unlink(kvg_link *n)
+{
+    n->prev->next = n->next;
+    n->next->prev = n->prev;
+    n->prev = n->next = n;
+}
+
+/* A listening address, shared read-only by all threads serving it. */
+struct kvg_listener {
+    kvg_listener_config cfg;
+    SSL_CTX *ssl_ctx;            /* NULL without TLS */
+    const kvg_handler *handler;  /* proxy or admin */
+    bool is_admin;
+};
+
+/* Counters of the front that are not tied to a worker. Atomics, written by all threads. */
+typedef struct kvg_front_stats {
+    _Atomic uint64_t connections_total[KVG_PROTO_COUNT];
+    _Atomic int64_t connections_open;
+    _Atomic uint64_t tls_handshake_failures;
+    _Atomic uint64_t requests_by_class[6]; /* 0: client gone, 1xx..5xx */
+    _Atomic uint64_t protocol_errors;
+    _Atomic uint64_t timeouts;
+} kvg_front_stats;
+
+struct kvg_thread {
+    unsigned index;
+    kvg_gateway *gw;
+    struct event_base *base;
+    struct evdns_base *dns;
+    pthread_t tid;
+    bool is_control;          /* the main thread: admin, health, signals */
+    int notify_fd;            /* eventfd other threads write to wake this loop */
+    struct event *notify_ev;
+    struct evconnlistener *listeners[KVG_MAX_LISTENERS * 2];
+    void *bindings[KVG_MAX_LISTENERS * 2];
+    size_t nlisteners;
+    kvg_link conns;           /* open front connections */
+    size_t nconns;
+    kvg_link pools;           /* upstream pools of this thread */
+    kvg_worker_set *workers;  /* snapshot this thread routes with */
+    uint64_t rng;             /* xorshift state for request ids */
+    bool draining;            /* shutdown: no new requests, close when idle */
+    bool stopped;
+};
+
+struct kvg_gateway {
+    kvg_config cfg;
+    kvg_registry *registry;
+    kvg_admin *admin;
+    kvg_listener listeners[KVG_MAX_LISTENERS];
+    size_t nlisteners;
+    kvg_listener admin_listeners[KVG_MAX_LISTENERS];
+    size_t nadmin_listeners;
+    kvg_thread *threads;      /* [0] is the control thread when no front threads exist */
+    unsigned nthreads;        /* front threads */
+    kvg_thread control;
+    _Atomic bool shutting_down;
+    _Atomic bool force_stop;     /* the shutdown deadline passed */
+    _Atomic unsigned threads_exited;
+    _Atomic uint64_t rotation; /* policy tie-break counter */
+    uint64_t shutdown_deadline_ns;
+    int access_log_fd;        /* -1 when off */
+    kvg_front_stats stats;
+    struct event *sig_term, *sig_int, *sig_hup;
+    struct event *shutdown_timer;
+};
+
+/* A front connection, before and after the protocol is known. */
+struct kvg_conn {
+    kvg_thread *thread;
+    kvg_listener *listener;
+    kvg_link link;
+    evutil_socket_t fd;
+    struct bufferevent *bev;
+    struct event peek_ev;   /* waits for the first bytes to pick the protocol */
+    struct event timer_ev;  /* header/idle timeout of the connection */
+    struct event close_ev;  /* deferred free */
+    kvg_exchange_proto proto;
+    bool proto_known;
+    bool tls;
+    bool closing;
+    char remote[64];
+    void *proto_state;      /* h1 or h2 state */
+    void (*proto_free)(kvg_conn *c);
+    void (*proto_drain)(kvg_conn *c); /* shutdown: finish in-flight, take nothing new */
+    void (*proto_timeout)(kvg_conn *c); /* the connection timer fired */
+};
+
+/* ---- threads (threads.c) ---- */
+int kvg_thread_init(kvg_thread *t, kvg_gateway *gw, unsigned index, bool is_control);
+void kvg_thread_done(kvg_thread *t);
+int kvg_thread_spawn(kvg_thread *t);
+/** Wake t's loop (any thread may call this). */
+void kvg_thread_notify(kvg_thread *t);
+void kvg_gateway_notify_all(kvg_gateway *gw);
+/** Bind and listen; SO_REUSEPORT lets every thread own a socket on the same port. */
+int kvg_listen_socket(const char *host, uint16_t port, bool reuseport, evutil_socket_t *out,
+                      uint16_t *bound_port);
+int kvg_thread_add_listener(kvg_thread *t, kvg_listener *l, evutil_socket_t fd);
+void kvg_thread_close_listeners(kvg_thread *t);
+void kvg_thread_start_drain(kvg_thread *t);
+void kvg_thread_force_close(kvg_thread *t);
+/** Called on the control thread when it is woken (main.c). */
+void kvg_gateway_control_wakeup(kvg_gateway *gw);
+
+/** Accept a new socket on t for listener l (takes ownership of fd). */
+void kvg_conn_accept(kvg_thread *t, kvg_listener *l, evutil_socket_t fd, const struct sockaddr *sa,
+                     int salen);
+/** Close c soon (deferred: safe inside c's own callbacks). */
+void kvg_conn_close(kvg_conn *c);
+/** (Re)arm the connection timer; ms 0 disarms. */
+void kvg_conn_set_timer(kvg_conn *c, uint32_t ms);
+
+/* Protocol fronts: take over a connection whose bufferevent is ready. */
+int kvg_h1_start(kvg_conn *c);
+int kvg_h2_start(kvg_conn *c);
+
+/** Build the TLS context of a listener (ALPN h2, http/1.1). 0 or KVG_ETLS with err. */
+int kvg_tls_ctx_new(const kvg_listener_config *cfg, SSL_CTX **out, char *err, size_t err_len);
+/** Selected ALPN protocol of a finished handshake is "h2". */
+bool kvg_tls_is_h2(SSL *ssl);
+
+/** A fresh request id (hex) from the thread's generator. */
+void kvg_thread_request_id(kvg_thread *t, char *buf, size_t len);
+/** The thread's current worker snapshot, refreshed when the registry changed. Borrowed. */
+kvg_worker_set *kvg_thread_workers(kvg_thread *t);
+/** Record a finished exchange: access log line and front counters. */
+void kvg_thread_exchange_finished(kvg_thread *t, kvg_exchange *x);
+
+/** The handlers. */
+extern const kvg_handler kvg_proxy_handler;
+extern const kvg_handler kvg_admin_handler;
+
+/** Write the front counters in Prometheus text (registered with the admin module). */
+void kvg_front_stats_write(kvg_buf *out, void *gw);
+
+/** Thread-level housekeeping after a registry change: drop pools of retired workers. */
+void kvg_upstream_thread_refresh(kvg_thread *t);
+/** Close every pooled connection of the thread (shutdown). */
+void kvg_upstream_thread_close_all(kvg_thread *t);
+
+/** Start periodic health checks on the control thread. */
+int kvg_health_start(kvg_gateway *gw);
+void kvg_health_stop(kvg_gateway *gw);
+
+#endif

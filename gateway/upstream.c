@@ -1,0 +1,571 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Upstream HTTP/1.1: one request at a time per connection, keep-alive pool per worker per
+ * thread, response parsed with http-parser and streamed to the caller as it arrives, timers for
+ * connect, first byte and read gaps, and the retry/abort rules the proxy depends on. */
+#include "upstream.h"
+
+#include <errno.h>
+#include <http_parser.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/bufferevent.h>
+#include <event2/dns.h>
+
+/* Input we read ahead of the parser while the client is slow (backpressure bound). */
+#define UPSTREAM_READ_HIGH (64u * 1024u)
+
+struct kvg_upstream_pool {
+    kvg_link link;          /* in thread->pools */
+    kvg_thread *thread;
+    kvg_worker *worker;     /* referenced while the pool exists */
+    kvg_link idle;
+    size_t nidle;
+    size_t nactive;
+};
+
+struct kvg_upstream {
+    kvg_link link;          /* in pool->idle while idle */
+    kvg_upstream_pool *pool;
+    kvg_upstream_state state;
+    struct bufferevent *bev;
+    http_parser parser;
+    const kvg_upstream_cbs *cbs;
+    void *ud;
+    bool reused;
+    bool got_bytes;
+    bool head_passed;
+    bool message_complete;
+    bool paused;
+    bool in_value;
+    int parse_error;
+    kvg_buf field;
+    kvg_buf value;
+    kvg_arena arena;        /* response headers of the current response */
+    kvg_header *headers;
+    size_t nheaders, cap_headers;
+    size_t head_bytes;
+    struct event timer;
+    struct event close_ev;
+};
+
+static const char *const state_names[KVG_UPSTREAM_STATE_COUNT] = {
+    "connecting", "waiting", "reading", "idle", "closed",
+};
+
+const char *kvg_upstream_state_str(kvg_upstream_state s)
+{
+    return s < KVG_UPSTREAM_STATE_COUNT ? state_names[s] : "?";
+}
+
+kvg_upstream_state kvg_upstream_state_of(const kvg_upstream *u)
+{
+    return u->state;
+}
+
+bool kvg_upstream_reused(const kvg_upstream *u)
+{
+    return u->reused;
+}
+
+/* ---- pools ------------------------------------------------------------------------------------ */
+
+static kvg_upstream_pool *pool_get(kvg_thread *t, kvg_worker *w)
+{
+    void **slot = kvg_worker_thread_slot(w, t->index);
+    if (*slot)
+        return *slot;
+    kvg_upstream_pool *p = calloc(1, sizeof(*p));
+    if (!p)
+        return NULL;
+    p->thread = t;
+    p->worker = kvg_worker_ref(w);
+    kvg_list_init(&p->idle);
+    kvg_list_insert(&t->pools, &p->link);
+    *slot = p;
+    return p;
+}
+
+static void pool_maybe_free(kvg_upstream_pool *p, bool force)
+{
+    if (p->nidle || p->nactive)
+        return;
+    if (!force && !kvg_worker_retired(p->worker))
+        return;
+    *kvg_worker_thread_slot(p->worker, p->thread->index) = NULL;
+    kvg_list_unlink(&p->link);
+    kvg_worker_unref(p->worker);
+    free(p);
+}
+
+/* ---- connection teardown ------------------------------------------------------------------ */
+
+static void upstream_free(kvg_upstream *u)
+{
+    kvg_upstream_pool *p = u->pool;
+    event_del(&u->timer);
+    event_del(&u->close_ev);
+    if (u->bev)
+        bufferevent_free(u->bev);
+    kvg_buf_done(&u->field);
+    kvg_buf_done(&u->value);
+    kvg_arena_done(&u->arena);
+    if (u->state == KVG_UPSTREAM_IDLE) {
+        kvg_list_unlink(&u->link);
+        p->nidle--;
+    } else {
+        p->nactive--;
+    }
+    free(u);
+    pool_maybe_free(p, false);
+}
+
+static void close_cb(evutil_socket_t fd, short what, void *arg)
+{
+    upstream_free(arg);
+}
+
+/* Close soon: callers may be inside this connection's own callbacks. */
+static void upstream_close(kvg_upstream *u)
+{
+    if (u->bev)
+        bufferevent_disable(u->bev, EV_READ | EV_WRITE);
+    event_del(&u->timer);
+    u->cbs = NULL; /* no callback after this point */
+    if (u->state == KVG_UPSTREAM_IDLE) {
+        kvg_list_unlink(&u->link);
+        u->pool->nidle--;
+        u->pool->nactive++;
+    }
+    u->state = KVG_UPSTREAM_CLOSED;
+    event_active(&u->close_ev, EV_READ, 0);
+}
+
+static void arm_timer(kvg_upstream *u, uint32_t ms)
+{
+    if (!ms) {
+        event_del(&u->timer);
+        return;
+    }
+    struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+    event_add(&u->timer, &tv);
+}
+
+static const kvg_upstream_config *ucfg(kvg_upstream *u)
+{
+    return &u->pool->thread->gw->cfg.upstream;
+}
+
+/* Deliver the final outcome once, then close. */
+static void fail_retryable(kvg_upstream *u, int err, bool connect_failed)
+{
+    const kvg_upstream_cbs *cbs = u->cbs;
+    void *ud = u->ud;
+    upstream_close(u);
+    if (cbs)
+        cbs->on_retryable(ud, err, connect_failed);
+}
+
+static void fail_error(kvg_upstream *u, int status, const char *msg)
+{
+    const kvg_upstream_cbs *cbs = u->cbs;
+    void *ud = u->ud;
+    upstream_close(u);
+    if (cbs)
+        cbs->on_error(ud, status, msg);
+}
+
+/* ---- the pool's idle connections ------------------------------------------------------------ */
+
+static void idle_read_cb(struct bufferevent *bev, void *arg)
+{
+    /* A worker never speaks first; bytes on an idle connection mean it is unusable. */
+    upstream_close(arg);
+}
+
+static void idle_event_cb(struct bufferevent *bev, short what, void *arg)
+{
+    upstream_close(arg);
+}
+
+static void release_to_pool(kvg_upstream *u)
+{
+    kvg_upstream_pool *p = u->pool;
+    kvg_thread *t = p->thread;
+    bool keep = http_should_keep_alive(&u->parser) && !t->draining &&
+                !kvg_worker_retired(p->worker) && p->nidle < ucfg(u)->max_idle_per_worker &&
+                evbuffer_get_length(bufferevent_get_input(u->bev)) == 0;
+    if (!keep) {
+        upstream_close(u);
+        return;
+    }
+    u->cbs = NULL;
+    u->ud = NULL;
+    u->state = KVG_UPSTREAM_IDLE;
+    p->nactive--;
+    p->nidle++;
+    kvg_list_insert(&p->idle, &u->link); /* LIFO: the warmest connection is reused first */
+    bufferevent_setcb(u->bev, idle_read_cb, NULL, idle_event_cb, u);
+    bufferevent_enable(u->bev, EV_READ);
+    arm_timer(u, ucfg(u)->idle_timeout_ms);
+}
+
+/* ---- response parsing ---------------------------------------------------------------------- */
+
+static int push_header(kvg_upstream *u)
+{
+    if (u->nheaders == u->cap_headers) {
+        size_t cap = u->cap_headers ? u->cap_headers * 2 : 16;
+        kvg_header *h = kvg_arena_alloc(&u->arena, cap * sizeof(*h));
+        if (!h)
+            return -1;
+        if (u->nheaders)
+            memcpy(h, u->headers, u->nheaders * sizeof(*h));
+        u->headers = h;
+        u->cap_headers = cap;
+    }
+    char *name = kvg_arena_strndup(&u->arena, u->field.data ? u->field.data : "", u->field.len);
+    char *value = kvg_arena_strndup(&u->arena, u->value.data ? u->value.data : "", u->value.len);
+    if (!name || !value)
+        return -1;
+    for (size_t i = 0; i < u->field.len; i++)
+        if (name[i] >= 'A' && name[i] <= 'Z')
+            name[i] = (char)(name[i] - 'A' + 'a');
+    size_t vlen = u->value.len;
+    while (vlen && (value[vlen - 1] == ' ' || value[vlen - 1] == '\t'))
+        value[--vlen] = '\0';
+    u->headers[u->nheaders++] = (kvg_header){name, u->field.len, value, vlen};
+    kvg_buf_reset(&u->field);
+    kvg_buf_reset(&u->value);
+    return 0;
+}
+
+static int count_head(kvg_upstream *u, size_t len)
+{
+    u->head_bytes += len;
+    return u->head_bytes > 64 * 1024 ? -1 : 0; /* a worker's head is small; bound it */
+}
+
+static int cb_header_field(http_parser *p, const char *at, size_t len)
+{
+    kvg_upstream *u = p->data;
+    if (count_head(u, len) < 0)
+        return -1;
+    if (u->in_value) {
+        if (push_header(u) < 0)
+            return -1;
+        u->in_value = false;
+    }
+    kvg_buf_append(&u->field, at, len);
+    return 0;
+}
+
+static int cb_header_value(http_parser *p, const char *at, size_t len)
+{
+    kvg_upstream *u = p->data;
+    if (count_head(u, len) < 0)
+        return -1;
+    u->in_value = true;
+    kvg_buf_append(&u->value, at, len);
+    return 0;
+}
+
+static int cb_headers_complete(http_parser *p)
+{
+    kvg_upstream *u = p->data;
+    if (u->in_value && push_header(u) < 0)
+        return -1;
+    u->in_value = false;
+    if (p->status_code < 200) {
+        /* 1xx interim responses are not passed on; the parser moves to the final one. */
+        u->nheaders = 0;
+        u->head_bytes = 0;
+        return 0;
+    }
+    int64_t cl = (p->flags & F_CONTENTLENGTH) ? (int64_t)p->content_length : -1;
+    u->head_passed = true;
+    if (u->cbs)
+        u->cbs->on_head(u->ud, p->status_code, u->headers, u->nheaders, cl);
+    return 0;
+}
+
+static int cb_body(http_parser *p, const char *at, size_t len)
+{
+    kvg_upstream *u = p->data;
+    if (u->cbs)
+        u->cbs->on_data(u->ud, at, len);
+    return 0;
+}
+
+static int cb_message_complete(http_parser *p)
+{
+    kvg_upstream *u = p->data;
+    if (p->status_code < 200)
+        return 0;
+    u->message_complete = true;
+    http_parser_pause(p, 1);
+    return 0;
+}
+
+static const http_parser_settings response_settings = {
+    .on_header_field = cb_header_field,
+    .on_header_value = cb_header_value,
+    .on_headers_complete = cb_headers_complete,
+    .on_body = cb_body,
+    .on_message_complete = cb_message_complete,
+};
+
+static void complete(kvg_upstream *u)
+{
+    const kvg_upstream_cbs *cbs = u->cbs;
+    void *ud = u->ud;
+    event_del(&u->timer);
+    release_to_pool(u);
+    if (cbs)
+        cbs->on_end(ud);
+}
+
+static void process_input(kvg_upstream *u)
+{
+    struct evbuffer *in = bufferevent_get_input(u->bev);
+    while (!u->paused && u->state == KVG_UPSTREAM_READING && evbuffer_get_length(in) > 0) {
+        struct evbuffer_iovec vec;
+        if (evbuffer_peek(in, -1, NULL, &vec, 1) < 1)
+            return;
+        size_t n = http_parser_execute(&u->parser, &response_settings, vec.iov_base, vec.iov_len);
+        evbuffer_drain(in, n);
+        if (u->state != KVG_UPSTREAM_READING)
+            return; /* the caller aborted from a callback */
+        enum http_errno err = HTTP_PARSER_ERRNO(&u->parser);
+        if (u->message_complete) {
+            complete(u);
+            return;
+        }
+        if (err != HPE_OK) {
+            kvg_log_warn("worker %s sent a malformed response: %s", kvg_worker_name(u->pool->worker),
+                         http_errno_description(err));
+            fail_error(u, 502, "the worker sent a malformed response");
+            return;
+        }
+    }
+}
+
+static void read_cb(struct bufferevent *bev, void *arg)
+{
+    kvg_upstream *u = arg;
+    if (u->state == KVG_UPSTREAM_WAITING) {
+        u->state = KVG_UPSTREAM_READING;
+        u->got_bytes = true;
+    }
+    if (u->state != KVG_UPSTREAM_READING)
+        return;
+    arm_timer(u, ucfg(u)->read_timeout_ms);
+    process_input(u);
+}
+
+static void event_cb(struct bufferevent *bev, short what, void *arg)
+{
+    kvg_upstream *u = arg;
+    if (what & BEV_EVENT_CONNECTED) {
+        u->state = KVG_UPSTREAM_WAITING;
+        kvg_worker_health_observe(u->pool->worker, true);
+        arm_timer(u, ucfg(u)->response_timeout_ms);
+        return;
+    }
+    if (u->state == KVG_UPSTREAM_CONNECTING) {
+        int err = EVUTIL_SOCKET_ERROR();
+        int dns = bufferevent_socket_get_dns_error(bev);
+        if (dns)
+            kvg_log_warn("cannot resolve worker %s: %s", kvg_worker_name(u->pool->worker),
+                         evutil_gai_strerror(dns));
+        kvg_worker_health_observe(u->pool->worker, false);
+        fail_retryable(u, err ? -err : -ECONNREFUSED, true);
+        return;
+    }
+    if (u->state == KVG_UPSTREAM_WAITING) {
+        /* Closed or reset before a single response byte: nothing reached the client. */
+        fail_retryable(u, -ECONNRESET, false);
+        return;
+    }
+    if (u->state == KVG_UPSTREAM_READING) {
+        if (what & BEV_EVENT_EOF) {
+            /* A close-delimited body ends here; anything else is a truncated response. */
+            process_input(u);
+            if (u->state != KVG_UPSTREAM_READING)
+                return;
+            http_parser_execute(&u->parser, &response_settings, NULL, 0);
+            if (u->message_complete) {
+                complete(u);
+                return;
+            }
+        }
+        fail_error(u, 502, "the worker closed the connection mid-response");
+        return;
+    }
+    upstream_close(u);
+}
+
+static void timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    kvg_upstream *u = arg;
+    kvg_thread *t = u->pool->thread;
+    switch (u->state) {
+    case KVG_UPSTREAM_CONNECTING:
+        t->gw->stats.timeouts++;
+        kvg_worker_health_observe(u->pool->worker, false);
+        fail_retryable(u, -ETIMEDOUT, true);
+        break;
+    case KVG_UPSTREAM_WAITING:
+    case KVG_UPSTREAM_READING:
+        t->gw->stats.timeouts++;
+        fail_error(u, 504, "the worker did not respond in time");
+        break;
+    default:
+        upstream_close(u); /* idle timeout */
+        break;
+    }
+}
+
+/* ---- requests ---------------------------------------------------------------------------------- */
+
+static kvg_upstream *upstream_new(kvg_upstream_pool *p)
+{
+    kvg_thread *t = p->thread;
+    kvg_upstream *u = calloc(1, sizeof(*u));
+    if (!u)
+        return NULL;
+    u->pool = p;
+    u->state = KVG_UPSTREAM_CONNECTING;
+    kvg_list_init(&u->link);
+    kvg_buf_init(&u->field);
+    kvg_buf_init(&u->value);
+    kvg_arena_init(&u->arena, 2048);
+    event_assign(&u->timer, t->base, -1, 0, timer_cb, u);
+    event_assign(&u->close_ev, t->base, -1, 0, close_cb, u);
+    u->bev = bufferevent_socket_new(t->base, -1, BEV_OPT_CLOSE_ON_FREE);
+    if (!u->bev) {
+        kvg_arena_done(&u->arena);
+        free(u);
+        return NULL;
+    }
+    p->nactive++;
+    return u;
+}
+
+int kvg_upstream_request(kvg_thread *t, kvg_worker *w, struct evbuffer *head, struct evbuffer *body,
+                         const kvg_upstream_cbs *cbs, void *ud, kvg_upstream **out)
+{
+    kvg_upstream_pool *p = pool_get(t, w);
+    if (!p)
+        return -ENOMEM;
+    kvg_upstream *u = NULL;
+    bool fresh = false;
+    if (!kvg_list_empty(&p->idle)) {
+        u = KVG_CONTAINER_OF(p->idle.next, kvg_upstream, link);
+        kvg_list_unlink(&u->link);
+        p->nidle--;
+        p->nactive++;
+        u->reused = true;
+        u->state = KVG_UPSTREAM_WAITING;
+    } else {
+        u = upstream_new(p);
+        if (!u) {
+            pool_maybe_free(p, false);
+            return -ENOMEM;
+        }
+        fresh = true;
+    }
+    u->cbs = cbs;
+    u->ud = ud;
+    u->got_bytes = u->head_passed = u->message_complete = u->paused = u->in_value = false;
+    u->nheaders = u->cap_headers = u->head_bytes = 0;
+    u->headers = NULL;
+    kvg_arena_done(&u->arena);
+    kvg_arena_init(&u->arena, 2048);
+    kvg_buf_reset(&u->field);
+    kvg_buf_reset(&u->value);
+    http_parser_init(&u->parser, HTTP_RESPONSE);
+    u->parser.data = u;
+    bufferevent_setcb(u->bev, read_cb, NULL, event_cb, u);
+    bufferevent_setwatermark(u->bev, EV_READ, 0, UPSTREAM_READ_HIGH);
+    struct evbuffer *o = bufferevent_get_output(u->bev);
+    evbuffer_add_buffer(o, head);
+    if (body && evbuffer_get_length(body))
+        evbuffer_add_buffer_reference(o, body);
+    if (fresh) {
+        if (bufferevent_socket_connect_hostname(u->bev, t->dns, AF_UNSPEC, kvg_worker_host(w),
+                                                kvg_worker_port(w)) < 0) {
+            /* Failed synchronously (resolution error): report like any connect failure, but
+             * from the loop so the caller is not re-entered. */
+            u->state = KVG_UPSTREAM_CONNECTING;
+            arm_timer(u, 1);
+            *out = u;
+            return 0;
+        }
+        arm_timer(u, ucfg(u)->connect_timeout_ms);
+    } else {
+        arm_timer(u, ucfg(u)->response_timeout_ms);
+    }
+    bufferevent_enable(u->bev, EV_READ | EV_WRITE);
+    *out = u;
+    return 0;
+}
+
+void kvg_upstream_pause(kvg_upstream *u, bool paused)
+{
+    if (u->state != KVG_UPSTREAM_READING && u->state != KVG_UPSTREAM_WAITING)
+        return;
+    if (u->paused == paused)
+        return;
+    u->paused = paused;
+    if (paused) {
+        bufferevent_disable(u->bev, EV_READ);
+        /* A paused stream is the client's doing, not the worker's: no read timeout. */
+        event_del(&u->timer);
+        return;
+    }
+    bufferevent_enable(u->bev, EV_READ);
+    arm_timer(u, ucfg(u)->read_timeout_ms);
+    process_input(u);
+}
+
+void kvg_upstream_abort(kvg_upstream *u)
+{
+    if (u->state == KVG_UPSTREAM_CLOSED)
+        return;
+    upstream_close(u);
+}
+
+void kvg_upstream_thread_refresh(kvg_thread *t)
+{
+    for (kvg_link *l = t->pools.next; l != &t->pools;) {
+        kvg_upstream_pool *p = KVG_CONTAINER_OF(l, kvg_upstream_pool, link);
+        l = l->next;
+        if (!kvg_worker_retired(p->worker))
+            continue;
+        while (!kvg_list_empty(&p->idle))
+            upstream_close(KVG_CONTAINER_OF(p->idle.next, kvg_upstream, link));
+    }
+}
+
+void kvg_upstream_thread_close_all(kvg_thread *t)
+{
+    /* Thread exit: every exchange is gone, so only idle and closing connections remain. */
+    for (kvg_link *l = t->pools.next; l != &t->pools; l = l->next) {
+        kvg_upstream_pool *p = KVG_CONTAINER_OF(l, kvg_upstream_pool, link);
+        while (!kvg_list_empty(&p->idle))
+            upstream_close(KVG_CONTAINER_OF(p->idle.next, kvg_upstream, link));
+    }
+    /* Run the deferred closes, then drop the (now empty) pools. */
+    event_base_loop(t->base, EVLOOP_NONBLOCK);
+    while (!kvg_list_empty(&t->pools)) {
+        kvg_upstream_pool *p = KVG_CONTAINER_OF(t->pools.next, kvg_upstream_pool, link);
+        if (p->nidle || p->nactive) {
+            kvg_log_warn("upstream pool for %s still has %zu connections at exit",
+                         kvg_worker_name(p->worker), p->nactive + p->nidle);
+            kvg_list_unlink(&p->link);
+            continue;
+        }
+        pool_maybe_free(p, true);
+    }
+}

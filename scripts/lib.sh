@@ -1,0 +1,40 @@
+# SPDX-License-Identifier: Apache-2.0
+# Shared by scripts/test and scripts/demo: install Debian packages that are missing, build.
+
+KVGATE_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# Everything the build, the tests and the demo use, all Debian 12 packages.
+KVGATE_PACKAGES=(
+  build-essential meson ninja-build pkg-config clang libclang-rt-14-dev
+  libevent-dev libnghttp2-dev libssl-dev libxxhash-dev libhiredis-dev libcmocka-dev
+  libhttp-parser-dev
+  curl openssl nghttp2-client python3 python3-pytest python3-h2 python3-httpx python3-redis
+  redis-server
+)
+
+kvg_install_missing() {
+  local missing=()
+  local p
+  for p in "${KVGATE_PACKAGES[@]}" "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "==> installing: ${missing[*]}"
+  local sudo=()
+  [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update -qq
+  "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# kvg_build DIR [meson options...]: configure once, then compile.
+kvg_build() {
+  local dir=$1; shift
+  if [ ! -f "$KVGATE_ROOT/$dir/build.ninja" ]; then
+    meson setup "$KVGATE_ROOT/$dir" "$KVGATE_ROOT" "$@" >/dev/null
+  fi
+  meson compile -C "$KVGATE_ROOT/$dir" >/dev/null
+}
+
+# Debian's pytest and h2 live in the system python; a pyenv python on PATH lacks them.
+KVGATE_PYTHON=/usr/bin/python3
