@@ -193,11 +193,11 @@ static void retire(sim_engine *eng, sim_seq *s)
 static void cancel_now(sim_engine *eng, sim_seq *s)
 {
     event_del(&s->timer);
+    eng->stats.finished_abort++; /* vLLM counts aborts whether queued or running */
     if (s->state == SEQ_WAITING) {
         list_remove(&eng->waiting, s);
         admit(eng); /* it may have been the head blocking the others */
     } else {
-        eng->stats.finished_abort++;
         retire(eng, s);
     }
     kvg_log_debug("simworker: cancel seq %p in %s after %u tokens", (void *)s,

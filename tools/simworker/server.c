@@ -17,6 +17,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -618,6 +620,13 @@ static void on_request(struct evhttp_request *evreq, void *arg)
     if (bev) {
         struct timeval rd = {.tv_sec = (time_t)srv->cfg->keep_alive_s}, wr = {.tv_sec = WRITE_STALL_S};
         bufferevent_set_timeouts(bev, &rd, &wr);
+        /* vLLM's server (asyncio) writes with TCP_NODELAY; without it each small SSE event
+         * waits for the client's delayed ACK of the previous one. evhttp gives no hook at
+         * accept, so this is set (idempotently) per request. */
+        int one = 1;
+        evutil_socket_t fd = bufferevent_getfd(bev);
+        if (fd >= 0)
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     }
     if (srv->cfg->slow_headers_ms) {
         struct timeval tv = {.tv_sec = (time_t)(srv->cfg->slow_headers_ms / 1000),

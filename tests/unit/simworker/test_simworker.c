@@ -483,7 +483,7 @@ static void test_engine_queue_and_cancel(void **state)
     sim_engine_cancel(eng, sa);
     st = sim_engine_stats(eng);
     assert_int_equal(st->running, 1);
-    assert_int_equal(st->finished_abort, 1);
+    assert_int_equal(st->finished_abort, 2);
     event_base_dispatch(base);
     assert_true(c.finished);
     assert_int_equal(a.calls + b.calls, 0);
