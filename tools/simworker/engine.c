@@ -28,8 +28,8 @@ struct sim_seq {
     sim_engine *eng;
     sim_seq *prev, *next; /* in the waiting or the running list */
     seq_state state;
-    struct event timer;   /* end of prefill, then one per decoded token */
-    uint32_t *tokens;     /* prompt, then the ids of every token we will generate */
+    struct event timer; /* end of prefill, then one per decoded token */
+    uint32_t *tokens;   /* prompt, then the ids of every token we will generate */
     uint32_t n_prompt;
     uint32_t max_tokens;
     uint32_t generated;

@@ -225,8 +225,8 @@ int sim_kvcache_acquire(sim_kvcache *kv, const sim_hash *hashes, uint32_t hit, u
     return 0;
 }
 
-void sim_kvcache_commit(sim_kvcache *kv, const uint32_t *ids, const sim_hash *hashes,
-                        uint32_t from, uint32_t to)
+void sim_kvcache_commit(sim_kvcache *kv, const uint32_t *ids, const sim_hash *hashes, uint32_t from,
+                        uint32_t to)
 {
     for (uint32_t i = from; i < to; i++) {
         uint32_t id = ids[i];

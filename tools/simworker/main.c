@@ -169,10 +169,10 @@ static int parse_args(int argc, char **argv, cli *c)
     int opt;
     int rc = 0;
     opterr = 0;
-    while (rc == 0 && (opt = getopt_long(argc, argv, "", long_opts, NULL)) != -1) {
+    while (rc == 0 && (opt = getopt_long(argc, argv, ":", long_opts, NULL)) != -1) {
         const char *flag = optind > 0 && optind <= argc ? argv[optind - 1] : "?";
-        const char *name = opt >= OPT_LISTEN && opt <= OPT_VERSION ? long_opts[opt - OPT_LISTEN].name
-                                                                   : flag;
+        const char *name =
+            opt >= OPT_LISTEN && opt <= OPT_VERSION ? long_opts[opt - OPT_LISTEN].name : flag;
         uint64_t u64;
         switch (opt) {
         case OPT_LISTEN:
@@ -279,12 +279,13 @@ static int parse_args(int argc, char **argv, cli *c)
         cfg->max_model_len = (uint32_t)KVG_MIN(capacity, (uint64_t)SIM_MAX_MODEL_LEN_DEFAULT);
     if (cfg->max_model_len > capacity) {
         /* vLLM refuses to start when one full-length request cannot fit in the cache. */
-        fprintf(stderr,
-                "kvgate-simworker: --max-model-len %u needs %llu KV blocks; the cache has %u "
-                "(raise --kv-blocks or lower --max-model-len)\n",
-                cfg->max_model_len,
-                (unsigned long long)((cfg->max_model_len + cfg->block_tokens - 1) / cfg->block_tokens),
-                cfg->kv_blocks);
+        fprintf(
+            stderr,
+            "kvgate-simworker: --max-model-len %u needs %llu KV blocks; the cache has %u "
+            "(raise --kv-blocks or lower --max-model-len)\n",
+            cfg->max_model_len,
+            (unsigned long long)((cfg->max_model_len + cfg->block_tokens - 1) / cfg->block_tokens),
+            cfg->kv_blocks);
         return KVG_ECONFIG;
     }
     return 0;
@@ -359,9 +360,9 @@ int main(int argc, char **argv)
                  "block_tokens=%u max_model_len=%u max_running=%u prefill_us=%g decode_us=%g "
                  "time_scale=%g",
                  KVG_VERSION, cfg->name, v6 ? "[" : "", cfg->listen_host, v6 ? "]" : "",
-                 (unsigned)sim_server_port(srv), cfg->models[0], cfg->kv_blocks,
-                 cfg->block_tokens, cfg->max_model_len, cfg->max_running,
-                 cfg->prefill_us_per_token, cfg->decode_us_per_token, cfg->time_scale);
+                 (unsigned)sim_server_port(srv), cfg->models[0], cfg->kv_blocks, cfg->block_tokens,
+                 cfg->max_model_len, cfg->max_running, cfg->prefill_us_per_token,
+                 cfg->decode_us_per_token, cfg->time_scale);
     if (event_base_dispatch(base) < 0)
         kvg_log_error("simworker: event loop failed");
     else

@@ -8,11 +8,11 @@
 #include <string.h>
 
 /* vLLM's bucket bounds (seconds) for the histograms we export. */
-static const double ttft_bounds[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
-                                     0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,  10.0,
+static const double ttft_bounds[] = {0.001, 0.005, 0.01, 0.02,  0.04,  0.06,  0.08, 0.1,
+                                     0.25,  0.5,   0.75, 1.0,   2.5,   5.0,   7.5,  10.0,
                                      20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
-static const double e2e_bounds[] = {0.3,  0.5,  0.8,  1.0,   1.5,   2.0,   2.5,
-                                    5.0,  10.0, 15.0, 20.0,  30.0,  40.0,  50.0,
+static const double e2e_bounds[] = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.5,
+                                    5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
                                     60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
 static const struct {
@@ -21,8 +21,9 @@ static const struct {
     const double *bounds;
     size_t n;
 } hists[SIM_HIST_COUNT] = {
-    [SIM_HIST_TTFT] = {"vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                       ttft_bounds, KVG_ARRAY_LEN(ttft_bounds)},
+    [SIM_HIST_TTFT] = {"vllm:time_to_first_token_seconds",
+                       "Histogram of time to first token in seconds.", ttft_bounds,
+                       KVG_ARRAY_LEN(ttft_bounds)},
     [SIM_HIST_E2E] = {"vllm:e2e_request_latency_seconds",
                       "Histogram of e2e request latency in seconds.", e2e_bounds,
                       KVG_ARRAY_LEN(e2e_bounds)},
@@ -81,8 +82,7 @@ static void put_value(kvg_buf *out, double v)
     kvg_buf_puts(out, s);
 }
 
-static void sample(kvg_buf *out, const char *name, const char *lbl, const char *extra,
-                   double value)
+static void sample(kvg_buf *out, const char *name, const char *lbl, const char *extra, double value)
 {
     kvg_buf_printf(out, "%s{%s%s%s} ", name, lbl, extra && *extra ? "," : "", extra ? extra : "");
     put_value(out, value);
@@ -95,8 +95,7 @@ static void gauge(kvg_buf *out, const char *lbl, const char *name, const char *h
     sample(out, name, lbl, NULL, v);
 }
 
-static void counter(kvg_buf *out, const char *lbl, const char *family, const char *help,
-                    uint64_t v)
+static void counter(kvg_buf *out, const char *lbl, const char *family, const char *help, uint64_t v)
 {
     char name[128];
     snprintf(name, sizeof(name), "%s_total", family);

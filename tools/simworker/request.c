@@ -219,8 +219,10 @@ static int check_messages(const kvg_json *messages, sim_error *err)
                 if (part->type != KVG_JSON_OBJECT || !type || type->type != KVG_JSON_STRING)
                     return bad(err, field, "'%s' must be an object with a string 'type'", field);
                 if (strcmp(type->u.str.ptr, "text") != 0)
-                    return bad(err, field, "'%s': content part type '%s' is not supported by a "
-                                           "text-only model", field, type->u.str.ptr);
+                    return bad(err, field,
+                               "'%s': content part type '%s' is not supported by a "
+                               "text-only model",
+                               field, type->u.str.ptr);
                 if (!text || text->type != KVG_JSON_STRING)
                     return bad(err, field, "'%s.text' must be a string", field);
             }
@@ -305,8 +307,9 @@ static int check_salt(const kvg_json *body, sim_request *req, sim_error *err)
     if (is_null(salt))
         return 0;
     if (salt->type != KVG_JSON_STRING || salt->u.str.len == 0)
-        return bad(err, "cache_salt", "Parameter 'cache_salt' must be a non-empty string if "
-                                      "provided.");
+        return bad(err, "cache_salt",
+                   "Parameter 'cache_salt' must be a non-empty string if "
+                   "provided.");
     req->cache_salt = malloc(salt->u.str.len + 1);
     if (!req->cache_salt)
         return -ENOMEM;
@@ -327,8 +330,7 @@ static int check_stream(const kvg_json *body, sim_request *req, sim_error *err)
         return bad(err, "stream_options", "'stream_options' must be an object, got %s",
                    kvg_json_type_str(opts->type));
     if (!req->stream)
-        return bad(err, "stream_options",
-                   "Stream options can only be defined when `stream=True`.");
+        return bad(err, "stream_options", "Stream options can only be defined when `stream=True`.");
     return opt_bool(opts, "include_usage", false, &req->include_usage, err);
 }
 
@@ -353,10 +355,9 @@ static int check_max_tokens(const sim_config *cfg, const kvg_json *body, sim_req
     return 0;
 }
 
-static int check_length(const sim_config *cfg, sim_request *req, bool explicit_max,
-                        sim_error *err)
+static int check_length(const sim_config *cfg, sim_request *req, bool explicit_max, sim_error *err)
 {
-    const char *field = req->ep == SIM_EP_CHAT ? "messages"
+    const char *field = req->ep == SIM_EP_CHAT         ? "messages"
                         : req->ep == SIM_EP_EMBEDDINGS ? "input"
                                                        : "prompt";
     for (size_t i = 0; i < req->n_prompts; i++) {

@@ -107,8 +107,8 @@ void sim_respond_chunk(kvg_buf *out, const sim_request *req, const char *id, uin
     kvg_buf_puts(out, "}]}\n\n");
 }
 
-void sim_respond_usage_chunk(kvg_buf *out, const sim_request *req, const char *id,
-                             uint64_t created, const sim_choice *choices, size_t n)
+void sim_respond_usage_chunk(kvg_buf *out, const sim_request *req, const char *id, uint64_t created,
+                             const sim_choice *choices, size_t n)
 {
     bool chat = req->ep == SIM_EP_CHAT;
     kvg_buf_puts(out, "data: ");
@@ -163,8 +163,8 @@ void sim_respond_embeddings(kvg_buf *out, const sim_request *req, const char *id
     kvg_buf_puts(out, ",\"data\":[");
     for (size_t i = 0; i < n && i < req->n_prompts; i++) {
         embedding_vector(&req->prompts[i], dims, v);
-        kvg_buf_printf(out, "%s{\"index\":%zu,\"object\":\"embedding\",\"embedding\":", i ? "," : "",
-                       i);
+        kvg_buf_printf(out,
+                       "%s{\"index\":%zu,\"object\":\"embedding\",\"embedding\":", i ? "," : "", i);
         if (req->base64) {
             /* OpenAI's base64 format: little-endian float32 array. */
             unsigned char raw[4 * SIM_MAX_EMBED_DIMS];
@@ -206,7 +206,8 @@ void sim_respond_models(kvg_buf *out, const sim_config *cfg, uint64_t created)
     for (size_t i = 0; i < cfg->n_models; i++) {
         kvg_buf_puts(out, i ? ",{\"id\":" : "{\"id\":");
         put_str(out, cfg->models[i]);
-        kvg_buf_printf(out, ",\"object\":\"model\",\"created\":%llu,\"owned_by\":\"vllm\",\"root\":",
+        kvg_buf_printf(out,
+                       ",\"object\":\"model\",\"created\":%llu,\"owned_by\":\"vllm\",\"root\":",
                        (unsigned long long)created);
         put_str(out, cfg->models[0]);
         kvg_buf_printf(out, ",\"parent\":null,\"max_model_len\":%u,\"permission\":[]}",

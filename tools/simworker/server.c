@@ -44,10 +44,10 @@
 enum { RAND_ERROR = 1, RAND_CUT = 2, RAND_ID = 3 };
 
 typedef enum req_state {
-    REQ_NEW = 0,  /* being dispatched */
-    REQ_DELAYED,  /* --slow-headers-ms: waiting before anything is answered */
-    REQ_RUNNING,  /* sequences in the engine */
-    REQ_CUTTING,  /* --close-mid-stream-rate: first chunk queued, connection about to drop */
+    REQ_NEW = 0, /* being dispatched */
+    REQ_DELAYED, /* --slow-headers-ms: waiting before anything is answered */
+    REQ_RUNNING, /* sequences in the engine */
+    REQ_CUTTING, /* --close-mid-stream-rate: first chunk queued, connection about to drop */
     REQ_STATE_COUNT,
 } req_state;
 
@@ -251,7 +251,8 @@ static void reply_detail(http_req *r, int status, const char *detail, const char
 }
 
 /* One SSE event as one HTTP chunk, written as soon as the loop runs. */
-static void send_event(http_req *r, kvg_buf *ev, void (*flushed)(struct evhttp_connection *, void *))
+static void send_event(http_req *r, kvg_buf *ev,
+                       void (*flushed)(struct evhttp_connection *, void *))
 {
     if (!r->evreq || ev->failed || !ev->len)
         return;
@@ -618,7 +619,8 @@ static void on_request(struct evhttp_request *evreq, void *arg)
      * configured one, writes get longer so a stream under backpressure is not dropped. */
     struct bufferevent *bev = evhttp_connection_get_bufferevent(r->evcon);
     if (bev) {
-        struct timeval rd = {.tv_sec = (time_t)srv->cfg->keep_alive_s}, wr = {.tv_sec = WRITE_STALL_S};
+        struct timeval rd = {.tv_sec = (time_t)srv->cfg->keep_alive_s},
+                       wr = {.tv_sec = WRITE_STALL_S};
         bufferevent_set_timeouts(bev, &rd, &wr);
         /* vLLM's server (asyncio) writes with TCP_NODELAY; without it each small SSE event
          * waits for the client's delayed ACK of the previous one. evhttp gives no hook at
@@ -699,9 +701,10 @@ static int bind_listener(sim_server *srv)
     }
     int rc = -EADDRNOTAVAIL;
     for (struct addrinfo *p = ai; p && !srv->listener; p = p->ai_next) {
-        srv->listener = evconnlistener_new_bind(
-            srv->base, NULL, NULL, LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC,
-            LISTEN_BACKLOG, p->ai_addr, (int)p->ai_addrlen);
+        srv->listener = evconnlistener_new_bind(srv->base, NULL, NULL,
+                                                LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_FREE |
+                                                    LEV_OPT_CLOSE_ON_EXEC,
+                                                LISTEN_BACKLOG, p->ai_addr, (int)p->ai_addrlen);
         if (!srv->listener)
             rc = errno ? -errno : -EADDRNOTAVAIL;
     }

@@ -79,7 +79,7 @@ double sim_rand_unit(uint64_t seed, uint64_t stream, uint64_t n);
  * caller learns the true length of an oversized prompt without holding it. */
 typedef struct sim_tokens {
     uint32_t *v;
-    size_t n;     /* tokens seen; v holds min(n, limit) */
+    size_t n; /* tokens seen; v holds min(n, limit) */
     size_t cap;
     size_t limit; /* 0 = unlimited */
 } sim_tokens;
@@ -111,8 +111,8 @@ uint32_t sim_output_token(uint32_t k);
  *  tools as a system block first, then "<|im_start|>{role}\n{content}<|im_end|>\n" per
  *  message, then "<|im_start|>assistant\n" when add_generation_prompt. Messages must have
  *  been validated by request.c. Returns 0 or -ENOMEM. */
-int sim_chat_render(const kvg_json *messages, const kvg_json *tools,
-                    bool add_generation_prompt, kvg_buf *out);
+int sim_chat_render(const kvg_json *messages, const kvg_json *tools, bool add_generation_prompt,
+                    kvg_buf *out);
 
 /* ---- block hashes ------------------------------------------------------------------------- */
 
@@ -155,8 +155,8 @@ int sim_kvcache_acquire(sim_kvcache *kv, const sim_hash *hashes, uint32_t hit, u
                         uint32_t *ids);
 /** Make blocks ids[from..to) findable under hashes[from..to) (blocks that are already cached
  *  keep their hash). Several blocks may carry the same hash. */
-void sim_kvcache_commit(sim_kvcache *kv, const uint32_t *ids, const sim_hash *hashes,
-                        uint32_t from, uint32_t to);
+void sim_kvcache_commit(sim_kvcache *kv, const uint32_t *ids, const sim_hash *hashes, uint32_t from,
+                        uint32_t to);
 /** Drop one reference from each of ids[0..n). Blocks left unreferenced join the LRU tail,
  *  last block first, so a request's tail blocks are evicted before its head (as vLLM does);
  *  cached ones stay findable until evicted. */
@@ -228,8 +228,7 @@ void sim_engine_free(sim_engine *eng);
  *  n + max_tokens must not exceed max_model_len. Returns 0 and *out, -EINVAL, -ENOMEM,
  *  KVG_ELIMIT (waiting queue full) or KVG_ETLS. */
 int sim_engine_submit(sim_engine *eng, const uint32_t *tokens, size_t n, uint32_t max_tokens,
-                      const void *salt, size_t salt_len, sim_seq_cb cb, void *arg,
-                      sim_seq **out);
+                      const void *salt, size_t salt_len, sim_seq_cb cb, void *arg, sim_seq **out);
 /** Drop a sequence: it leaves the queue, its blocks are released (the computed full blocks
  *  stay cached) and no callback follows. */
 void sim_engine_cancel(sim_engine *eng, sim_seq *seq);
@@ -307,8 +306,8 @@ void sim_respond_completion(kvg_buf *out, const sim_request *req, const char *id
 void sim_respond_chunk(kvg_buf *out, const sim_request *req, const char *id, uint64_t created,
                        size_t index, uint32_t token, bool last);
 /** The usage SSE event sent before [DONE] when stream_options.include_usage. */
-void sim_respond_usage_chunk(kvg_buf *out, const sim_request *req, const char *id,
-                             uint64_t created, const sim_choice *choices, size_t n);
+void sim_respond_usage_chunk(kvg_buf *out, const sim_request *req, const char *id, uint64_t created,
+                             const sim_choice *choices, size_t n);
 /** Full body for /v1/embeddings. */
 void sim_respond_embeddings(kvg_buf *out, const sim_request *req, const char *id, uint64_t created,
                             const sim_choice *choices, size_t n);

@@ -91,8 +91,8 @@ static bool is_space(unsigned char c)
 
 static bool is_word(unsigned char c)
 {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c >= 0x80;
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c >= 0x80;
 }
 
 /* Bytes of the character starting at s: UTF-8 sequences stay whole; anything malformed
@@ -188,12 +188,13 @@ int sim_tokenize(const char *text, size_t len, sim_tokens *out)
 /* Generated text cycles through short words (at most 4 bytes) so each " word" is exactly one
  * piece of the tokenizer above. */
 static const char *const output_words[] = {
-    " the", " of",  " and", " to",  " in",   " is",  " that", " for", " it",  " as",  " was",
-    " with", " be", " on",  " not", " he",   " by",  " are",  " this", " from", " at",  " or",
-    " have", " an", " they", " you", " were", " her", " all",  " she", " one", " had", " word",
-    " but", " we",  " can", " said", " now", " use", " each", " when", " how", " will", " up",
-    " out", " then", " them", " so", " some", " make", " like", " him", " into", " time", " has",
-    " look", " two", " more", " see", " way",  " been", " call", " who", " oil",
+    " the",  " of",   " and",  " to",   " in",   " is",   " that", " for",  " it",   " as",
+    " was",  " with", " be",   " on",   " not",  " he",   " by",   " are",  " this", " from",
+    " at",   " or",   " have", " an",   " they", " you",  " were", " her",  " all",  " she",
+    " one",  " had",  " word", " but",  " we",   " can",  " said", " now",  " use",  " each",
+    " when", " how",  " will", " up",   " out",  " then", " them", " so",   " some", " make",
+    " like", " him",  " into", " time", " has",  " look", " two",  " more", " see",  " way",
+    " been", " call", " who",  " oil",
 };
 
 const char *sim_output_piece(uint32_t k)

@@ -117,8 +117,8 @@ static void test_tokenizer_output_roundtrip(void **state)
         assert_int_equal(tok(sim_output_piece(k), ids, 4), 1);
         assert_int_equal(ids[0], sim_output_token(k));
     }
-    static const char *const prompts[] = {"<|im_start|>assistant\n", "Hello", "Hello ", "x.",
-                                          "a\n\n", "tab\t"};
+    static const char *const prompts[] = {
+        "<|im_start|>assistant\n", "Hello", "Hello ", "x.", "a\n\n", "tab\t"};
     for (size_t p = 0; p < KVG_ARRAY_LEN(prompts); p++) {
         uint32_t base[64], all[256];
         size_t nb = tok(prompts[p], base, 64);
@@ -187,10 +187,10 @@ static void test_chat_template(void **state)
     assert_int_equal(
         sim_chat_render(kvg_json_get(root, "messages"), kvg_json_get(root, "tools"), true, &out),
         0);
-    assert_string_equal(out.data,
-                        "<|im_start|>system\nBe brief.\n\n# Tools\n\n<tools>\n"
-                        "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}\n</tools><|im_end|>\n"
-                        "<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n");
+    assert_string_equal(
+        out.data, "<|im_start|>system\nBe brief.\n\n# Tools\n\n<tools>\n"
+                  "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}\n</tools><|im_end|>\n"
+                  "<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n");
     kvg_buf_done(&out);
     kvg_arena_done(&a);
 }
@@ -366,7 +366,8 @@ static void test_kvcache_duplicates(void **state)
     sim_kvcache_free(kv);
 }
 
-/* ---- engine ----------------------------------------------------------------------------------- */
+/* ---- engine -----------------------------------------------------------------------------------
+ */
 
 typedef struct probe {
     uint32_t cached;
@@ -400,9 +401,8 @@ static probe run_one(struct event_base *base, sim_engine *eng, const uint32_t *t
 {
     probe p = {0};
     sim_seq *s;
-    assert_int_equal(sim_engine_submit(eng, t, n, max_tokens, salt, salt ? strlen(salt) : 0, on_seq,
-                                       &p, &s),
-                     0);
+    assert_int_equal(
+        sim_engine_submit(eng, t, n, max_tokens, salt, salt ? strlen(salt) : 0, on_seq, &p, &s), 0);
     event_base_dispatch(base);
     assert_true(p.finished);
     return p;
@@ -517,7 +517,8 @@ static void test_engine_queue_and_cancel(void **state)
     event_base_free(base);
 }
 
-/* ---- requests --------------------------------------------------------------------------------- */
+/* ---- requests ---------------------------------------------------------------------------------
+ */
 
 static sim_config req_cfg(void)
 {
@@ -650,14 +651,16 @@ static void test_request_errors(void **state)
     expect_error(&cfg, CH, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400,
                  "messages[0].content");
     expect_error(&cfg, CH,
-                 "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}",
-                 400, "messages[0].content[0]");
+                 "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", 400,
+                 "messages[0].content[0]");
     expect_error(&cfg, CH, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":{}}",
                  400, "tools");
     expect_error(&cfg, E, "{\"input\":\"a\",\"encoding_format\":\"hex\"}", 400, "encoding_format");
     expect_error(&cfg, E, "{\"input\":\"a\",\"dimensions\":0}", 400, "dimensions");
     /* Over max_model_len (64): counted exactly, refused. */
-    expect_error(&cfg, E, "{\"input\":\"" "aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa "
+    expect_error(&cfg, E,
+                 "{\"input\":\""
+                 "aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa "
                  "aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa "
                  "aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa "
                  "aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa aaaa "
@@ -739,7 +742,8 @@ static void test_request_alloc_failures(void **state)
     event_base_free(base);
 }
 
-/* ---- metrics ---------------------------------------------------------------------------------- */
+/* ---- metrics ----------------------------------------------------------------------------------
+ */
 
 static void test_metrics_text(void **state)
 {
@@ -759,8 +763,8 @@ static void test_metrics_text(void **state)
     kvg_buf_init(&b);
     sim_metrics_render(&cfg, &st, &b);
     assert_non_null(strstr(b.data, "# TYPE vllm:prefix_cache_queries counter\n"));
-    assert_non_null(
-        strstr(b.data, "vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"sim-model\"} 100\n"));
+    assert_non_null(strstr(
+        b.data, "vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"sim-model\"} 100\n"));
     assert_non_null(
         strstr(b.data, "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"sim-model\"} 48\n"));
     assert_non_null(
