@@ -547,8 +547,15 @@ void kvg_json_write(kvg_buf *b, const kvg_json *v)
     case KVG_JSON_NUMBER:
         if (v->u.num.is_int)
             kvg_buf_printf(b, "%lld", (long long)v->u.num.ival);
-        else if (isfinite(v->u.num.value))
-            kvg_buf_printf(b, "%.17g", v->u.num.value);
+        else if (isfinite(v->u.num.value)) {
+            /* Keep a fraction mark so the number reads back as a non-integer ("-0" would turn
+             * -0.0 into the integer 0). */
+            char tmp[40];
+            int n = snprintf(tmp, sizeof(tmp), "%.17g", v->u.num.value);
+            kvg_buf_append(b, tmp, (size_t)n);
+            if (!strpbrk(tmp, ".eE"))
+                kvg_buf_puts(b, ".0");
+        }
         else
             kvg_buf_puts(b, "null"); /* JSON has no infinity; an overflowing literal becomes null */
         break;

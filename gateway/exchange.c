@@ -164,17 +164,17 @@ void kvg_exchange_front_finish(kvg_exchange *x)
 {
     if (x->front_done)
         return;
+    x->front_done = true;
+    if (!x->handler)
+        x->handler_done = true;
     /* A handler still attached learns that the client is gone before x can go, unless it
-     * finished the response itself (end or reset) and is about to detach anyway. */
-    if (!x->handler_done && !x->abort_delivered && x->handler && !x->ended && !x->handler_reset) {
+     * finished the response itself (end or reset) and is about to detach anyway. Its detach
+     * then releases x, possibly before on_abort returns: x must not be touched after it. */
+    if (!x->handler_done && !x->abort_delivered && !x->ended && !x->handler_reset) {
         x->aborted = true;
         x->abort_delivered = true;
-        x->front_done = true;
         x->handler->on_abort(x);
-    } else {
-        x->front_done = true;
-        if (!x->handler)
-            x->handler_done = true;
+        return;
     }
     maybe_release(x);
 }

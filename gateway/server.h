@@ -143,8 +143,10 @@ int kvg_thread_add_listener(kvg_thread *t, kvg_listener *l, evutil_socket_t fd);
 void kvg_thread_close_listeners(kvg_thread *t);
 void kvg_thread_start_drain(kvg_thread *t);
 void kvg_thread_force_close(kvg_thread *t);
-/** Called on the control thread when it is woken (main.c). */
+/** Called on the control thread when it is woken (lifecycle.c). */
 void kvg_gateway_control_wakeup(kvg_gateway *gw);
+/** Start a graceful shutdown (a second call forces it). Control thread only. */
+void kvg_gateway_begin_shutdown(kvg_gateway *gw, const char *why);
 
 /** Accept a new socket on t for listener l (takes ownership of fd). */
 void kvg_conn_accept(kvg_thread *t, kvg_listener *l, evutil_socket_t fd, const struct sockaddr *sa,

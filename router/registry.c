@@ -171,7 +171,8 @@ static int layer_with(const layer *l, worker_spec *spec, layer *out)
     copy_specs(specs, l->specs, at);
     specs[at] = spec;
     size_t rest = found ? l->n - at - 1 : l->n - at;
-    copy_specs(specs + at + 1, l->specs + (l->n - rest), rest);
+    if (rest) /* l->specs may be NULL when empty: no pointer arithmetic on it then */
+        copy_specs(specs + at + 1, l->specs + (l->n - rest), rest);
     out->specs = specs;
     out->n = n;
     return 0;
