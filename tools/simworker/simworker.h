@@ -84,7 +84,9 @@ typedef struct sim_tokens {
     size_t limit; /* 0 = unlimited */
 } sim_tokens;
 
+/** Empty vector storing at most limit ids (0 = unlimited); allocates nothing yet. */
 void sim_tokens_init(sim_tokens *t, size_t limit);
+/** Free the ids; the vector is empty again (same limit). */
 void sim_tokens_done(sim_tokens *t);
 /** Append one token id; 0 or -ENOMEM. Past the limit only the count grows. */
 int sim_tokens_push(sim_tokens *t, uint32_t id);
@@ -135,6 +137,7 @@ typedef struct sim_kvcache sim_kvcache;
 int sim_kvcache_new(uint32_t num_blocks, sim_kvcache **out);
 /** Free the cache; NULL is a no-op. Blocks still referenced are simply dropped. */
 void sim_kvcache_free(sim_kvcache *kv);
+/** Capacity in blocks. */
 uint32_t sim_kvcache_num_blocks(const sim_kvcache *kv);
 /** Blocks with no reference (on the LRU list), cached or not. */
 uint32_t sim_kvcache_num_free(const sim_kvcache *kv);
@@ -181,7 +184,9 @@ typedef enum sim_hist_kind {
     SIM_HIST_COUNT,
 } sim_hist_kind;
 
+/** Empty histogram with vLLM's bucket bounds for kind. */
 void sim_hist_init(sim_hist *h, sim_hist_kind kind);
+/** Count one observation (seconds). */
 void sim_hist_observe(sim_hist *h, double seconds);
 
 /* Everything /metrics reports. Written by the engine only. */
@@ -221,7 +226,8 @@ typedef void (*sim_seq_cb)(void *arg, sim_seq *seq, uint32_t generated, bool fin
 
 /** Create the engine on base. cfg must outlive it. 0, -ENOMEM or -EINVAL. */
 int sim_engine_new(struct event_base *base, const sim_config *cfg, sim_engine **out);
-/** Cancel every sequence (no callbacks) and free the engine; NULL is a no-op. */
+/** Cancel every sequence (no callbacks) and free the engine; NULL is a no-op. Free the
+ *  server first: its requests are the sequences' callback arguments. */
 void sim_engine_free(sim_engine *eng);
 /** Queue a sequence: prompt tokens[0..n) (copied), then up to max_tokens generated tokens
  *  (0: prefill only, as for embeddings). salt (may be NULL) goes into the first block hash.
@@ -234,6 +240,7 @@ int sim_engine_submit(sim_engine *eng, const uint32_t *tokens, size_t n, uint32_
 void sim_engine_cancel(sim_engine *eng, sim_seq *seq);
 /** Prompt tokens that were found in the prefix cache (valid once prefill has started). */
 uint32_t sim_seq_cached_tokens(const sim_seq *seq);
+/** Prompt length in tokens. */
 uint32_t sim_seq_prompt_tokens(const sim_seq *seq);
 /** Free waiting slots (max_waiting - waiting). */
 uint32_t sim_engine_waiting_room(const sim_engine *eng);
@@ -252,6 +259,7 @@ typedef enum sim_endpoint {
     SIM_EP_COUNT,
 } sim_endpoint;
 
+/** Name of an endpoint for logs; never NULL. */
 const char *sim_endpoint_str(sim_endpoint ep);
 
 typedef struct sim_prompt {
@@ -285,6 +293,7 @@ typedef struct sim_error {
  *  413); -ENOMEM on allocation failure. */
 int sim_request_parse(const sim_config *cfg, sim_endpoint ep, const char *body, size_t len,
                       sim_request *out, sim_error *err);
+/** Free what sim_request_parse allocated; the request is zeroed. */
 void sim_request_done(sim_request *req);
 
 /* ---- responses ---------------------------------------------------------------------------- */
