@@ -431,13 +431,18 @@ static void on_seq(void *arg, sim_seq *seq, uint32_t generated, bool finished)
         finish_stream(r);
 }
 
+/* Ids are reproducible for a (seed, name) pair yet differ between workers, so logs of a
+ * fleet of workers started with the same seed do not collide. */
 static void new_id(http_req *r, const char *prefix)
 {
     sim_server *srv = r->srv;
     uint64_t n = srv->n_requests++;
+    uint64_t seed = srv->cfg->seed;
+    for (const char *c = srv->cfg->name; *c; c++)
+        seed = (seed ^ (unsigned char)*c) * 1099511628211ull;
     snprintf(r->id, sizeof(r->id), "%s-%016llx%016llx", prefix,
-             (unsigned long long)sim_rand(srv->cfg->seed, RAND_ID, 2 * n),
-             (unsigned long long)sim_rand(srv->cfg->seed, RAND_ID, 2 * n + 1));
+             (unsigned long long)sim_rand(seed, RAND_ID, 2 * n),
+             (unsigned long long)sim_rand(seed, RAND_ID, 2 * n + 1));
 }
 
 static void inference(http_req *r, sim_endpoint ep)
