@@ -78,7 +78,9 @@ typedef struct slot {
     int status;
     char worker[LG_WORKER_NAME_MAX + 1];
     lg_outcome transport; /* set by evhttp's error callback; LG_OK when none */
-    bool cancelling;      /* we called evhttp_cancel_request: ignore its error callback */
+    const char *transport_detail;
+    char errbuf[96];
+    bool cancelling; /* we called evhttp_cancel_request: ignore its error callback */
     bool too_large;
 } slot;
 
@@ -308,23 +310,38 @@ static void on_chunk(struct evhttp_request *req, void *arg)
 static void on_error(enum evhttp_request_error err, void *arg)
 {
     slot *s = arg;
+    int saved = errno; /* evhttp restores the socket error before calling us */
     if (s->cancelling)
         return;
+    kvg_log_debug("loadgen: slot %zu: evhttp error %d after status %d, %zu bytes", s->id, (int)err,
+                  s->status, s->body_bytes);
     switch (err) {
     case EVREQ_HTTP_TIMEOUT:
         s->transport = LG_TIMEOUT;
+        s->transport_detail = "no progress on the connection within --timeout-ms";
         break;
     case EVREQ_HTTP_INVALID_HEADER:
         s->transport = LG_BAD_HEADERS;
+        s->transport_detail = "malformed status line or headers";
         break;
     case EVREQ_HTTP_DATA_TOO_LONG:
-        s->transport = s->too_large || s->status ? LG_TOO_LARGE : LG_BAD_HEADERS;
+        /* evhttp reports oversized headers, bodies and broken chunk framing alike. */
+        s->transport = s->status ? LG_TOO_LARGE : LG_BAD_HEADERS;
+        s->transport_detail = s->status ? "body over --max-response-bytes, or bad chunk framing"
+                                        : "headers over 64 KiB";
         break;
     case EVREQ_HTTP_EOF:
+        s->transport = LG_CONNECTION;
+        s->transport_detail =
+            s->status ? "connection closed mid-response" : "connection closed before a response";
+        break;
     case EVREQ_HTTP_BUFFER_ERROR:
     case EVREQ_HTTP_REQUEST_CANCEL:
     default:
         s->transport = LG_CONNECTION;
+        snprintf(s->errbuf, sizeof(s->errbuf), "socket error: %s",
+                 saved ? strerror(saved) : "unknown");
+        s->transport_detail = s->errbuf;
         break;
     }
 }
@@ -350,11 +367,9 @@ static void on_done(struct evhttp_request *req, void *arg)
     slot *s = arg;
     s->req = NULL; /* evhttp frees it when this returns */
     if (!req || evhttp_request_get_response_code(req) == 0) {
+        /* No error callback: evhttp gave up connecting (it reports that only this way). */
         lg_outcome o = s->transport != LG_OK ? s->transport : LG_CONNECTION;
-        const char *why = o == LG_CONNECTION
-                              ? (s->status ? "connection closed mid-response"
-                                           : "connect failed or closed before a response")
-                              : lg_outcome_str(o);
+        const char *why = s->transport_detail ? s->transport_detail : "connect failed";
         finish(s, o, why, strlen(why));
         return;
     }
@@ -418,6 +433,7 @@ static void start(slot *s, uint64_t index)
     s->status = 0;
     s->worker[0] = '\0';
     s->transport = LG_OK;
+    s->transport_detail = NULL;
     s->cancelling = false;
     s->too_large = false;
     s->state = SLOT_BUSY;
