@@ -149,6 +149,7 @@ typedef struct lg_stats {
 
 /** Initialise empty statistics (allocates nothing until samples arrive). */
 void lg_stats_init(lg_stats *s);
+/** Free the samples; the statistics may be initialised again. */
 void lg_stats_done(lg_stats *s);
 /** Account one finished request. Never fails: samples that cannot be stored are counted in
  *  lg_samples.dropped. */

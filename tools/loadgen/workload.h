@@ -56,8 +56,9 @@ int lg_workload_item(const lg_workload *wl, uint64_t index, kvg_arena *arena, lg
 
 /** Number of built-in workloads, for listing them. */
 size_t lg_workload_count(void);
-/** Name and one-line description of built-in workload i (< lg_workload_count()). */
+/** Name of built-in workload i (< lg_workload_count()), NULL past the end. */
 const char *lg_workload_list_name(size_t i);
+/** One-line description of built-in workload i, NULL past the end. */
 const char *lg_workload_list_help(size_t i);
 
 #endif
