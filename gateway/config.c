@@ -507,8 +507,9 @@ void kvg_config_usage(FILE *out)
             "      --admin-listen HOST:PORT  admin listener (default 127.0.0.1:9090)\n"
             "      --state DIR            state directory (default ./kvgate-state)\n"
             "      --threads N            event-loop threads (default: one per core)\n"
-            "      --worker NAME=URL      add a worker, e.g. w1=http://127.0.0.1:8001\n"
-            "                             (repeatable; serves every model)\n"
+            "      --worker NAME=URL[,model=M]...[,kv_blocks=N][,max_inflight=N]\n"
+            "                             add a worker, e.g. w1=http://127.0.0.1:8001,model=m\n"
+            "                             (repeatable; without model= it serves every model)\n"
             "      --access-log PATH      JSON access log: a file, '-' for stdout, 'off'\n"
             "      --log-level LEVEL      error, warn, info (default) or debug\n"
             "      --port-file FILE       write the bound ports here once listening\n"
@@ -551,11 +552,13 @@ static const struct option long_opts[] = {
     {NULL, 0, NULL, 0},
 };
 
+/* --worker NAME=URL[,model=M]...[,kv_blocks=N][,max_inflight=N]: a whole worker definition on
+ * the command line, so a config file is never needed. URLs never contain commas. */
 static int add_flag_worker(kvg_config *cfg, const char *arg, char *err, size_t err_len)
 {
     const char *eq = strchr(arg, '=');
     if (!eq || eq == arg || !eq[1]) {
-        snprintf(err, err_len, "--worker wants NAME=URL, got '%s'", arg);
+        snprintf(err, err_len, "--worker wants NAME=URL[,model=M][,kv_blocks=N], got '%s'", arg);
         return KVG_ECONFIG;
     }
     if (cfg->nworkers >= KVG_CONFIG_MAX_WORKERS) {
@@ -568,10 +571,52 @@ static int add_flag_worker(kvg_config *cfg, const char *arg, char *err, size_t e
     cfg->workers = ws;
     kvg_config_worker *w = &ws[cfg->nworkers];
     memset(w, 0, sizeof(*w));
-    w->name = strndup(arg, (size_t)(eq - arg));
-    w->url = strdup(eq + 1);
     cfg->nworkers++;
-    return w->name && w->url ? 0 : -ENOMEM;
+    w->name = strndup(arg, (size_t)(eq - arg));
+    const char *url = eq + 1;
+    const char *comma = strchr(url, ',');
+    w->url = strndup(url, comma ? (size_t)(comma - url) : strlen(url));
+    if (!w->name || !w->url)
+        return -ENOMEM;
+    while (comma) {
+        const char *item = comma + 1;
+        comma = strchr(item, ',');
+        size_t len = comma ? (size_t)(comma - item) : strlen(item);
+        const char *val = memchr(item, '=', len);
+        if (!val) {
+            snprintf(err, err_len, "--worker %s: '%.*s' is not KEY=VALUE", w->name, (int)len, item);
+            return KVG_ECONFIG;
+        }
+        size_t klen = (size_t)(val - item);
+        val++;
+        size_t vlen = len - klen - 1;
+        uint64_t n;
+        if (klen == 5 && memcmp(item, "model", 5) == 0 && vlen > 0) {
+            if (w->nmodels >= KVG_WORKER_MODELS_MAX) {
+                snprintf(err, err_len, "--worker %s: too many models", w->name);
+                return KVG_ECONFIG;
+            }
+            char **m = realloc(w->models, (w->nmodels + 2) * sizeof(char *));
+            if (!m)
+                return -ENOMEM;
+            w->models = m;
+            if (!(m[w->nmodels] = strndup(val, vlen)))
+                return -ENOMEM;
+            w->nmodels++;
+        } else if (klen == 9 && memcmp(item, "kv_blocks", 9) == 0 &&
+                   kvg_parse_u64(val, vlen, &n) == 0 && n <= UINT32_MAX) {
+            w->kv_blocks = (uint32_t)n;
+        } else if (klen == 12 && memcmp(item, "max_inflight", 12) == 0 &&
+                   kvg_parse_u64(val, vlen, &n) == 0 && n >= 1 && n <= 1000000) {
+            w->max_inflight = (uint32_t)n;
+        } else {
+            snprintf(err, err_len,
+                     "--worker %s: bad option '%.*s' (want model=NAME, kv_blocks=N, max_inflight=N)",
+                     w->name, (int)len, item);
+            return KVG_ECONFIG;
+        }
+    }
+    return 0;
 }
 
 int kvg_config_parse_args(kvg_config *cfg, int argc, char **argv, kvg_config_action *action,

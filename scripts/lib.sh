@@ -30,10 +30,13 @@ kvg_install_missing() {
 # kvg_build DIR [meson options...]: configure once, then compile.
 kvg_build() {
   local dir=$1; shift
+  local log
+  log=$(mktemp)
   if [ ! -f "$KVGATE_ROOT/$dir/build.ninja" ]; then
-    meson setup "$KVGATE_ROOT/$dir" "$KVGATE_ROOT" "$@" >/dev/null
+    meson setup "$KVGATE_ROOT/$dir" "$KVGATE_ROOT" "$@" >"$log" 2>&1 || { cat "$log"; rm -f "$log"; return 1; }
   fi
-  meson compile -C "$KVGATE_ROOT/$dir" >/dev/null
+  meson compile -C "$KVGATE_ROOT/$dir" >"$log" 2>&1 || { cat "$log"; rm -f "$log"; return 1; }
+  rm -f "$log"
 }
 
 # Debian's pytest and h2 live in the system python; a pyenv python on PATH lacks them.

@@ -255,7 +255,7 @@ static int chat_prompt(const sim_config *cfg, const kvg_json *body, sim_request 
 {
     const kvg_json *messages = kvg_json_get(body, "messages");
     const kvg_json *tools = kvg_json_get(body, "tools");
-    bool add_gen;
+    bool add_gen = true;
     int rc = check_messages(messages, err);
     if (rc == 0)
         rc = check_tools(tools, err);
