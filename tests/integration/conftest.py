@@ -8,9 +8,14 @@ KVGATE_BUILD_DIR selects the build directory (default: build, relative to the re
 
 Extending: `start_process` starts any binary that understands `--listen HOST:PORT` and
 `--port-file PATH`; `process_factory` wraps it with teardown. `simworker` is the example.
+`kvgate` starts the gateway (its port file has front= and admin= lines), `tls_cert` makes a
+self-signed certificate, `fake_upstream` runs a scripted worker (gwhelpers.FakeUpstream) for
+behaviour the simulated worker cannot produce. Clients and fakes live in gwhelpers.py.
 """
+import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import time
@@ -170,3 +175,259 @@ def simworker(process_factory):
         return p
 
     return start
+
+
+# ---- kvgate (the gateway) -------------------------------------------------------------------------
+
+ADMIN_TOKEN = "integration-admin-token-0123456789"
+
+
+class Gateway:
+    """A kvgate started by the kvgate fixture.
+
+    .proc, .port, .url (front, cleartext), .admin_port, .admin_url, .token (admin bearer),
+    .access_log (path, or None when off), .log_path (stderr+stdout), .config_path (or None),
+    .state_dir, .argv, .name. .expect_exit (default 0) is the status teardown requires.
+    """
+
+    def __init__(self, name, argv, proc, ports, log_path, access_log, config_path, state_dir,
+                 token):
+        self.name = name
+        self.argv = argv
+        self.proc = proc
+        self.port = ports["front"][0]
+        self.front_ports = ports["front"]
+        self.admin_port = ports["admin"][0]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.https_url = f"https://127.0.0.1:{self.port}"
+        self.admin_url = f"http://127.0.0.1:{self.admin_port}"
+        self.log_path = log_path
+        self.access_log = access_log
+        self.config_path = config_path
+        self.state_dir = state_dir
+        self.token = token
+        self.expect_exit = 0
+        self._admin = None
+
+    # -- process --
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal(self, sig):
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM, wait, return the exit status (SIGKILL after the timeout: -9)."""
+        self.close_admin()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def rss_kb(self) -> int:
+        """Resident set size of the gateway process (VmRSS, kB)."""
+        for line in pathlib.Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise AssertionError("no VmRSS")
+
+    # -- config file --
+    def write_config(self, config: dict):
+        """Rewrite the config file (the gateway must have been started with one); SIGHUP
+        applies it (see reload)."""
+        assert self.config_path, "started without a config file"
+        tmp = self.config_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(config, indent=2))
+        tmp.rename(self.config_path)
+
+    def reload(self):
+        self.proc.send_signal(signal.SIGHUP)
+
+    # -- admin API --
+    @property
+    def admin(self):
+        """An httpx.Client on the admin listener with the bearer token; keep-alive, so that
+        scraping /metrics does not itself open front-counted connections repeatedly."""
+        import httpx
+        if self._admin is None:
+            self._admin = httpx.Client(base_url=self.admin_url, timeout=10,
+                                       headers={"authorization": f"Bearer {self.token}"})
+        return self._admin
+
+    def close_admin(self):
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None
+
+    def scrape(self) -> dict:
+        """/metrics as {'name{labels}': value}."""
+        r = self.admin.get("/metrics")
+        assert r.status_code == 200, r.text
+        out = {}
+        for line in r.text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
+
+    def metric(self, name, samples=None, **labels) -> float:
+        """Sum of the samples of `name` whose labels include `labels` (a fresh scrape unless
+        samples are given)."""
+        samples = self.scrape() if samples is None else samples
+        total = 0.0
+        for key, value in samples.items():
+            n, _, rest = key.partition("{")
+            if n != name:
+                continue
+            have = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+            if all(have.get(k) == str(v) for k, v in labels.items()):
+                total += value
+        return total
+
+    def access_entries(self) -> list:
+        """The access log's lines, parsed (front and admin requests alike)."""
+        if not self.access_log or not self.access_log.exists():
+            return []
+        return [json.loads(line) for line in self.access_log.read_text().splitlines() if line]
+
+
+def read_port_file(path: pathlib.Path):
+    """kvgate's port file -> {'front': [port, ...], 'admin': [port, ...]}, or None while it is
+    not complete (it is written by rename, so a present file is whole)."""
+    if not path.exists():
+        return None
+    ports = {"front": [], "admin": []}
+    for line in path.read_text().splitlines():
+        kind, _, addr = line.partition("=")
+        ports.setdefault(kind, []).append(int(addr.rpartition(":")[2]))
+    return ports if ports["front"] and ports["admin"] else None
+
+
+def worker_url(w) -> str:
+    """A simworker Process, a fake upstream (anything with .url) or a URL string."""
+    return w if isinstance(w, str) else w.url
+
+
+@pytest.fixture(scope="session")
+def tls_cert(tmp_path_factory):
+    """(cert.pem, key.pem): a self-signed certificate for 127.0.0.1/localhost, made once."""
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2", "-subj",
+                    "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+@pytest.fixture
+def kvgate(tmp_path):
+    """kvgate(*workers, config=None, ...) starts build/kvgate on 127.0.0.1:0 (front and admin)
+    and returns a Gateway once its --port-file is written.
+
+    workers: simworker Processes, fake upstreams or URLs, passed as --worker NAME=URL (NAME is
+    the Process's .name, else w1, w2, ...); leave them out to take the workers from `config`.
+    config: a dict written to <tmp>/<name>.json and passed with -c (Gateway.write_config and
+    .reload edit it later). threads: --threads (default 2). tls: (cert, key) for --tls-cert
+    and --tls-key. listen: front addresses (default ['127.0.0.1:0']; [] leaves them to the
+    config). access_log: True (a file in tmp, default), False ('off'). args: more flags.
+    env: extra environment. At teardown each gateway still running gets SIGTERM and must exit
+    with .expect_exit (0), so hangs, crashes and sanitizer reports fail the test; its log is
+    shown on failure."""
+    exe = binary("kvgate")
+    started = []
+
+    def start(*workers, config=None, threads=2, tls=None, listen=None, access_log=True,
+              args=(), env=None, log_level="info", token=ADMIN_TOKEN, name=None,
+              timeout=START_TIMEOUT_S):
+        name = name or f"kvgate{len(started) + 1}"
+        port_file = tmp_path / f"{name}.ports"
+        log_path = tmp_path / f"{name}.log"
+        state_dir = tmp_path / f"{name}-state"
+        access_path = tmp_path / f"{name}-access.log" if access_log else None
+        port_file.unlink(missing_ok=True)
+        argv = [str(exe), "--port-file", str(port_file), "--admin-listen", "127.0.0.1:0",
+                "--state", str(state_dir), "--log-level", log_level,
+                "--access-log", str(access_path) if access_path else "off"]
+        for addr in (["127.0.0.1:0"] if listen is None else listen):
+            argv += ["--listen", addr]
+        if threads is not None:
+            argv += ["--threads", str(threads)]
+        if tls:
+            argv += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
+        for i, w in enumerate(workers):
+            wname = getattr(w, "name", None) if not isinstance(w, str) else None
+            argv += ["--worker", f"{wname or f'w{i + 1}'}={worker_url(w)}"]
+        config_path = None
+        if config is not None:
+            config_path = tmp_path / f"{name}.json"
+            config_path.write_text(json.dumps(config, indent=2))
+            argv += ["-c", str(config_path)]
+        argv += list(args)
+        environment = {"KVGATE_ADMIN_TOKEN": token} if token else {}
+        environment.update(env or {})
+        log = open(log_path, "wb")
+        try:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, cwd=tmp_path,
+                                    env=child_env(environment))
+        finally:
+            log.close()
+        deadline = time.monotonic() + timeout
+        while True:
+            ports = read_port_file(port_file)
+            if ports:
+                break
+            if proc.poll() is not None:
+                pytest.fail(f"{name} exited with {proc.returncode} before listening: {argv}\n"
+                            f"{log_path.read_text(errors='replace')}")
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                pytest.fail(f"{name} did not write {port_file} within {timeout}s\n"
+                            f"{log_path.read_text(errors='replace')}")
+            time.sleep(0.01)
+        gw = Gateway(name, argv, proc, ports, log_path, access_path, config_path, state_dir,
+                     token)
+        started.append(gw)
+        return gw
+
+    yield start
+    problems = []
+    for gw in started:
+        crashed = not gw.alive()
+        code = gw.stop()
+        if code != gw.expect_exit:
+            problems.append(f"{gw.name} exited with {code}{' before teardown' if crashed else ''}"
+                            f" (expected {gw.expect_exit})\n--- {gw.log_path} ---\n"
+                            f"{gw.log()[-6000:]}")
+    if problems:
+        pytest.fail("\n".join(problems))
+
+
+@pytest.fixture
+def fake_upstream():
+    """fake_upstream(handler, name=..., health=True) -> gwhelpers.FakeUpstream, closed at
+    teardown. For behaviour kvgate-simworker cannot produce; prefer the simworker."""
+    from gwhelpers import FakeUpstream
+    made = []
+
+    def make(handler, **kw):
+        f = FakeUpstream(handler, **kw)
+        made.append(f)
+        return f
+
+    yield make
+    for f in made:
+        f.close()
