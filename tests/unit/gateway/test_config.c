@@ -1,0 +1,214 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Unit tests for the gateway's configuration: defaults, the strict JSON file, flags. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+
+static char path[64];
+
+static void write_file(const char *text)
+{
+    snprintf(path, sizeof(path), "/tmp/kvgate-test-config-XXXXXX");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+}
+
+static int load(kvg_config *cfg, const char *text, char *err, size_t len)
+{
+    write_file(text);
+    int rc = kvg_config_load_file(cfg, path, err, len);
+    unlink(path);
+    return rc;
+}
+
+static void test_defaults(void **state)
+{
+    (void)state;
+    kvg_config cfg;
+    assert_int_equal(kvg_config_init(&cfg), 0);
+    assert_int_equal(cfg.nlisteners, 1);
+    assert_string_equal(cfg.listeners[0].address, "0.0.0.0:8080");
+    assert_string_equal(cfg.admin_listeners[0].address, "127.0.0.1:9090");
+    assert_int_equal(cfg.limits.body_bytes, 32u << 20);
+    char err[256];
+    assert_int_equal(kvg_config_validate(&cfg, err, sizeof(err)), 0);
+    kvg_config_done(&cfg);
+}
+
+static void test_full_file(void **state)
+{
+    (void)state;
+    kvg_config cfg;
+    char err[256] = "";
+    kvg_config_init(&cfg);
+    int rc = load(&cfg,
+                  "{\"listen\": [\"127.0.0.1:0\", {\"address\": \"[::1]:8443\", \"tls_cert\": \"c\","
+                  " \"tls_key\": \"k\", \"cleartext\": false}],"
+                  " \"admin\": {\"listen\": \"127.0.0.1:1\", \"tokens\": [\"0123456789abcdef\"]},"
+                  " \"threads\": 3, \"log_level\": \"debug\", \"worker_header\": false,"
+                  " \"limits\": {\"body_bytes\": 4096, \"streams_per_conn\": 7},"
+                  " \"upstream\": {\"retries\": 0}, \"health\": {\"path\": \"/ready\", \"fall\": 1},"
+                  " \"workers\": [{\"name\": \"a\", \"url\": \"http://127.0.0.1:1\","
+                  " \"models\": [\"m1\", \"m2\"], \"kv_blocks\": 10}]}",
+                  err, sizeof(err));
+    assert_int_equal(rc, 0);
+    assert_int_equal(cfg.nlisteners, 2);
+    assert_string_equal(cfg.listeners[1].host, "::1");
+    assert_int_equal(cfg.listeners[1].port, 8443);
+    assert_false(cfg.listeners[1].cleartext);
+    assert_string_equal(cfg.listeners[1].tls_cert, "c");
+    assert_int_equal(cfg.nadmin_tokens, 1);
+    assert_int_equal(cfg.threads, 3);
+    assert_int_equal(cfg.log_level, KVG_LOG_DEBUG);
+    assert_false(cfg.worker_header);
+    assert_int_equal(cfg.limits.body_bytes, 4096);
+    assert_int_equal(cfg.limits.streams_per_conn, 7);
+    assert_int_equal(cfg.upstream.retries, 0);
+    assert_string_equal(cfg.health.path, "/ready");
+    assert_int_equal(cfg.health.fall, 1);
+    assert_int_equal(cfg.nworkers, 1);
+    assert_int_equal(cfg.workers[0].nmodels, 2);
+    assert_int_equal(cfg.workers[0].kv_blocks, 10);
+    assert_int_equal(kvg_config_validate(&cfg, err, sizeof(err)), 0);
+    kvg_config_done(&cfg);
+}
+
+/* Every mistake names the key it is about. */
+static void test_errors_name_the_key(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text;
+        const char *needle;
+    } cases[] = {
+        {"{\"lisen\": \"x\"}", "lisen: unknown key"},
+        {"{\"threads\": \"4\"}", "threads: must be an integer"},
+        {"{\"threads\": 5000}", "threads: must be between"},
+        {"{\"limits\": {\"body_bytez\": 1}}", "limits.body_bytez: unknown key"},
+        {"{\"limits\": {\"body_bytes\": 1.5}}", "limits.body_bytes: must be an integer"},
+        {"{\"listen\": \"nohost\"}", "invalid listen address"},
+        {"{\"workers\": [{\"name\": \"a\"}]}", "workers[0]: needs \"name\" and \"url\""},
+        {"{\"workers\": [{\"name\": \"a\", \"url\": \"u\", \"gpu\": 1}]}", "workers[0].gpu"},
+        {"{\"health\": {\"path\": \"no-slash\"}}", "health.path"},
+        {"{\"admin\": {\"tokens\": [\"short\"]}}", "at least 16"},
+        {"{\"log_level\": \"loud\"}", "log_level"},
+        {"{\"threads\": 1, \"threads\": 2}", "duplicate key"},
+        {"[1]", "must be a JSON object"},
+        {"{\"a\":", "invalid JSON"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        kvg_config cfg;
+        char err[256] = "";
+        kvg_config_init(&cfg);
+        int rc = load(&cfg, cases[i].text, err, sizeof(err));
+        if (rc == 0 || !strstr(err, cases[i].needle))
+            fail_msg("case %zu: rc %d, message '%s' lacks '%s'", i, rc, err, cases[i].needle);
+        kvg_config_done(&cfg);
+    }
+}
+
+static void test_validate(void **state)
+{
+    (void)state;
+    kvg_config cfg;
+    char err[256] = "";
+    kvg_config_init(&cfg);
+    assert_int_equal(load(&cfg, "{\"listen\": {\"address\": \"1.2.3.4:1\", \"tls_cert\": \"c\"}}",
+                          err, sizeof(err)),
+                     0);
+    assert_int_equal(kvg_config_validate(&cfg, err, sizeof(err)), KVG_ECONFIG);
+    assert_non_null(strstr(err, "go together"));
+    kvg_config_done(&cfg);
+    kvg_config_init(&cfg);
+    assert_int_equal(load(&cfg,
+                          "{\"workers\": [{\"name\": \"a\", \"url\": \"https://x:1\"},"
+                          " {\"name\": \"b\", \"url\": \"http://x:1\"}]}",
+                          err, sizeof(err)),
+                     0);
+    assert_int_equal(kvg_config_validate(&cfg, err, sizeof(err)), KVG_ECONFIG);
+    assert_non_null(strstr(err, "worker 'a'"));
+    kvg_config_done(&cfg);
+}
+
+static void test_flags(void **state)
+{
+    (void)state;
+    kvg_config cfg;
+    char err[256] = "";
+    kvg_config_action action;
+    kvg_config_init(&cfg);
+    char *argv[] = {"kvgate", "--listen", "127.0.0.1:1", "--listen", "127.0.0.1:2", "--threads",
+                    "2", "--worker", "w1=http://127.0.0.1:5,model=a,model=b,kv_blocks=64,max_inflight=9",
+                    "--access-log", "off", "--check-config", NULL};
+    assert_int_equal(kvg_config_parse_args(&cfg, 12, argv, &action, err, sizeof(err)), 0);
+    assert_int_equal(action, KVG_ACTION_CHECK);
+    assert_int_equal(cfg.nlisteners, 2);
+    assert_int_equal(cfg.threads, 2);
+    assert_int_equal(cfg.nworkers, 1);
+    assert_string_equal(cfg.workers[0].url, "http://127.0.0.1:5");
+    assert_int_equal(cfg.workers[0].nmodels, 2);
+    assert_string_equal(cfg.workers[0].models[1], "b");
+    assert_int_equal(cfg.workers[0].kv_blocks, 64);
+    assert_int_equal(cfg.workers[0].max_inflight, 9);
+    assert_string_equal(cfg.access_log, "off");
+    kvg_config_done(&cfg);
+
+    kvg_config_init(&cfg);
+    char *bad[] = {"kvgate", "--worker", "w1=http://x:1,gpu=1", NULL};
+    assert_int_equal(kvg_config_parse_args(&cfg, 3, bad, &action, err, sizeof(err)), KVG_ECONFIG);
+    assert_non_null(strstr(err, "gpu=1"));
+    kvg_config_done(&cfg);
+
+    kvg_config_init(&cfg);
+    char *bad2[] = {"kvgate", "--threads", "many", NULL};
+    assert_int_equal(kvg_config_parse_args(&cfg, 3, bad2, &action, err, sizeof(err)), KVG_ECONFIG);
+    kvg_config_done(&cfg);
+
+    kvg_config_init(&cfg);
+    char *bad3[] = {"kvgate", "--nope", NULL};
+    assert_int_equal(kvg_config_parse_args(&cfg, 2, bad3, &action, err, sizeof(err)), KVG_ECONFIG);
+    assert_non_null(strstr(err, "--nope"));
+    kvg_config_done(&cfg);
+}
+
+/* Flags override the file, whatever their order on the command line. */
+static void test_flags_override_file(void **state)
+{
+    (void)state;
+    write_file("{\"threads\": 7, \"listen\": \"127.0.0.1:9\"}");
+    kvg_config cfg;
+    char err[256] = "";
+    kvg_config_action action;
+    kvg_config_init(&cfg);
+    char *argv[] = {"kvgate", "--threads", "2", "-c", path, NULL};
+    assert_int_equal(kvg_config_parse_args(&cfg, 5, argv, &action, err, sizeof(err)), 0);
+    assert_int_equal(cfg.threads, 2);
+    assert_string_equal(cfg.listeners[0].address, "127.0.0.1:9");
+    assert_string_equal(cfg.path, path);
+    unlink(path);
+    kvg_config_done(&cfg);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_full_file),
+        cmocka_unit_test(test_errors_name_the_key),
+        cmocka_unit_test(test_validate),
+        cmocka_unit_test(test_flags),
+        cmocka_unit_test(test_flags_override_file),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
