@@ -29,6 +29,18 @@ def wait_for(cond, timeout=5.0, step=0.02):
     return cond()
 
 
+def sim_metric(sw, name, **labels):
+    """Sum of a kvgate-simworker metric's samples whose labels include `labels`."""
+    import httpx
+    total = 0.0
+    for line in httpx.get(sw.url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            key, _, value = line.rpartition(" ")
+            if all(f'{k}="{v}"' in key for k, v in labels.items()):
+                total += float(value)
+    return total
+
+
 def worker_cfg(w, **extra):
     """A config-file worker entry for a simworker Process (or anything with .name and .url)."""
     return {"name": w.name, "url": w.url, **extra}
