@@ -260,7 +260,7 @@ class Gateway:
         scraping /metrics does not itself open front-counted connections repeatedly."""
         import httpx
         if self._admin is None:
-            self._admin = httpx.Client(base_url=self.admin_url, timeout=10,
+            self._admin = httpx.Client(base_url=self.admin_url, timeout=10, verify=False,
                                        headers={"authorization": f"Bearer {self.token}"})
         return self._admin
 

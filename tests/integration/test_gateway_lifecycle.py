@@ -11,7 +11,7 @@ import time
 import h2.errors
 import httpx
 from conftest import binary, child_env
-from gwhelpers import (CHAT, COMPL, H2Client, RawHTTP, request_bytes, sim_metric, sse_data,
+from gwhelpers import (CHAT, COMPL, H2Client, RawHTTP, http, request_bytes, sim_metric, sse_data,
                        wait_for, worker_cfg)
 
 
@@ -59,7 +59,7 @@ def test_sigterm_drains_in_flight_streams(simworker, kvgate):
         # New connections are refused once the drain began; idle ones are closed.
         assert wait_for(lambda: refused(gw.port), 2), "still accepting after SIGTERM"
         assert idle.closed_by_peer(2)
-        r = httpx.get(gw.admin_url + "/readyz")
+        r = http.get(gw.admin_url + "/readyz")
         assert r.status_code == 503, r.text
         assert gw.metric("kvgate_shutting_down") == 1
         # The h2 client is told (GOAWAY, no error) and its stream still completes.
@@ -140,8 +140,9 @@ def test_second_signal_stops_at_once(simworker, kvgate):
 def test_sigterm_when_idle_exits_at_once(kvgate, simworker):
     sw = simworker(time_scale=0)
     gw = kvgate(sw)
-    assert httpx.post(gw.url + COMPL, json={"prompt": "x", "max_tokens": 1}).status_code == 200
-    with httpx.Client(http2=True, http1=False) as client:  # an idle h2 connection stays open
+    assert http.post(gw.url + COMPL, json={"prompt": "x", "max_tokens": 1}).status_code == 200
+    # An idle h2 connection stays open meanwhile.
+    with httpx.Client(http2=True, http1=False, verify=False) as client:
         assert client.get(gw.url + "/v1/models").status_code == 200
         t0 = time.monotonic()
         gw.close_admin()
@@ -159,7 +160,7 @@ def test_sighup_reload_adds_and_removes_workers(simworker, kvgate):
     gw = kvgate(config=config)
 
     def routed(n=6):
-        return {httpx.post(gw.url + COMPL, json={"prompt": "x", "max_tokens": 1},
+        return {http.post(gw.url + COMPL, json={"prompt": "x", "max_tokens": 1},
                            timeout=5).headers["x-kvgate-worker"] for _ in range(n)}
 
     def names():
@@ -188,13 +189,13 @@ def test_sighup_reload_adds_and_removes_workers(simworker, kvgate):
 def test_sighup_reopens_access_log(simworker, kvgate):
     sw = simworker(time_scale=0)
     gw = kvgate(sw)
-    assert httpx.post(gw.url + COMPL, json={"prompt": "x", "max_tokens": 1}).status_code == 200
+    assert http.post(gw.url + COMPL, json={"prompt": "x", "max_tokens": 1}).status_code == 200
     assert wait_for(lambda: gw.access_log.exists() and gw.access_log.read_text(), 2)
     rotated = gw.access_log.with_suffix(".1")
     gw.access_log.rename(rotated)
     gw.reload()
     assert wait_for(lambda: gw.access_log.exists(), 3)
-    r = httpx.post(gw.url + COMPL, json={"prompt": "y", "max_tokens": 1},
+    r = http.post(gw.url + COMPL, json={"prompt": "y", "max_tokens": 1},
                    headers={"x-request-id": "after-rotation"})
     assert r.status_code == 200
     assert wait_for(lambda: "after-rotation" in gw.access_log.read_text(), 2)
@@ -280,10 +281,10 @@ def test_several_listeners_and_port_file(simworker, kvgate):
     gw = kvgate(sw, listen=["127.0.0.1:0", "127.0.0.1:0"])
     assert len(gw.front_ports) == 2 and gw.front_ports[0] != gw.front_ports[1]
     for port in gw.front_ports:
-        r = httpx.post(f"http://127.0.0.1:{port}{COMPL}", json={"prompt": "x", "max_tokens": 1})
+        r = http.post(f"http://127.0.0.1:{port}{COMPL}", json={"prompt": "x", "max_tokens": 1})
         assert r.status_code == 200
     # The admin API is not on the front listeners, nor the front API on the admin one.
-    r = httpx.get(gw.url + "/metrics", headers={"authorization": f"Bearer {gw.token}"})
+    r = http.get(gw.url + "/metrics", headers={"authorization": f"Bearer {gw.token}"})
     assert r.status_code == 404
     r = gw.admin.post(COMPL, json={"prompt": "x"})
     assert r.status_code == 404

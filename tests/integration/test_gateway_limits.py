@@ -13,7 +13,7 @@ import h2.exceptions
 import httpx
 import pytest
 
-from gwhelpers import (CHAT, COMPL, H2Client, RawHTTP, assert_openai_error, request_bytes,
+from gwhelpers import (COMPL, H2Client, RawHTTP, assert_openai_error, http, request_bytes,
                        wait_for)
 
 BODY = {"model": "sim-model", "prompt": "hi", "max_tokens": 1}
@@ -22,7 +22,7 @@ PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 def served(gw):
     """A well-behaved client still gets answers."""
-    r = httpx.post(gw.url + COMPL, json=BODY, timeout=5)
+    r = http.post(gw.url + COMPL, json=BODY, timeout=5)
     assert r.status_code == 200, r.text
     return True
 
@@ -38,7 +38,7 @@ class Background:
         self.thread.start()
 
     def run(self):
-        with httpx.Client(timeout=5) as c:
+        with httpx.Client(timeout=5, verify=False) as c:
             while not self.stop.is_set():
                 self.codes.append(c.post(self.gw.url + COMPL, json=BODY).status_code)
                 time.sleep(0.02)
@@ -231,7 +231,7 @@ def test_oversized_body_413(simworker, kvgate):
     finally:
         c.close()
     # Under the limit is fine, through curl as well.
-    r = httpx.post(gw.url + COMPL, json={"model": "sim-model", "prompt": "x" * 1000,
+    r = http.post(gw.url + COMPL, json={"model": "sim-model", "prompt": "x" * 1000,
                                         "max_tokens": 1})
     assert r.status_code == 200
     # HTTP/2: declared too large, and undeclared but too large.

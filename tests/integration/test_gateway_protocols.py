@@ -12,8 +12,8 @@ import subprocess
 import httpx
 import pytest
 
-from gwhelpers import (CHAT, COMPL, H2Client, RawHTTP, assert_openai_error, http1,
-                       json_response, request_bytes, worker_cfg)
+from gwhelpers import (CHAT, COMPL, H2Client, RawHTTP, assert_openai_error, http, http1,
+                       request_bytes, worker_cfg)
 
 BODY = {"model": "sim-model", "prompt": "hello there", "max_tokens": 2}
 
@@ -60,7 +60,7 @@ def test_chunked_request_body(simworker, kvgate, tmp_path):
                        "max_tokens": 1})
     f = tmp_path / "body.json"
     f.write_text(body)
-    direct = httpx.post(sw.url + CHAT, content=body).json()["usage"]["prompt_tokens"]
+    direct = http.post(sw.url + CHAT, content=body).json()["usage"]["prompt_tokens"]
     rc, out, err = curl("-H", "Transfer-Encoding: chunked", "-H",
                         "content-type: application/json", "--data-binary", f"@{f}",
                         "-w", "\n%{http_code}", gw.url + CHAT)
@@ -169,7 +169,7 @@ def test_curl_http2_prior_knowledge(simworker, kvgate):
 def test_httpx_http2_prior_knowledge(simworker, kvgate):
     sw = simworker(time_scale=0)
     gw = kvgate(sw)
-    with httpx.Client(http1=False, http2=True, timeout=10) as client:
+    with httpx.Client(http1=False, http2=True, timeout=10, verify=False) as client:
         for _ in range(3):
             r = client.post(gw.url + COMPL, json=BODY)
             assert r.http_version == "HTTP/2"
@@ -274,14 +274,14 @@ def test_tls_only_listener_and_bad_handshakes(simworker, kvgate, tls_cert):
 def test_worker_header_and_request_id(simworker, kvgate):
     sw = simworker(time_scale=0)
     gw = kvgate(sw)
-    r = httpx.post(gw.url + COMPL, json=BODY, headers={"x-request-id": "client-id-42"})
+    r = http.post(gw.url + COMPL, json=BODY, headers={"x-request-id": "client-id-42"})
     assert r.status_code == 200
     assert r.headers["x-kvgate-worker"] == sw.name
     assert r.headers["x-request-id"] == "client-id-42"
     assert r.headers["x-simworker-name"] == sw.name  # the worker's own headers pass through
     ids = set()
     for _ in range(3):
-        r = httpx.post(gw.url + COMPL, json=BODY)
+        r = http.post(gw.url + COMPL, json=BODY)
         assert re.fullmatch(r"[0-9a-f]{32}", r.headers["x-request-id"]), r.headers
         ids.add(r.headers["x-request-id"])
     assert len(ids) == 3
@@ -305,7 +305,7 @@ def test_worker_header_and_request_id(simworker, kvgate):
 def test_worker_header_can_be_switched_off(simworker, kvgate):
     sw = simworker(time_scale=0)
     gw = kvgate(sw, config={"worker_header": False})
-    r = httpx.post(gw.url + COMPL, json=BODY)
+    r = http.post(gw.url + COMPL, json=BODY)
     assert r.status_code == 200
     assert "x-kvgate-worker" not in r.headers
     assert "x-request-id" in r.headers
@@ -359,7 +359,7 @@ def test_models_is_the_union_of_workers_models(simworker, kvgate):
     b = simworker(time_scale=0, model=["beta", "gamma"])
     gw = kvgate(config={"workers": [worker_cfg(a, models=["alpha", "beta"]),
                                     worker_cfg(b, models=["beta", "gamma"])]})
-    r = httpx.get(gw.url + "/v1/models")
+    r = http.get(gw.url + "/v1/models")
     assert r.status_code == 200
     body = r.json()
     assert body["object"] == "list"
@@ -375,7 +375,7 @@ def test_models_is_the_union_of_workers_models(simworker, kvgate):
     # Routing follows the models: each model only reaches a worker that serves it.
     for model, allowed in (("alpha", {a.name}), ("gamma", {b.name}), ("beta", {a.name, b.name})):
         for _ in range(2):
-            r = httpx.post(gw.url + COMPL, json={"model": model, "prompt": "x", "max_tokens": 1})
+            r = http.post(gw.url + COMPL, json={"model": model, "prompt": "x", "max_tokens": 1})
             assert r.status_code == 200, r.text
             assert r.headers["x-kvgate-worker"] in allowed
             assert r.json()["model"] == model
@@ -425,11 +425,11 @@ def test_openai_errors(simworker, kvgate, proto):
 def test_worker_errors_pass_through(simworker, kvgate):
     sw = simworker(time_scale=0)
     gw = kvgate(sw)  # --worker: serves any model, so the worker judges the model itself
-    r = httpx.post(gw.url + COMPL, json={"model": "other", "prompt": "x"})
+    r = http.post(gw.url + COMPL, json={"model": "other", "prompt": "x"})
     assert r.status_code == 404
     assert r.headers["x-kvgate-worker"] == sw.name
     assert_openai_error(r.content, 404, "NotFoundError")
-    r = httpx.post(gw.url + COMPL, json={"model": sw.model, "prompt": "x", "max_tokens": 0})
+    r = http.post(gw.url + COMPL, json={"model": sw.model, "prompt": "x", "max_tokens": 0})
     assert r.status_code == 400
     assert assert_openai_error(r.content, 400)["param"] == "max_tokens"
     assert gw.metric("kvgate_worker_requests_total", worker=sw.name, code="400") == 1

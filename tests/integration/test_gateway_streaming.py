@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import threading
 import time
 
@@ -102,7 +101,7 @@ def test_sse_httpx_http2_iter(simworker, kvgate):
     sw = simworker(prefill_us_per_token=0, decode_us_per_token=30000, time_scale=1)
     gw = kvgate(sw)
     seen = []
-    with httpx.Client(http1=False, http2=True, timeout=10) as client:
+    with httpx.Client(http1=False, http2=True, timeout=10, verify=False) as client:
         with client.stream("POST", gw.url + CHAT, json=stream_body(max_tokens=6)) as r:
             assert r.status_code == 200 and r.http_version == "HTTP/2"
             text = ""

@@ -8,9 +8,8 @@ import struct
 import time
 
 import httpx
-import pytest
 
-from gwhelpers import (CHAT, COMPL, H2Client, RawHTTP, assert_openai_error, dead_port,
+from gwhelpers import (CHAT, COMPL, H2Client, RawHTTP, assert_openai_error, dead_port, http,
                        request_bytes, sim_metric, wait_for, worker_cfg)
 
 BODY = {"model": "sim-model", "prompt": "hi", "max_tokens": 1}
@@ -19,7 +18,7 @@ QUIET_HEALTH = {"interval_ms": 600000, "fall": 100, "rise": 1}
 
 
 def post(gw, body=BODY, path=COMPL, **kw):
-    return httpx.post(gw.url + path, json=body, timeout=10, **kw)
+    return http.post(gw.url + path, json=body, timeout=10, **kw)
 
 
 def dead_worker(name="dead"):
@@ -34,7 +33,7 @@ def test_dead_worker_is_retried_transparently(simworker, kvgate):
     gw = kvgate(config={"health": QUIET_HEALTH,
                         "workers": [dead_worker(), worker_cfg(a), worker_cfg(b)]})
     seen = set()
-    with httpx.Client(timeout=10) as c:
+    with httpx.Client(timeout=10, verify=False) as c:
         for i in range(12):
             r = c.post(gw.url + COMPL, json=BODY, headers={"x-request-id": f"r{i}"})
             assert r.status_code == 200, r.text
@@ -136,19 +135,19 @@ def test_no_healthy_worker_is_503(simworker, kvgate):
                         "workers": [dead_worker()]})
     assert wait_for(lambda: gw.metric("kvgate_worker_up", worker="dead") == 0, 5)
     for h2c in (False, True):
-        with httpx.Client(http1=not h2c, http2=h2c, timeout=5) as c:
+        with httpx.Client(http1=not h2c, http2=h2c, timeout=5, verify=False) as c:
             r = c.post(gw.url + CHAT, json={"messages": [{"role": "user", "content": "x"}]})
         assert r.status_code == 503
         err = assert_openai_error(r.content, 503, "service_unavailable")
         assert "no healthy worker" in err["message"]
-    r = httpx.get(gw.admin_url + "/readyz")
+    r = http.get(gw.admin_url + "/readyz")
     assert r.status_code == 503 and r.json()["status"] == "not ready"
     # No worker at all.
     empty = kvgate()
     r = post(empty)
     assert r.status_code == 503
     assert "no worker is configured" in assert_openai_error(r.content, 503)["message"]
-    assert httpx.get(empty.admin_url + "/readyz").json()["reason"] == "no workers registered"
+    assert http.get(empty.admin_url + "/readyz").json()["reason"] == "no workers registered"
 
 
 def test_upstream_response_timeout_is_504(simworker, kvgate):
