@@ -327,3 +327,33 @@ def test_access_log_off_and_stdout(simworker, kvgate):
     assert wait_for(lambda: '"request_id":"to-stdout"' in out.log(), 3)
     line = next(ln for ln in out.log().splitlines() if "to-stdout" in ln)
     assert json.loads(line)["status"] == 200
+
+
+def test_redefine_and_delete_with_streams_in_flight(simworker, kvgate):
+    a = simworker(prefill_us_per_token=0, decode_us_per_token=20000, time_scale=1)
+    b = simworker(time_scale=0)
+    gw = kvgate()
+    assert gw.admin.put(f"/admin/v1/workers/{a.name}", json={"url": a.url}).status_code == 201
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 30, "stream": True}
+    h = H2Client(gw.port)
+    try:
+        first = h.request("POST", CHAT, body)
+        assert wait_for(lambda: h.pump(0.1) and first.data, 3)
+        # A changed definition makes a fresh worker; the old one finishes its request.
+        r = gw.admin.put(f"/admin/v1/workers/{a.name}", json={"url": a.url, "kv_blocks": 7})
+        assert r.status_code == 200 and r.json()["inflight"] == 0
+        second = h.request("POST", CHAT, body)
+        assert wait_for(lambda: h.pump(0.1) and second.data, 3)
+        # Deleting it lets the in-flight ones finish too.
+        assert gw.admin.delete(f"/admin/v1/workers/{a.name}").status_code == 204
+        assert gw.admin.put(f"/admin/v1/workers/{b.name}", json={"url": b.url}).status_code \
+            == 201
+        third = h.request("POST", COMPL, BODY)
+        h.wait([first, second, third])
+        for s in (first, second):
+            assert s.ended and s.reset is None
+            assert sse_data(s.data.decode())[-1] == "[DONE]"
+        assert third.status == 200 and third.headers["x-kvgate-worker"] == b.name
+    finally:
+        h.close()
+    assert [w["name"] for w in gw.admin.get("/admin/v1/workers").json()["workers"]] == [b.name]

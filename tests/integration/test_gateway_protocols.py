@@ -3,7 +3,9 @@
 chunked bodies, 100-continue), HTTP/2 with prior knowledge, TLS with ALPN h2 and http/1.1.
 Real clients: curl, nghttp, httpx; real workers: kvgate-simworker. Also the response contract
 (x-kvgate-worker, x-request-id, hop-by-hop headers, /v1/models, OpenAI-style errors)."""
+import hashlib
 import json
+import os
 import re
 import socket
 import ssl
@@ -12,8 +14,8 @@ import subprocess
 import httpx
 import pytest
 
-from gwhelpers import (CHAT, COMPL, H2Client, RawHTTP, assert_openai_error, http, http1,
-                       request_bytes, worker_cfg)
+from gwhelpers import (CHAT, COMPL, H2Client, RawHTTP, assert_openai_error, H2Stream, http, http1,
+                       json_response, request_bytes, worker_cfg)
 
 BODY = {"model": "sim-model", "prompt": "hello there", "max_tokens": 2}
 
@@ -293,7 +295,7 @@ def test_worker_header_and_request_id(simworker, kvgate):
         h.wait([a, b])
         assert a.status == 200 and a.headers["x-request-id"] == "h2-id"
         assert a.headers["x-kvgate-worker"] == sw.name
-        assert b.status == 404
+        assert b.status == 404 and b.headers["x-request-id"] == "h2-404"
     finally:
         h.close()
     logged = {e["request_id"]: e for e in gw.access_entries()}
@@ -415,6 +417,7 @@ def test_openai_errors(simworker, kvgate, proto):
     for (method, path, _, status, type_), (got, headers, data) in zip(ERROR_CASES, results):
         assert got == status, (method, path, data)
         assert headers["content-type"] == "application/json"
+        assert re.fullmatch(r"[0-9a-f]{32}", headers["x-request-id"])  # errors carry one too
         err = assert_openai_error(data, status, type_)
         if status == 404 and path == COMPL:
             assert err["message"] == "The model `no-such-model` does not exist."
@@ -434,3 +437,62 @@ def test_worker_errors_pass_through(simworker, kvgate):
     assert assert_openai_error(r.content, 400)["param"] == "max_tokens"
     assert gw.metric("kvgate_worker_requests_total", worker=sw.name, code="400") == 1
     assert gw.metric("kvgate_worker_requests_total", worker=sw.name, code="404") == 1
+
+
+def test_early_answer_discards_body_and_keeps_the_connection(simworker, kvgate):
+    sw = simworker(time_scale=0)
+    gw = kvgate(sw)
+    c = RawHTTP(gw.port)
+    try:
+        big = b"x" * (3 << 20)
+        c.send(b"POST /v1/nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(big))
+        status, headers, _ = c.response()  # answered before the body was sent
+        assert status == 404 and headers.get("connection") != "close"
+        c.send(big)  # the gateway reads and drops it, then serves the next request
+        c.send(request_bytes("POST", COMPL, BODY))
+        status, _, body = c.response()
+        assert status == 200
+        completion_ok(body)
+        # Connection: close is honoured.
+        c.send(request_bytes("POST", COMPL, BODY, {"Connection": "close"}))
+        status, headers, _ = c.response()
+        assert status == 200 and headers["connection"] == "close"
+        assert c.closed_by_peer()
+    finally:
+        c.close()
+
+
+def test_large_bodies_reach_the_worker_intact(kvgate, fake_upstream):
+    def echo(req, sock):
+        json_response(sock, {"len": len(req["body"]),
+                             "sha": hashlib.sha256(req["body"]).hexdigest()})
+        return True
+
+    up = fake_upstream(echo, name="echo")
+    gw = kvgate(up)
+    body = json.dumps({"prompt": os.urandom(5 << 19).hex()}).encode()  # 5 MiB
+    want = {"len": len(body), "sha": hashlib.sha256(body).hexdigest()}
+    r = http.post(gw.url + COMPL, content=body)
+    assert r.status_code == 200 and r.json() == want
+    # HTTP/2 past the initial windows: the gateway must keep opening them as it reads.
+    h = H2Client(gw.port, timeout=20)
+    try:
+        h.pump(1)
+        sid = h.conn.get_next_available_stream_id()
+        h.conn.send_headers(sid, [(":method", "POST"), (":path", COMPL), (":scheme", "http"),
+                                  (":authority", "t")])
+        s = h.streams[sid] = H2Stream(sid)
+        off = 0
+        while off < len(body):
+            n = min(h.conn.local_flow_control_window(sid), h.conn.max_outbound_frame_size,
+                    len(body) - off)
+            if n == 0:
+                assert h.pump(5), "the connection closed"
+                continue
+            h.conn.send_data(sid, body[off:off + n], end_stream=off + n == len(body))
+            off += n
+            h.flush()
+        h.wait([s], timeout=20)
+        assert s.status == 200 and json.loads(s.data) == want
+    finally:
+        h.close()

@@ -2,7 +2,9 @@
 """The upstream side of kvgate: retries on connect failures and early resets, bounded; 503 when
 no worker can take a request, 504 when a worker does not answer in time, 503 + Retry-After at a
 worker's in-flight limit; keep-alive pooling; health checks taking workers out and back."""
+import hashlib
 import json
+import os
 import socket
 import struct
 import time
@@ -10,7 +12,7 @@ import time
 import httpx
 
 from gwhelpers import (CHAT, COMPL, H2Client, RawHTTP, assert_openai_error, dead_port, http,
-                       request_bytes, sim_metric, wait_for, worker_cfg)
+                       json_response,                        request_bytes, sim_metric, wait_for, worker_cfg)
 
 BODY = {"model": "sim-model", "prompt": "hi", "max_tokens": 1}
 # Health checks that never get in the way of a test (the first round still runs at start).
@@ -155,9 +157,10 @@ def test_upstream_response_timeout_is_504(simworker, kvgate):
     gw = kvgate(config={"health": QUIET_HEALTH, "upstream": {"response_timeout_ms": 300},
                         "workers": [worker_cfg(sw)]})
     t0 = time.monotonic()
-    r = post(gw)
+    r = post(gw, headers={"x-request-id": "slow-one"})
     took = time.monotonic() - t0
     assert r.status_code == 504
+    assert r.headers["x-request-id"] == "slow-one"
     assert_openai_error(r.content, 504, "timeout")
     assert 0.25 < took < 1.5, took
     h = H2Client(gw.port)
@@ -295,3 +298,70 @@ def test_health_checks_take_workers_out_and_back(simworker, kvgate):
     assert revived.port == port
     assert wait_for(lambda: gw.metric("kvgate_worker_up", worker="flaky") == 1, 5)
     assert "flaky" in {post(gw).headers["x-kvgate-worker"] for _ in range(6)}
+
+
+def test_retry_resends_the_whole_body(kvgate, fake_upstream):
+    def reset(req, sock):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        return False
+
+    def echo(req, sock):
+        json_response(sock, {"len": len(req["body"]),
+                             "sha": hashlib.sha256(req["body"]).hexdigest()})
+        return True
+
+    resetter = fake_upstream(reset, name="resetter")
+    echoer = fake_upstream(echo, name="echo")
+    gw = kvgate(config={"health": QUIET_HEALTH,
+                        "workers": [worker_cfg(resetter), worker_cfg(echoer)]})
+    body = json.dumps({"prompt": os.urandom(1 << 20).hex()}).encode()
+    want = {"len": len(body), "sha": hashlib.sha256(body).hexdigest()}
+    for _ in range(4):
+        r = http.post(gw.url + COMPL, content=body)
+        assert r.status_code == 200 and r.json() == want, r.text
+    assert resetter.requests, "the resetting worker was never tried"
+    assert all(len(q["body"]) == len(body) for q in resetter.requests)
+
+
+def test_connect_timeout_moves_on(simworker, kvgate):
+    # A listener whose accept queue is full: SYNs go unanswered, connects hang.
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(0)
+    port = hole.getsockname()[1]
+    fillers = []
+    for _ in range(3):
+        s = socket.socket()
+        s.setblocking(False)
+        try:
+            s.connect(("127.0.0.1", port))
+        except BlockingIOError:
+            pass
+        fillers.append(s)
+    sw = simworker(time_scale=0)
+    try:
+        gw = kvgate(config={"health": QUIET_HEALTH, "upstream": {"connect_timeout_ms": 200},
+                            "workers": [{"name": "hole", "url": f"http://127.0.0.1:{port}"},
+                                        worker_cfg(sw)]})
+        for _ in range(4):
+            t0 = time.monotonic()
+            r = post(gw)
+            assert r.status_code == 200 and r.headers["x-kvgate-worker"] == sw.name
+            assert time.monotonic() - t0 < 2
+        samples = gw.scrape()
+        assert gw.metric("kvgate_worker_retries_total", samples, worker="hole") >= 1
+        assert gw.metric("kvgate_timeouts_total", samples) >= 1
+    finally:
+        for s in fillers:
+            s.close()
+        hole.close()
+
+
+def test_worker_early_413_passes_through(simworker, kvgate):
+    sw = simworker(time_scale=0, max_body_bytes=2048)
+    gw = kvgate(sw)
+    for size in (10000, 4 << 20):
+        r = http.post(gw.url + COMPL, content=json.dumps({"prompt": "x" * size}))
+        assert r.status_code == 413, r.text[:200]
+        assert r.headers["x-kvgate-worker"] == sw.name
+    assert post(gw).status_code == 200
