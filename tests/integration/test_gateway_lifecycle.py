@@ -288,3 +288,72 @@ def test_several_listeners_and_port_file(simworker, kvgate):
     assert r.status_code == 404
     r = gw.admin.post(COMPL, json={"prompt": "x"})
     assert r.status_code == 404
+
+
+def test_shutdown_with_everything_pending(simworker, kvgate, fake_upstream, tls_cert):
+    """SIGTERM while requests wait in every state (connecting to a worker that never accepts,
+    waiting for slow headers, streaming into a paused client), while clients are halfway
+    through a head, a body, a TLS hello, an h2 preface, and an admin request: the deadline
+    closes them all and the process exits 0 (under ASan: without leaks)."""
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(0)
+    fillers = []
+    for _ in range(3):  # fill the accept queue: further connects hang
+        f = socket.socket()
+        f.setblocking(False)
+        try:
+            f.connect(hole.getsockname())
+        except BlockingIOError:
+            pass
+        fillers.append(f)
+
+    def endless(req, sock):
+        sock.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % (1 << 30))
+        try:
+            while True:
+                sock.sendall(b"x" * 65536)
+        except OSError:
+            return False
+
+    slow = simworker(time_scale=0, slow_headers_ms=5000, model="slow")
+    up = fake_upstream(endless, name="endless")
+    gw = kvgate(tls=tls_cert, config={
+        "shutdown_timeout_ms": 500,
+        "health": {"interval_ms": 100, "timeout_ms": 5000, "fall": 100},
+        "workers": [{"name": "hole", "url": "http://127.0.0.1:%d" % hole.getsockname()[1],
+                     "models": ["hole"]},
+                    {"name": "slow", "url": slow.url, "models": ["slow"]},
+                    {"name": "endless", "url": up.url, "models": ["endless"]}]})
+    conns = []
+    h = H2Client(gw.port)
+    try:
+        for model in ("hole", "slow", "endless"):
+            c = RawHTTP(gw.port)
+            c.send(request_bytes("POST", COMPL, {"model": model, "prompt": "x"}))
+            conns.append(c)
+            h.request("POST", COMPL, {"model": model, "prompt": "x"})
+        for port, data in (
+                (gw.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"),
+                (gw.port, b"POST /v1/completions HTTP/1.1\r\nContent-Length: 50\r\n\r\n{"),
+                (gw.port, b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"),
+                (gw.port, b"PRI * HTTP/2.0\r\n"),
+                (gw.admin_port, b"GET /metrics HTTP/1.1\r\n")):
+            c = RawHTTP(port)
+            c.send(data)
+            conns.append(c)
+        assert gw.admin.get("/healthz").status_code == 200  # and an idle admin connection
+        assert wait_for(lambda: gw.metric("kvgate_worker_inflight") == 6, 3)
+        t0 = time.monotonic()
+        gw.signal(signal.SIGTERM)
+        assert gw.proc.wait(10) == 0
+        assert time.monotonic() - t0 < 3
+    finally:
+        gw.close_admin()
+        h.close()
+        for c in conns:
+            c.close()
+        for f in fillers:
+            f.close()
+        hole.close()
+    assert "shutdown deadline reached" in gw.log()

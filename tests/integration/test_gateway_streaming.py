@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 
+import h2.settings
 import httpx
 import pytest
 
@@ -348,6 +349,41 @@ def test_slow_client_backpressure(kvgate, fake_upstream, proto):
     assert growth < 64 * 1024, f"gateway RSS grew by {growth >> 10} MiB for a paused client"
     assert total == HUGE
     assert got.hexdigest() == want["d"]
+
+
+def test_h2_flow_control_backpressure(kvgate, fake_upstream):
+    """A client that reads its socket but grants no window: h2 flow control, not TCP, holds
+    the response back, and the worker with it."""
+    state = {"sent": 0}
+    up = fake_upstream(huge_stream_handler(state), name="huge")
+    gw = kvgate(up)
+    rss0 = gw.rss_kb()
+    h = H2Client(gw.port, timeout=30,
+                 settings={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+    try:
+        s = h.request("POST", COMPL, {"prompt": "x"})
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            assert h.pump(0.1)
+        assert s.status == 200 and len(s.data) == 0  # headers, but no window for data
+        sent = state["sent"]
+        growth = gw.rss_kb() - rss0
+        # Open the windows: everything arrives.
+        h.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1 << 20})
+        h.conn.increment_flow_control_window(1 << 30)
+        h.flush()
+        total = 0
+        while not s.done:
+            assert h.pump(5)
+            total += len(s.data)
+            s.data.clear()
+            s.chunks.clear()
+        assert s.ended
+    finally:
+        h.close()
+    assert sent < 64 * BLOCK, f"{sent >> 20} MiB left the worker with a zero window"
+    assert growth < 64 * 1024, f"gateway RSS grew by {growth >> 10} MiB"
+    assert total == HUGE
 
 
 # ---- cancellation ---------------------------------------------------------------------------------
