@@ -271,8 +271,12 @@ def test_oversized_body_413(simworker, kvgate):
     b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
     b"\x00\x01\x02\x03\xff\xfe\r\n\r\n",
     b"GET /v1/models HTTP/1.1\r\nHost: x\r\nExpect: something-else\r\n\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    b"GET /v1/mo\x00dels HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /v1/models HTTP/1.1\r\nHost: a\x00b\r\n\r\n",
 ], ids=["garbage", "extra-token", "no-colon", "relative-target", "two-lengths", "bad-length",
-        "bad-chunk", "binary", "bad-expect"])
+        "bad-chunk", "binary", "bad-expect", "te-and-length", "nul-in-target", "nul-in-header"])
 def test_malformed_http1_gets_400_and_close(simworker, kvgate, raw):
     sw = simworker(time_scale=0)
     gw = kvgate(sw)

@@ -168,6 +168,19 @@ def test_curl_http2_prior_knowledge(simworker, kvgate):
     assert gw.metric("kvgate_connections_total", protocol="http2") - before == 1
 
 
+def test_h2c_upgrade_is_declined_but_served(simworker, kvgate):
+    """curl --http2 on cleartext asks for an Upgrade to h2c; the gateway answers over HTTP/1.1
+    (RFC 9110 7.8 lets a server ignore Upgrade) rather than failing."""
+    sw = simworker(time_scale=0)
+    gw = kvgate(sw)
+    rc, out, err = curl("--http2", "-w", "\n%{http_code} %{http_version}", "-d",
+                        json.dumps(BODY), gw.url + COMPL)
+    assert rc == 0, err
+    body, _, tail = out.rpartition("\n")
+    assert tail == "200 1.1"
+    completion_ok(body)
+
+
 def test_httpx_http2_prior_knowledge(simworker, kvgate):
     sw = simworker(time_scale=0)
     gw = kvgate(sw)
