@@ -23,10 +23,12 @@ def stream_body(max_tokens, chat=True):
 
 
 def refused(port):
+    """Nothing accepts on port. (A connect that races with the listeners closing may be reset
+    instead: the kernel drops what was queued on a closed SO_REUSEPORT socket.)"""
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
         return False
-    except ConnectionRefusedError:
+    except (ConnectionRefusedError, ConnectionResetError):
         return True
 
 
