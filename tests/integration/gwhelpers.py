@@ -382,7 +382,7 @@ class FakeUpstream:
     request: req is a dict (method, path, headers (lowercase name -> value), raw_head, body);
     it writes the response itself and returns True to keep the connection for another request.
     GET /health is answered 200 unless health=False. Requests seen are in .requests (health
-    checks excluded)."""
+    checks excluded); .live counts the connections open now."""
 
     def __init__(self, handler, name="fake", health=True):
         self.handler = handler
@@ -390,6 +390,8 @@ class FakeUpstream:
         self.health = health
         self.requests = []
         self.conns = []
+        self.live = 0
+        self.lock = threading.Lock()
         self.lsock = socket.socket()
         self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.lsock.bind(("127.0.0.1", 0))
@@ -438,6 +440,8 @@ class FakeUpstream:
 
     def _serve(self, s):
         buf = b""
+        with self.lock:
+            self.live += 1
         try:
             while True:
                 req, buf = self._read_request(s, buf)
@@ -452,6 +456,8 @@ class FakeUpstream:
         except OSError:
             pass
         finally:
+            with self.lock:
+                self.live -= 1
             try:
                 s.close()
             except OSError:

@@ -359,3 +359,15 @@ def test_shutdown_with_everything_pending(simworker, kvgate, fake_upstream, tls_
             f.close()
         hole.close()
     assert "shutdown deadline reached" in gw.log()
+
+
+def test_log_levels(kvgate):
+    gone = {"health": {"interval_ms": 100, "timeout_ms": 100, "fall": 2, "rise": 1},
+            "workers": [{"name": "gone", "url": "http://127.0.0.1:1"}]}
+    quiet = kvgate(log_level="warn", name="quiet", config=gone)
+    loud = kvgate(log_level="debug", name="loud", config=gone)
+    for gw in (quiet, loud):
+        assert wait_for(lambda: "[warn] worker gone is down" in gw.log(), 5)
+    assert "[info]" not in quiet.log() and "[debug]" not in quiet.log()
+    assert "[info]" in loud.log()
+    assert "[debug] health check of gone failed" in loud.log()

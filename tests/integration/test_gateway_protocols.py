@@ -509,3 +509,20 @@ def test_large_bodies_reach_the_worker_intact(kvgate, fake_upstream):
         assert s.status == 200 and json.loads(s.data) == want
     finally:
         h.close()
+
+
+def test_all_three_endpoints_are_proxied(simworker, kvgate):
+    sw = simworker(time_scale=0)
+    gw = kvgate(sw)
+    r = http.post(gw.url + "/v1/embeddings", json={"model": sw.model, "input": ["a b", "c"],
+                                                   "dimensions": 8})
+    assert r.status_code == 200 and r.headers["x-kvgate-worker"] == sw.name
+    data = r.json()["data"]
+    assert [d["index"] for d in data] == [0, 1] and len(data[0]["embedding"]) == 8
+    r = http.post(gw.url + CHAT, json={"model": sw.model, "max_tokens": 2,
+                                       "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200 and r.json()["object"] == "chat.completion"
+    r = http.post(gw.url + COMPL, json=BODY)
+    assert r.status_code == 200
+    completion_ok(r.text)
+    assert gw.metric("kvgate_worker_requests_total", worker=sw.name, code="200") == 3

@@ -365,3 +365,29 @@ def test_worker_early_413_passes_through(simworker, kvgate):
         assert r.status_code == 413, r.text[:200]
         assert r.headers["x-kvgate-worker"] == sw.name
     assert post(gw).status_code == 200
+
+
+def test_pool_is_bounded_and_idle_connections_expire(kvgate, fake_upstream):
+    def slow_answer(req, sock):
+        time.sleep(0.3)  # long enough for all the requests to need their own connection
+        json_response(sock, {"ok": True})
+        return True
+
+    up = fake_upstream(slow_answer, name="pooled")
+    gw = kvgate(up, threads=1, config={
+        "health": QUIET_HEALTH,
+        "upstream": {"max_idle_per_worker": 2, "idle_timeout_ms": 1000}})
+    assert wait_for(lambda: up.live == 0, 3)  # the start-up health check is done
+    h = H2Client(gw.port)
+    try:
+        streams = h.wait([h.request("POST", COMPL, BODY) for _ in range(8)])
+        assert all(s.status == 200 for s in streams)
+    finally:
+        h.close()
+    assert len(up.requests) == 8
+    # 8 connections were needed at once; 2 stay in the pool, the rest are closed.
+    assert wait_for(lambda: up.live == 2, 3), up.live
+    time.sleep(0.2)
+    assert up.live == 2
+    # Unused, the pooled ones go after the upstream idle timeout.
+    assert wait_for(lambda: up.live == 0, 3), up.live
