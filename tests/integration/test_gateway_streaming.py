@@ -223,7 +223,7 @@ def test_worker_killed_mid_stream(simworker, kvgate):
     assert gw.metric("kvgate_worker_inflight", samples) == 0
 
 
-def test_worker_cuts_stream_rst_on_h2(simworker, kvgate):
+def test_worker_cutting_a_stream_is_a_clean_error(simworker, kvgate):
     """The simulated engine's own crash mode (FIN without the last chunk) gives the same
     clean error as a killed worker."""
     sw = simworker(time_scale=0, close_mid_stream_rate=1.0)
