@@ -122,17 +122,31 @@ def test_expect_100_continue(simworker, kvgate, tmp_path):
 def test_http10_and_pipelining(simworker, kvgate):
     sw = simworker(time_scale=0)
     gw = kvgate(sw)
-    # Two pipelined requests in one write: two answers, in order.
+    stream = {"prompt": "x", "max_tokens": 3, "stream": True}
+    # Pipelined requests in one write (a stream first): the answers, in order.
     c = RawHTTP(gw.port)
     try:
-        c.send(request_bytes("POST", COMPL, BODY, {"x-request-id": "first"}) +
+        c.send(request_bytes("POST", COMPL, stream, {"x-request-id": "first"}) +
                request_bytes("POST", CHAT, {"messages": [{"role": "user", "content": "hi"}],
-                                            "max_tokens": 1}, {"x-request-id": "second"}))
-        s1, h1, b1 = c.response()
-        s2, h2, b2 = c.response()
-        assert (s1, h1["x-request-id"], s2, h2["x-request-id"]) == (200, "first", 200, "second")
-        completion_ok(b1)
-        assert json.loads(b2)["object"] == "chat.completion"
+                                            "max_tokens": 1}, {"x-request-id": "second"}) +
+               request_bytes("POST", COMPL, BODY, {"x-request-id": "third"}))
+        answers = [c.response() for _ in range(3)]
+        assert [(s, h["x-request-id"]) for s, h, _ in answers] == [
+            (200, "first"), (200, "second"), (200, "third")]
+        assert answers[0][2].endswith(b"data: [DONE]\n\n")
+        assert json.loads(answers[1][2])["object"] == "chat.completion"
+        completion_ok(answers[2][2])
+    finally:
+        c.close()
+    # HTTP/1.0 streaming: no chunked encoding there, the body ends with the connection.
+    c = RawHTTP(gw.port)
+    try:
+        raw = json.dumps(stream).encode()
+        c.send(b"POST /v1/completions HTTP/1.0\r\nContent-Length: %d\r\n\r\n%s" % (len(raw), raw))
+        status, headers, data = c.response()
+        assert status == 200 and "transfer-encoding" not in headers
+        assert headers["connection"] == "close"
+        assert data.endswith(b"data: [DONE]\n\n")
     finally:
         c.close()
     # HTTP/1.0 without keep-alive: answered, then closed.
