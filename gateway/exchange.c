@@ -237,6 +237,11 @@ void kvg_exchange_send_error_retry(kvg_exchange *x, int status, const char *type
     kvg_buf_json_string(&b, type, strlen(type));
     kvg_buf_printf(&b, ",\"param\":null,\"code\":%d}}", status);
     x->error_type = type;
+    /* Proxied responses carry the request id (proxy.c up_head); the gateway's own errors must
+     * too, since a 502/503/504 is exactly the answer whose access-log line a client needs to
+     * find. */
+    if (x->request_id[0])
+        kvg_exchange_add_header(x, "x-request-id", 12, x->request_id, strlen(x->request_id));
     if (retry_after_s) {
         char ra[16];
         int n = snprintf(ra, sizeof(ra), "%u", retry_after_s);

@@ -200,13 +200,27 @@ static void op_send_end(kvg_exchange *x)
 static void op_reset(kvg_exchange *x)
 {
     h1_conn *h = x->proto_data;
+    kvg_conn *c = h->conn;
+    /* With chunked or Content-Length framing a cut shows (no terminating chunk, too few
+     * bytes), so the client first gets what is already queued for it: the head and the events
+     * the worker produced before it failed. Closing at once would discard them, and a client
+     * whose socket was behind would see no response at all. */
+    bool framed = h->chunked_response || (x->head_sent && x->resp_content_length >= 0);
     /* The client must see a broken response, not a short one that looks complete: drop the
      * connection without the terminating chunk. */
     h->close_after = true;
     h->x = NULL;
     h->state = H1_CLOSING;
     kvg_exchange_front_finish(x);
-    kvg_conn_close(h->conn);
+    if (!framed || evbuffer_get_length(h1_output(h)) == 0) {
+        kvg_conn_close(c);
+        return;
+    }
+    /* write_cb closes once the output is flushed; a client that stops reading is dropped at
+     * the idle timeout (h1_timeout closes in H1_CLOSING). */
+    bufferevent_disable(c->bev, EV_READ);
+    bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
+    kvg_conn_set_timer(c, c->thread->gw->cfg.limits.idle_timeout_ms);
 }
 
 static size_t op_pending(kvg_exchange *x)

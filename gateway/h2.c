@@ -353,6 +353,14 @@ static void request_head_done(h2_stream *s, bool end_stream)
         kvg_thread_request_id(s->h->conn->thread, x->request_id, sizeof(x->request_id));
     }
     s->request_complete = end_stream;
+    /* The answers below come from the front itself: the handler never sees this request, so
+     * it will never detach, and an exchange with a handler attached is only released once it
+     * has. Drop the handler (as h1_fail does for requests it answers itself) or the stream
+     * leaks. */
+    if (s->head_too_large ||
+        (x->content_length > 0 && (uint64_t)x->content_length > x->body_limit) ||
+        s->h->conn->thread->draining)
+        x->handler = NULL;
     if (s->head_too_large) {
         kvg_exchange_send_error(x, 431, "invalid_request_error", "request header fields too large");
         return;

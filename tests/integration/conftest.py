@@ -260,7 +260,7 @@ class Gateway:
         scraping /metrics does not itself open front-counted connections repeatedly."""
         import httpx
         if self._admin is None:
-            self._admin = httpx.Client(base_url=self.admin_url, timeout=10,
+            self._admin = httpx.Client(base_url=self.admin_url, timeout=10, verify=False,
                                        headers={"authorization": f"Bearer {self.token}"})
         return self._admin
 
@@ -331,8 +331,19 @@ def tls_cert(tmp_path_factory):
     return cert, key
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """When a test fails, its report shows the tail of each gateway's log (stderr and stdout,
+    with any sanitizer report) next to the assertion."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and report.when in ("call", "setup"):
+        for gw in getattr(item, "kvgate_started", []):
+            report.sections.append((f"{gw.name} log ({gw.log_path})", gw.log()[-6000:]))
+
+
 @pytest.fixture
-def kvgate(tmp_path):
+def kvgate(tmp_path, request):
     """kvgate(*workers, config=None, ...) starts build/kvgate on 127.0.0.1:0 (front and admin)
     and returns a Gateway once its --port-file is written.
 
@@ -347,6 +358,7 @@ def kvgate(tmp_path):
     shown on failure."""
     exe = binary("kvgate")
     started = []
+    request.node.kvgate_started = started
 
     def start(*workers, config=None, threads=2, tls=None, listen=None, access_log=True,
               args=(), env=None, log_level="info", token=ADMIN_TOKEN, name=None,

@@ -3,7 +3,9 @@
 chunked bodies, 100-continue), HTTP/2 with prior knowledge, TLS with ALPN h2 and http/1.1.
 Real clients: curl, nghttp, httpx; real workers: kvgate-simworker. Also the response contract
 (x-kvgate-worker, x-request-id, hop-by-hop headers, /v1/models, OpenAI-style errors)."""
+import hashlib
 import json
+import os
 import re
 import socket
 import ssl
@@ -12,7 +14,7 @@ import subprocess
 import httpx
 import pytest
 
-from gwhelpers import (CHAT, COMPL, H2Client, RawHTTP, assert_openai_error, http1,
+from gwhelpers import (CHAT, COMPL, H2Client, RawHTTP, assert_openai_error, H2Stream, http, http1,
                        json_response, request_bytes, worker_cfg)
 
 BODY = {"model": "sim-model", "prompt": "hello there", "max_tokens": 2}
@@ -60,7 +62,7 @@ def test_chunked_request_body(simworker, kvgate, tmp_path):
                        "max_tokens": 1})
     f = tmp_path / "body.json"
     f.write_text(body)
-    direct = httpx.post(sw.url + CHAT, content=body).json()["usage"]["prompt_tokens"]
+    direct = http.post(sw.url + CHAT, content=body).json()["usage"]["prompt_tokens"]
     rc, out, err = curl("-H", "Transfer-Encoding: chunked", "-H",
                         "content-type: application/json", "--data-binary", f"@{f}",
                         "-w", "\n%{http_code}", gw.url + CHAT)
@@ -166,10 +168,23 @@ def test_curl_http2_prior_knowledge(simworker, kvgate):
     assert gw.metric("kvgate_connections_total", protocol="http2") - before == 1
 
 
+def test_h2c_upgrade_is_declined_but_served(simworker, kvgate):
+    """curl --http2 on cleartext asks for an Upgrade to h2c; the gateway answers over HTTP/1.1
+    (RFC 9110 7.8 lets a server ignore Upgrade) rather than failing."""
+    sw = simworker(time_scale=0)
+    gw = kvgate(sw)
+    rc, out, err = curl("--http2", "-w", "\n%{http_code} %{http_version}", "-d",
+                        json.dumps(BODY), gw.url + COMPL)
+    assert rc == 0, err
+    body, _, tail = out.rpartition("\n")
+    assert tail == "200 1.1"
+    completion_ok(body)
+
+
 def test_httpx_http2_prior_knowledge(simworker, kvgate):
     sw = simworker(time_scale=0)
     gw = kvgate(sw)
-    with httpx.Client(http1=False, http2=True, timeout=10) as client:
+    with httpx.Client(http1=False, http2=True, timeout=10, verify=False) as client:
         for _ in range(3):
             r = client.post(gw.url + COMPL, json=BODY)
             assert r.http_version == "HTTP/2"
@@ -274,14 +289,14 @@ def test_tls_only_listener_and_bad_handshakes(simworker, kvgate, tls_cert):
 def test_worker_header_and_request_id(simworker, kvgate):
     sw = simworker(time_scale=0)
     gw = kvgate(sw)
-    r = httpx.post(gw.url + COMPL, json=BODY, headers={"x-request-id": "client-id-42"})
+    r = http.post(gw.url + COMPL, json=BODY, headers={"x-request-id": "client-id-42"})
     assert r.status_code == 200
     assert r.headers["x-kvgate-worker"] == sw.name
     assert r.headers["x-request-id"] == "client-id-42"
     assert r.headers["x-simworker-name"] == sw.name  # the worker's own headers pass through
     ids = set()
     for _ in range(3):
-        r = httpx.post(gw.url + COMPL, json=BODY)
+        r = http.post(gw.url + COMPL, json=BODY)
         assert re.fullmatch(r"[0-9a-f]{32}", r.headers["x-request-id"]), r.headers
         ids.add(r.headers["x-request-id"])
     assert len(ids) == 3
@@ -293,7 +308,7 @@ def test_worker_header_and_request_id(simworker, kvgate):
         h.wait([a, b])
         assert a.status == 200 and a.headers["x-request-id"] == "h2-id"
         assert a.headers["x-kvgate-worker"] == sw.name
-        assert b.status == 404
+        assert b.status == 404 and b.headers["x-request-id"] == "h2-404"
     finally:
         h.close()
     logged = {e["request_id"]: e for e in gw.access_entries()}
@@ -305,7 +320,7 @@ def test_worker_header_and_request_id(simworker, kvgate):
 def test_worker_header_can_be_switched_off(simworker, kvgate):
     sw = simworker(time_scale=0)
     gw = kvgate(sw, config={"worker_header": False})
-    r = httpx.post(gw.url + COMPL, json=BODY)
+    r = http.post(gw.url + COMPL, json=BODY)
     assert r.status_code == 200
     assert "x-kvgate-worker" not in r.headers
     assert "x-request-id" in r.headers
@@ -359,7 +374,7 @@ def test_models_is_the_union_of_workers_models(simworker, kvgate):
     b = simworker(time_scale=0, model=["beta", "gamma"])
     gw = kvgate(config={"workers": [worker_cfg(a, models=["alpha", "beta"]),
                                     worker_cfg(b, models=["beta", "gamma"])]})
-    r = httpx.get(gw.url + "/v1/models")
+    r = http.get(gw.url + "/v1/models")
     assert r.status_code == 200
     body = r.json()
     assert body["object"] == "list"
@@ -375,7 +390,7 @@ def test_models_is_the_union_of_workers_models(simworker, kvgate):
     # Routing follows the models: each model only reaches a worker that serves it.
     for model, allowed in (("alpha", {a.name}), ("gamma", {b.name}), ("beta", {a.name, b.name})):
         for _ in range(2):
-            r = httpx.post(gw.url + COMPL, json={"model": model, "prompt": "x", "max_tokens": 1})
+            r = http.post(gw.url + COMPL, json={"model": model, "prompt": "x", "max_tokens": 1})
             assert r.status_code == 200, r.text
             assert r.headers["x-kvgate-worker"] in allowed
             assert r.json()["model"] == model
@@ -415,6 +430,7 @@ def test_openai_errors(simworker, kvgate, proto):
     for (method, path, _, status, type_), (got, headers, data) in zip(ERROR_CASES, results):
         assert got == status, (method, path, data)
         assert headers["content-type"] == "application/json"
+        assert re.fullmatch(r"[0-9a-f]{32}", headers["x-request-id"])  # errors carry one too
         err = assert_openai_error(data, status, type_)
         if status == 404 and path == COMPL:
             assert err["message"] == "The model `no-such-model` does not exist."
@@ -425,12 +441,71 @@ def test_openai_errors(simworker, kvgate, proto):
 def test_worker_errors_pass_through(simworker, kvgate):
     sw = simworker(time_scale=0)
     gw = kvgate(sw)  # --worker: serves any model, so the worker judges the model itself
-    r = httpx.post(gw.url + COMPL, json={"model": "other", "prompt": "x"})
+    r = http.post(gw.url + COMPL, json={"model": "other", "prompt": "x"})
     assert r.status_code == 404
     assert r.headers["x-kvgate-worker"] == sw.name
     assert_openai_error(r.content, 404, "NotFoundError")
-    r = httpx.post(gw.url + COMPL, json={"model": sw.model, "prompt": "x", "max_tokens": 0})
+    r = http.post(gw.url + COMPL, json={"model": sw.model, "prompt": "x", "max_tokens": 0})
     assert r.status_code == 400
     assert assert_openai_error(r.content, 400)["param"] == "max_tokens"
     assert gw.metric("kvgate_worker_requests_total", worker=sw.name, code="400") == 1
     assert gw.metric("kvgate_worker_requests_total", worker=sw.name, code="404") == 1
+
+
+def test_early_answer_discards_body_and_keeps_the_connection(simworker, kvgate):
+    sw = simworker(time_scale=0)
+    gw = kvgate(sw)
+    c = RawHTTP(gw.port)
+    try:
+        big = b"x" * (3 << 20)
+        c.send(b"POST /v1/nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(big))
+        status, headers, _ = c.response()  # answered before the body was sent
+        assert status == 404 and headers.get("connection") != "close"
+        c.send(big)  # the gateway reads and drops it, then serves the next request
+        c.send(request_bytes("POST", COMPL, BODY))
+        status, _, body = c.response()
+        assert status == 200
+        completion_ok(body)
+        # Connection: close is honoured.
+        c.send(request_bytes("POST", COMPL, BODY, {"Connection": "close"}))
+        status, headers, _ = c.response()
+        assert status == 200 and headers["connection"] == "close"
+        assert c.closed_by_peer()
+    finally:
+        c.close()
+
+
+def test_large_bodies_reach_the_worker_intact(kvgate, fake_upstream):
+    def echo(req, sock):
+        json_response(sock, {"len": len(req["body"]),
+                             "sha": hashlib.sha256(req["body"]).hexdigest()})
+        return True
+
+    up = fake_upstream(echo, name="echo")
+    gw = kvgate(up)
+    body = json.dumps({"prompt": os.urandom(5 << 19).hex()}).encode()  # 5 MiB
+    want = {"len": len(body), "sha": hashlib.sha256(body).hexdigest()}
+    r = http.post(gw.url + COMPL, content=body)
+    assert r.status_code == 200 and r.json() == want
+    # HTTP/2 past the initial windows: the gateway must keep opening them as it reads.
+    h = H2Client(gw.port, timeout=20)
+    try:
+        h.pump(1)
+        sid = h.conn.get_next_available_stream_id()
+        h.conn.send_headers(sid, [(":method", "POST"), (":path", COMPL), (":scheme", "http"),
+                                  (":authority", "t")])
+        s = h.streams[sid] = H2Stream(sid)
+        off = 0
+        while off < len(body):
+            n = min(h.conn.local_flow_control_window(sid), h.conn.max_outbound_frame_size,
+                    len(body) - off)
+            if n == 0:
+                assert h.pump(5), "the connection closed"
+                continue
+            h.conn.send_data(sid, body[off:off + n], end_stream=off + n == len(body))
+            off += n
+            h.flush()
+        h.wait([s], timeout=20)
+        assert s.status == 200 and json.loads(s.data) == want
+    finally:
+        h.close()
