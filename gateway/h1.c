@@ -218,8 +218,9 @@ static void op_reset(kvg_exchange *x)
     }
     /* write_cb closes once the output is flushed; a client that stops reading is dropped at
      * the idle timeout (h1_timeout closes in H1_CLOSING). */
-    bufferevent_disable(c->bev, EV_READ);
-    bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
+    kvg_sock_read(&c->sock, false);
+    c->sock.drain_notify = true;
+    kvg_sock_flush_soon(&c->sock);
     kvg_conn_set_timer(c, c->thread->gw->cfg.limits.idle_timeout_ms);
 }
 
