@@ -35,6 +35,32 @@ void kvg_arena_done(kvg_arena *a)
     a->total = 0;
 }
 
+void kvg_arena_reset(kvg_arena *a)
+{
+    kvg_arena_chunk *c = a->head;
+    if (!c) {
+        a->total = 0;
+        return;
+    }
+    /* Keep the oldest chunk (a regular-sized one): free the rest. */
+    kvg_arena_chunk *keep = c;
+    while (keep->next)
+        keep = keep->next;
+    while (c != keep) {
+        kvg_arena_chunk *next = c->next;
+        free(c);
+        c = next;
+    }
+    if (keep->size != a->chunk_size) {
+        free(keep);
+        a->head = NULL;
+    } else {
+        keep->used = 0;
+        a->head = keep;
+    }
+    a->total = 0;
+}
+
 void *kvg_arena_alloc(kvg_arena *a, size_t size)
 {
     size_t rounded = (size + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);

@@ -96,3 +96,25 @@ bool kvg_strcaseeq(const char *a, size_t alen, const char *b)
     }
     return true;
 }
+
+size_t kvg_fmt_u64(char *buf, uint64_t v)
+{
+    char tmp[20];
+    size_t n = 0;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    for (size_t i = 0; i < n; i++)
+        buf[i] = tmp[n - 1 - i];
+    return n;
+}
+
+void kvg_fmt_hex64(char *buf, uint64_t v)
+{
+    static const char hex[] = "0123456789abcdef";
+    for (int i = 15; i >= 0; i--) {
+        buf[i] = hex[v & 15];
+        v >>= 4;
+    }
+}

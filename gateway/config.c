@@ -73,7 +73,7 @@ int kvg_config_init(kvg_config *cfg)
         .connect_timeout_ms = 3000,
         .response_timeout_ms = 300000,
         .read_timeout_ms = 300000,
-        .max_idle_per_worker = 64,
+        .max_idle_per_worker = 256,
         .idle_timeout_ms = 60000,
         .retries = 2,
         .max_inflight = 1024,

@@ -9,7 +9,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <event2/bufferevent_ssl.h>
 #include <openssl/err.h>
 
 #include <arpa/inet.h>
@@ -28,8 +27,8 @@ static void close_cb(evutil_socket_t fd, short what, void *arg)
         c->proto_free(c);
     event_del(&c->peek_ev);
     event_del(&c->timer_ev);
-    if (c->bev)
-        bufferevent_free(c->bev); /* closes fd (BEV_OPT_CLOSE_ON_FREE) and frees the SSL */
+    if (c->sock_ready)
+        kvg_sock_done(&c->sock); /* closes the fd and frees the SSL */
     else if (c->fd >= 0)
         close(c->fd);
     kvg_list_unlink(&c->link);
@@ -45,8 +44,8 @@ void kvg_conn_close(kvg_conn *c)
     if (c->closing)
         return;
     c->closing = true;
-    if (c->bev)
-        bufferevent_disable(c->bev, EV_READ | EV_WRITE);
+    if (c->sock_ready)
+        kvg_sock_stop(&c->sock);
     event_active(&c->close_ev, EV_READ, 0);
 }
 
@@ -84,29 +83,23 @@ static void start_proto(kvg_conn *c, bool h2)
     }
 }
 
-static void tls_event_cb(struct bufferevent *bev, short what, void *arg)
+static void tls_event_cb(kvg_sock *sock, int what, void *arg)
 {
     kvg_conn *c = arg;
-    if (what & BEV_EVENT_CONNECTED) {
-        SSL *ssl = bufferevent_openssl_get_ssl(bev);
-        start_proto(c, kvg_tls_is_h2(ssl));
+    if (what & KVG_SOCK_CONNECTED) {
+        start_proto(c, kvg_tls_is_h2(kvg_sock_ssl(sock)));
         return;
     }
     /* The handshake failed or the client left during it. */
-    unsigned long e = bufferevent_get_openssl_error(bev);
+    unsigned long e = ERR_peek_last_error();
     if (e) {
         char buf[160];
         ERR_error_string_n(e, buf, sizeof(buf));
         kvg_log_debug("TLS handshake with %s failed: %s", c->remote, buf);
+        ERR_clear_error();
     }
     c->thread->gw->stats.tls_handshake_failures++;
     kvg_conn_close(c);
-}
-
-static int make_bev(kvg_conn *c)
-{
-    c->bev = bufferevent_socket_new(c->thread->base, c->fd, BEV_OPT_CLOSE_ON_FREE);
-    return c->bev ? 0 : -ENOMEM;
 }
 
 static void peek_cb(evutil_socket_t fd, short what, void *arg)
@@ -129,19 +122,13 @@ static void peek_cb(evutil_socket_t fd, short what, void *arg)
             kvg_conn_close(c);
             return;
         }
-        c->bev = bufferevent_openssl_socket_new(c->thread->base, fd, ssl,
-                                                BUFFEREVENT_SSL_ACCEPTING, BEV_OPT_CLOSE_ON_FREE);
-        if (!c->bev) {
-            SSL_free(ssl);
+        c->sock_ready = true; /* the sock owns fd and ssl from here, even on failure */
+        if (kvg_sock_init(&c->sock, c->thread->base, fd, ssl) < 0) {
             kvg_conn_close(c);
             return;
         }
         c->tls = true;
-        /* Peers that drop the connection without close_notify are common; they are not
-         * errors for a server. */
-        bufferevent_openssl_set_allow_dirty_shutdown(c->bev, 1);
-        bufferevent_setcb(c->bev, NULL, NULL, tls_event_cb, c);
-        bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+        kvg_sock_set_callbacks(&c->sock, NULL, NULL, tls_event_cb, c);
         return;
     }
     if (!l->cfg.cleartext) {
@@ -154,7 +141,8 @@ static void peek_cb(evutil_socket_t fd, short what, void *arg)
         event_add(&c->peek_ev, NULL);
         return;
     }
-    if (make_bev(c) < 0) {
+    c->sock_ready = true;
+    if (kvg_sock_init(&c->sock, c->thread->base, fd, NULL) < 0) {
         kvg_conn_close(c);
         return;
     }

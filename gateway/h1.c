@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
 
 #include "server.h"
 
@@ -88,7 +87,7 @@ static const char *reason_phrase(int status)
 
 static struct evbuffer *h1_output(h1_conn *h)
 {
-    return bufferevent_get_output(h->conn->bev);
+    return h->conn->sock.out;
 }
 
 static void op_read_body(kvg_exchange *x)
@@ -99,6 +98,7 @@ static void op_read_body(kvg_exchange *x)
     h->body_wanted = true;
     if (x->expect_continue && !h->continue_sent && !h->message_complete) {
         evbuffer_add(h1_output(h), "HTTP/1.1 100 Continue\r\n\r\n", 25);
+        kvg_sock_flush_soon(&h->conn->sock);
         h->continue_sent = true;
     }
     event_active(&h->process_ev, EV_READ, 0);
@@ -118,7 +118,18 @@ static void op_send_head(kvg_exchange *x)
     }
     if (h->conn->thread->draining || !h->keep_alive || h->upgrade)
         h->close_after = true;
-    evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\n", x->status, reason_phrase(x->status));
+    char line[80];
+    int st = x->status >= 100 && x->status <= 999 ? x->status : 500;
+    memcpy(line, "HTTP/1.1 ", 9);
+    size_t n = 9 + kvg_fmt_u64(line + 9, (uint64_t)st);
+    line[n++] = ' ';
+    const char *reason = reason_phrase(st);
+    size_t rl = strlen(reason);
+    memcpy(line + n, reason, rl);
+    n += rl;
+    line[n++] = '\r';
+    line[n++] = '\n';
+    evbuffer_add(out, line, n);
     for (size_t i = 0; i < x->resp_nheaders; i++) {
         kvg_header *hd = &x->resp_headers[i];
         evbuffer_add(out, hd->name, hd->name_len);
@@ -128,8 +139,13 @@ static void op_send_head(kvg_exchange *x)
     }
     bool no_body = h->head_request || x->status == 204 || x->status == 304 || x->status < 200;
     if (x->resp_content_length >= 0) {
-        if (x->status != 204 && x->status != 304)
-            evbuffer_add_printf(out, "content-length: %lld\r\n", (long long)x->resp_content_length);
+        if (x->status != 204 && x->status != 304) {
+            char cl[48] = "content-length: ";
+            size_t m = 16 + kvg_fmt_u64(cl + 16, (uint64_t)x->resp_content_length);
+            cl[m++] = '\r';
+            cl[m++] = '\n';
+            evbuffer_add(out, cl, m);
+        }
     } else if (!no_body) {
         if (h->parser.http_major == 1 && h->parser.http_minor >= 1) {
             h->chunked_response = true;
@@ -144,6 +160,7 @@ static void op_send_head(kvg_exchange *x)
         evbuffer_add(out, "connection: keep-alive\r\n\r\n", 26);
     else
         evbuffer_add(out, "\r\n", 2);
+    kvg_sock_flush_soon(&h->conn->sock);
 }
 
 static void op_send_data(kvg_exchange *x)
@@ -162,14 +179,17 @@ static void op_send_data(kvg_exchange *x)
     evbuffer_add_buffer(out, x->out);
     if (h->chunked_response)
         evbuffer_add(out, "\r\n", 2);
+    kvg_sock_flush_soon(&h->conn->sock);
 }
 
 static void op_send_end(kvg_exchange *x)
 {
     h1_conn *h = x->proto_data;
     op_send_data(x);
-    if (h->chunked_response && !h->head_request)
+    if (h->chunked_response && !h->head_request) {
         evbuffer_add(h1_output(h), "0\r\n\r\n", 5);
+        kvg_sock_flush_soon(&h->conn->sock);
+    }
     h->response_complete = true;
     /* The whole response is queued in order; the connection can move to the next request
      * while the bytes drain (unless the request body is still arriving). */
@@ -198,8 +218,9 @@ static void op_reset(kvg_exchange *x)
     }
     /* write_cb closes once the output is flushed; a client that stops reading is dropped at
      * the idle timeout (h1_timeout closes in H1_CLOSING). */
-    bufferevent_disable(c->bev, EV_READ);
-    bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
+    kvg_sock_read(&c->sock, false);
+    c->sock.drain_notify = true;
+    kvg_sock_flush_soon(&c->sock);
     kvg_conn_set_timer(c, c->thread->gw->cfg.limits.idle_timeout_ms);
 }
 
@@ -253,8 +274,8 @@ static void h1_finish_exchange(h1_conn *h)
     kvg_conn *c = h->conn;
     if (h->close_after || c->thread->draining) {
         h->state = H1_CLOSING;
-        bufferevent_disable(c->bev, EV_READ);
-        bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
+        kvg_sock_read(&c->sock, false);
+        c->sock.drain_notify = true; /* write_cb closes once the last byte is out */
         if (evbuffer_get_length(h1_output(h)) == 0)
             kvg_conn_close(c);
         return;
@@ -511,7 +532,7 @@ static const http_parser_settings h1_settings = {
 static void h1_process(h1_conn *h)
 {
     kvg_conn *c = h->conn;
-    struct evbuffer *in = bufferevent_get_input(c->bev);
+    struct evbuffer *in = c->sock.in;
     for (;;) {
         if (c->closing || h->state == H1_CLOSING)
             return;
@@ -543,6 +564,7 @@ static void h1_process(h1_conn *h)
             return;
         size_t n = http_parser_execute(&h->parser, &h1_settings, vec.iov_base, vec.iov_len);
         evbuffer_drain(in, n);
+        kvg_sock_consumed(&c->sock);
         enum http_errno err = HTTP_PARSER_ERRNO(&h->parser);
         if (err == HPE_PAUSED)
             continue;
@@ -568,13 +590,13 @@ static void process_cb(evutil_socket_t fd, short what, void *arg)
     h1_process(arg);
 }
 
-static void read_cb(struct bufferevent *bev, void *arg)
+static void read_cb(kvg_sock *sock, void *arg)
 {
     h1_conn *h = ((kvg_conn *)arg)->proto_state;
     h1_process(h);
 }
 
-static void write_cb(struct bufferevent *bev, void *arg)
+static void write_cb(kvg_sock *sock, void *arg)
 {
     kvg_conn *c = arg;
     h1_conn *h = c->proto_state;
@@ -587,7 +609,7 @@ static void write_cb(struct bufferevent *bev, void *arg)
         kvg_exchange_deliver_writable(h->x);
 }
 
-static void event_cb(struct bufferevent *bev, short what, void *arg)
+static void event_cb(kvg_sock *sock, int what, void *arg)
 {
     kvg_conn *c = arg;
     h1_conn *h = c->proto_state;
@@ -666,10 +688,10 @@ int kvg_h1_start(kvg_conn *c)
     kvg_conn_set_timer(c, c->thread->gw->cfg.limits.header_timeout_ms);
     const kvg_front_limits *lim = &c->thread->gw->cfg.limits;
     /* Bound what a pipelining client can park in our input buffer. */
-    bufferevent_setwatermark(c->bev, EV_READ, 0, lim->header_bytes + 65536);
-    bufferevent_setwatermark(c->bev, EV_WRITE, KVG_EXCHANGE_LOW_WATER, 0);
-    bufferevent_setcb(c->bev, read_cb, write_cb, event_cb, c);
-    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    c->sock.read_high = lim->header_bytes + 65536;
+    c->sock.write_low = KVG_EXCHANGE_LOW_WATER;
+    kvg_sock_set_callbacks(&c->sock, read_cb, write_cb, event_cb, c);
+    kvg_sock_read(&c->sock, true);
     c->thread->gw->stats.connections_total[KVG_PROTO_HTTP1]++;
     event_active(&h->process_ev, EV_READ, 0);
     return 0;

@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
 
 #include "server.h"
 
@@ -458,7 +457,7 @@ static ssize_t send_cb(nghttp2_session *session, const uint8_t *data, size_t len
                        void *user_data)
 {
     h2_conn *h = user_data;
-    struct evbuffer *out = bufferevent_get_output(h->conn->bev);
+    struct evbuffer *out = h->conn->sock.out;
     if (evbuffer_get_length(out) >= H2_OUTPUT_THRESHOLD)
         return NGHTTP2_ERR_WOULDBLOCK;
     evbuffer_add(out, data, length);
@@ -470,7 +469,7 @@ static int send_data_cb(nghttp2_session *session, nghttp2_frame *frame, const ui
 {
     h2_conn *h = user_data;
     h2_stream *s = source->ptr;
-    struct evbuffer *out = bufferevent_get_output(h->conn->bev);
+    struct evbuffer *out = h->conn->sock.out;
     if (evbuffer_get_length(out) >= H2_OUTPUT_THRESHOLD)
         return NGHTTP2_ERR_WOULDBLOCK;
     evbuffer_add(out, framehd, 9);
@@ -497,23 +496,32 @@ static void deliver_writables(h2_conn *h)
     }
 }
 
-/* Send what nghttp2 has queued; close when neither side wants more. Never called from inside
- * an nghttp2 callback. */
+/* Send what nghttp2 has queued, straight to the socket; close when neither side wants more.
+ * Never called from inside an nghttp2 callback. */
 static void h2_flush(h2_conn *h)
 {
     kvg_conn *c = h->conn;
     h->flush_pending = false;
     if (c->closing)
         return;
-    int rv = nghttp2_session_send(h->session);
-    if (rv != 0) {
-        kvg_log_debug("h2 send to %s: %s", c->remote, nghttp2_strerror(rv));
-        kvg_conn_close(c);
-        return;
+    /* nghttp2 stops at the output threshold (WOULDBLOCK); when the socket takes it all at once
+     * there is room again, so go round until the socket pushes back or nothing is left. */
+    for (int round = 0; round < 16; round++) {
+        int rv = nghttp2_session_send(h->session);
+        if (rv != 0) {
+            kvg_log_debug("h2 send to %s: %s", c->remote, nghttp2_strerror(rv));
+            kvg_conn_close(c);
+            return;
+        }
+        kvg_sock_flush(&c->sock);
+        if (evbuffer_get_length(c->sock.out) > 0 || !nghttp2_session_want_write(h->session))
+            break;
     }
     deliver_writables(h);
-    if (!nghttp2_session_want_read(h->session) && !nghttp2_session_want_write(h->session) &&
-        evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+    if (evbuffer_get_length(c->sock.out) > 0)
+        return; /* write_cb comes back when the socket drains */
+    if (h->goaway || (!nghttp2_session_want_read(h->session) &&
+                      !nghttp2_session_want_write(h->session)))
         kvg_conn_close(c);
 }
 
@@ -522,11 +530,11 @@ static void flush_cb(evutil_socket_t fd, short what, void *arg)
     h2_flush(arg);
 }
 
-static void read_cb(struct bufferevent *bev, void *arg)
+static void read_cb(kvg_sock *sock, void *arg)
 {
     kvg_conn *c = arg;
     h2_conn *h = c->proto_state;
-    struct evbuffer *in = bufferevent_get_input(bev);
+    struct evbuffer *in = sock->in;
     while (evbuffer_get_length(in) > 0 && !c->closing) {
         struct evbuffer_iovec vec;
         if (evbuffer_peek(in, -1, NULL, &vec, 1) < 1)
@@ -539,30 +547,33 @@ static void read_cb(struct bufferevent *bev, void *arg)
             kvg_log_debug("h2 from %s: %s", c->remote, nghttp2_strerror((int)rv));
             nghttp2_session_send(h->session);
             h->goaway = true;
-            bufferevent_disable(bev, EV_READ);
+            kvg_sock_read(sock, false);
             evbuffer_drain(in, evbuffer_get_length(in));
-            if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+            sock->drain_notify = true; /* write_cb closes once the GOAWAY is out */
+            kvg_sock_flush_soon(sock);
+            if (evbuffer_get_length(sock->out) == 0)
                 kvg_conn_close(c);
             return;
         }
         evbuffer_drain(in, (size_t)rv);
     }
+    kvg_sock_consumed(sock);
     h2_flush(h);
 }
 
-static void write_cb(struct bufferevent *bev, void *arg)
+static void write_cb(kvg_sock *sock, void *arg)
 {
     kvg_conn *c = arg;
     h2_conn *h = c->proto_state;
     if (h->goaway) {
-        if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+        if (evbuffer_get_length(sock->out) == 0)
             kvg_conn_close(c);
         return;
     }
     h2_flush(h);
 }
 
-static void event_cb(struct bufferevent *bev, short what, void *arg)
+static void event_cb(kvg_sock *sock, int what, void *arg)
 {
     kvg_conn_close(arg);
 }
@@ -656,15 +667,16 @@ int kvg_h2_start(kvg_conn *c)
     c->proto_free = h2_free;
     c->proto_drain = h2_drain;
     c->proto_timeout = h2_timeout;
-    bufferevent_setwatermark(c->bev, EV_WRITE, H2_OUTPUT_THRESHOLD / 2, 0);
-    bufferevent_setcb(c->bev, read_cb, write_cb, event_cb, c);
-    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    c->sock.write_low = H2_OUTPUT_THRESHOLD / 2;
+    c->sock.read_high = 256 * 1024;
+    kvg_sock_set_callbacks(&c->sock, read_cb, write_cb, event_cb, c);
+    kvg_sock_read(&c->sock, true);
     c->thread->gw->stats.connections_total[KVG_PROTO_HTTP2]++;
     /* The preface must arrive within the header timeout, then the idle timeout applies. */
     kvg_conn_set_timer(c, lim->header_timeout_ms);
     h2_schedule_flush(h);
-    /* TLS may have buffered the client's first bytes already. */
-    if (evbuffer_get_length(bufferevent_get_input(c->bev)) > 0)
-        read_cb(c->bev, c);
+    /* TLS may have decrypted the client's first bytes already. */
+    if (evbuffer_get_length(c->sock.in) > 0)
+        read_cb(&c->sock, c);
     return 0;
 }

@@ -240,16 +240,27 @@ static bool forwardable(const kvg_header *h)
     return true;
 }
 
+static void add_str(struct evbuffer *b, const char *s)
+{
+    evbuffer_add(b, s, strlen(s));
+}
+
+/* The request head for worker w, composed in one buffer (printf showed in profiles). */
 static struct evbuffer *build_head(proxy_req *r, kvg_worker *w)
 {
     kvg_exchange *x = r->x;
     struct evbuffer *b = evbuffer_new();
     if (!b)
         return NULL;
-    size_t plen = path_len(x->path);
-    evbuffer_add_printf(b, "%s %.*s HTTP/1.1\r\nhost: %s\r\ncontent-length: %zu\r\n", x->method,
-                        (int)plen, x->path, kvg_worker_authority(w),
-                        evbuffer_get_length(x->body));
+    char num[24];
+    add_str(b, x->method);
+    evbuffer_add(b, " ", 1);
+    evbuffer_add(b, x->path, path_len(x->path));
+    evbuffer_add(b, " HTTP/1.1\r\nhost: ", 17);
+    add_str(b, kvg_worker_authority(w));
+    evbuffer_add(b, "\r\ncontent-length: ", 18);
+    evbuffer_add(b, num, kvg_fmt_u64(num, evbuffer_get_length(x->body)));
+    evbuffer_add(b, "\r\n", 2);
     for (size_t i = 0; i < x->nheaders; i++) {
         const kvg_header *h = &x->headers[i];
         if (!forwardable(h) || named_by_connection(h, x->headers, x->nheaders))
@@ -260,19 +271,22 @@ static struct evbuffer *build_head(proxy_req *r, kvg_worker *w)
         evbuffer_add(b, "\r\n", 2);
     }
     /* The client's address, without its port, appended to any chain it brought. */
-    char ip[64];
-    snprintf(ip, sizeof(ip), "%s", x->remote);
-    char *colon = strrchr(ip, ':');
-    if (colon)
-        *colon = '\0';
+    const char *ip = x->remote;
+    const char *colon = strrchr(ip, ':');
+    size_t ip_len = colon ? (size_t)(colon - ip) : strlen(ip);
     size_t xff_len;
     const char *xff = kvg_exchange_header(x, "x-forwarded-for", &xff_len);
-    if (xff)
-        evbuffer_add_printf(b, "x-forwarded-for: %.*s, %s\r\n", (int)xff_len, xff, ip);
-    else
-        evbuffer_add_printf(b, "x-forwarded-for: %s\r\n", ip);
-    evbuffer_add_printf(b, "x-forwarded-proto: %s\r\nx-request-id: %s\r\n\r\n", x->scheme,
-                        x->request_id);
+    evbuffer_add(b, "x-forwarded-for: ", 17);
+    if (xff) {
+        evbuffer_add(b, xff, xff_len);
+        evbuffer_add(b, ", ", 2);
+    }
+    evbuffer_add(b, ip, ip_len);
+    evbuffer_add(b, "\r\nx-forwarded-proto: ", 21);
+    add_str(b, x->scheme);
+    evbuffer_add(b, "\r\nx-request-id: ", 16);
+    add_str(b, x->request_id);
+    evbuffer_add(b, "\r\n\r\n", 4);
     return b;
 }
 
@@ -322,22 +336,20 @@ static int parse_model(proxy_req *r, char **model)
     kvg_exchange *x = r->x;
     size_t len = evbuffer_get_length(x->body);
     const char *data = (const char *)evbuffer_pullup(x->body, -1);
-    kvg_arena a;
-    kvg_arena_init(&a, 16384);
+    /* The tree lives in the request's arena: no allocation of its own per request. */
+    kvg_arena *a = &x->arena;
     kvg_json *root;
     kvg_json_error err = {0};
-    int rc = kvg_json_parse(data ? data : "", len, &a, NULL, &root, &err);
+    int rc = kvg_json_parse(data ? data : "", len, a, NULL, &root, &err);
     if (rc < 0) {
         kvg_exchange_send_error(x, 400, "invalid_request_error",
                                 "the request body is not valid JSON: %s at byte %zu", err.message,
                                 err.offset);
-        kvg_arena_done(&a);
         return -1;
     }
     if (root->type != KVG_JSON_OBJECT) {
         kvg_exchange_send_error(x, 400, "invalid_request_error",
                                 "the request body must be a JSON object");
-        kvg_arena_done(&a);
         return -1;
     }
     const kvg_json *m = kvg_json_get(root, "model");
@@ -347,12 +359,10 @@ static int parse_model(proxy_req *r, char **model)
             memchr(m->u.str.ptr, '\0', m->u.str.len)) {
             kvg_exchange_send_error(x, 400, "invalid_request_error",
                                     "'model' must be a non-empty string");
-            kvg_arena_done(&a);
             return -1;
         }
-        *model = kvg_arena_strndup(&x->arena, m->u.str.ptr, m->u.str.len);
+        *model = m->u.str.ptr;
     }
-    kvg_arena_done(&a);
     return 0;
 }
 

@@ -15,6 +15,7 @@
 #include "config.h"
 #include "exchange.h"
 #include "router.h"
+#include "sock.h"
 
 typedef struct kvg_gateway kvg_gateway;
 typedef struct kvg_listener kvg_listener;
@@ -114,7 +115,8 @@ struct kvg_conn {
     kvg_listener *listener;
     kvg_link link;
     evutil_socket_t fd;
-    struct bufferevent *bev;
+    kvg_sock sock;          /* valid once sock_ready */
+    bool sock_ready;
     struct event peek_ev;   /* waits for the first bytes to pick the protocol */
     struct event timer_ev;  /* header/idle timeout of the connection */
     struct event close_ev;  /* deferred free */
@@ -156,7 +158,7 @@ void kvg_conn_close(kvg_conn *c);
 /** (Re)arm the connection timer; ms 0 disarms. */
 void kvg_conn_set_timer(kvg_conn *c, uint32_t ms);
 
-/* Protocol fronts: take over a connection whose bufferevent is ready. */
+/* Protocol fronts: take over a connection whose socket is ready. */
 int kvg_h1_start(kvg_conn *c);
 int kvg_h2_start(kvg_conn *c);
 

@@ -271,7 +271,13 @@ void kvg_thread_request_id(kvg_thread *t, char *buf, size_t len)
         t->rng ^= t->rng >> 27;
         out[i] = t->rng * 0x2545F4914F6CDD1DULL;
     }
-    snprintf(buf, len, "%016llx%016llx", (unsigned long long)out[0], (unsigned long long)out[1]);
+    if (len < 33) {
+        buf[0] = '\0';
+        return;
+    }
+    kvg_fmt_hex64(buf, out[0]);
+    kvg_fmt_hex64(buf + 16, out[1]);
+    buf[32] = '\0';
 }
 
 static void *thread_main(void *arg)

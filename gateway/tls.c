@@ -43,7 +43,8 @@ int kvg_tls_ctx_new(const kvg_listener_config *cfg, SSL_CTX **out, char *err, si
     }
     SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
     SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_NO_RENEGOTIATION |
-                                 SSL_OP_CIPHER_SERVER_PREFERENCE | SSL_OP_NO_TICKET);
+                                 SSL_OP_CIPHER_SERVER_PREFERENCE | SSL_OP_NO_TICKET |
+                                 SSL_OP_IGNORE_UNEXPECTED_EOF);
     /* TLS 1.2 suites that RFC 9113 (HTTP/2) accepts: AEAD with ephemeral keys only. */
     if (SSL_CTX_set_cipher_list(ctx, "ECDHE+AESGCM:ECDHE+CHACHA20:DHE+AESGCM:DHE+CHACHA20") != 1) {
         tls_error(err, err_len, "cannot set ciphers", NULL);

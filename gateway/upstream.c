@@ -9,8 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <event2/bufferevent.h>
 #include <event2/dns.h>
+#include <netdb.h>
+#include <stdio.h>
 
 /* Input we read ahead of the parser while the client is slow (backpressure bound). */
 #define UPSTREAM_READ_HIGH (64u * 1024u)
@@ -28,7 +29,14 @@ struct kvg_upstream {
     kvg_link link;          /* in pool->idle while idle */
     kvg_upstream_pool *pool;
     kvg_upstream_state state;
-    struct bufferevent *bev;
+    kvg_sock sock;          /* valid once sock_ready (after the address is known) */
+    bool sock_ready;
+    struct evbuffer *pending; /* the request, held while the address is being resolved */
+    struct evdns_getaddrinfo_request *dns_req;
+    struct event connect_ev;  /* starts the connect outside the resolver's callback */
+    struct sockaddr_storage addr;
+    socklen_t addr_len;
+    int resolve_error;
     http_parser parser;
     const kvg_upstream_cbs *cbs;
     void *ud;
@@ -105,8 +113,17 @@ static void upstream_free(kvg_upstream *u)
     kvg_upstream_pool *p = u->pool;
     event_del(&u->timer);
     event_del(&u->close_ev);
-    if (u->bev)
-        bufferevent_free(u->bev);
+    event_del(&u->connect_ev);
+    if (u->dns_req) {
+        /* The resolver calls back with EVUTIL_EAI_CANCEL; the callback ignores that. */
+        struct evdns_getaddrinfo_request *req = u->dns_req;
+        u->dns_req = NULL;
+        evdns_getaddrinfo_cancel(req);
+    }
+    if (u->sock_ready)
+        kvg_sock_done(&u->sock);
+    if (u->pending)
+        evbuffer_free(u->pending);
     kvg_buf_done(&u->field);
     kvg_buf_done(&u->value);
     kvg_arena_done(&u->arena);
@@ -128,9 +145,10 @@ static void close_cb(evutil_socket_t fd, short what, void *arg)
 /* Close soon: callers may be inside this connection's own callbacks. */
 static void upstream_close(kvg_upstream *u)
 {
-    if (u->bev)
-        bufferevent_disable(u->bev, EV_READ | EV_WRITE);
+    if (u->sock_ready)
+        kvg_sock_stop(&u->sock);
     event_del(&u->timer);
+    event_del(&u->connect_ev);
     u->cbs = NULL; /* no callback after this point */
     if (u->state == KVG_UPSTREAM_IDLE) {
         kvg_list_unlink(&u->link);
@@ -177,13 +195,13 @@ static void fail_error(kvg_upstream *u, int status, const char *msg)
 
 /* ---- the pool's idle connections ------------------------------------------------------------ */
 
-static void idle_read_cb(struct bufferevent *bev, void *arg)
+static void idle_read_cb(kvg_sock *sock, void *arg)
 {
     /* A worker never speaks first; bytes on an idle connection mean it is unusable. */
     upstream_close(arg);
 }
 
-static void idle_event_cb(struct bufferevent *bev, short what, void *arg)
+static void idle_event_cb(kvg_sock *sock, int what, void *arg)
 {
     upstream_close(arg);
 }
@@ -194,7 +212,7 @@ static void release_to_pool(kvg_upstream *u)
     kvg_thread *t = p->thread;
     bool keep = http_should_keep_alive(&u->parser) && !t->draining &&
                 !kvg_worker_retired(p->worker) && p->nidle < ucfg(u)->max_idle_per_worker &&
-                evbuffer_get_length(bufferevent_get_input(u->bev)) == 0;
+                evbuffer_get_length(u->sock.in) == 0;
     if (!keep) {
         upstream_close(u);
         return;
@@ -205,8 +223,8 @@ static void release_to_pool(kvg_upstream *u)
     p->nactive--;
     p->nidle++;
     kvg_list_insert(&p->idle, &u->link); /* LIFO: the warmest connection is reused first */
-    bufferevent_setcb(u->bev, idle_read_cb, NULL, idle_event_cb, u);
-    bufferevent_enable(u->bev, EV_READ);
+    kvg_sock_set_callbacks(&u->sock, idle_read_cb, NULL, idle_event_cb, u);
+    kvg_sock_read(&u->sock, true);
     arm_timer(u, ucfg(u)->idle_timeout_ms);
 }
 
@@ -327,13 +345,14 @@ static void complete(kvg_upstream *u)
 
 static void process_input(kvg_upstream *u)
 {
-    struct evbuffer *in = bufferevent_get_input(u->bev);
+    struct evbuffer *in = u->sock.in;
     while (!u->paused && u->state == KVG_UPSTREAM_READING && evbuffer_get_length(in) > 0) {
         struct evbuffer_iovec vec;
         if (evbuffer_peek(in, -1, NULL, &vec, 1) < 1)
             return;
         size_t n = http_parser_execute(&u->parser, &response_settings, vec.iov_base, vec.iov_len);
         evbuffer_drain(in, n);
+        kvg_sock_consumed(&u->sock);
         if (u->state != KVG_UPSTREAM_READING)
             return; /* the caller aborted from a callback */
         enum http_errno err = HTTP_PARSER_ERRNO(&u->parser);
@@ -350,7 +369,7 @@ static void process_input(kvg_upstream *u)
     }
 }
 
-static void read_cb(struct bufferevent *bev, void *arg)
+static void read_cb(kvg_sock *sock, void *arg)
 {
     kvg_upstream *u = arg;
     if (u->state == KVG_UPSTREAM_WAITING) {
@@ -363,23 +382,18 @@ static void read_cb(struct bufferevent *bev, void *arg)
     process_input(u);
 }
 
-static void event_cb(struct bufferevent *bev, short what, void *arg)
+static void event_cb(kvg_sock *sock, int what, void *arg)
 {
     kvg_upstream *u = arg;
-    if (what & BEV_EVENT_CONNECTED) {
+    if (what & KVG_SOCK_CONNECTED) {
         u->state = KVG_UPSTREAM_WAITING;
         kvg_worker_health_observe(u->pool->worker, true);
         arm_timer(u, ucfg(u)->response_timeout_ms);
         return;
     }
     if (u->state == KVG_UPSTREAM_CONNECTING) {
-        int err = EVUTIL_SOCKET_ERROR();
-        int dns = bufferevent_socket_get_dns_error(bev);
-        if (dns)
-            kvg_log_warn("cannot resolve worker %s: %s", kvg_worker_name(u->pool->worker),
-                         evutil_gai_strerror(dns));
         kvg_worker_health_observe(u->pool->worker, false);
-        fail_retryable(u, err ? -err : -ECONNREFUSED, true);
+        fail_retryable(u, sock->error ? -sock->error : -ECONNREFUSED, true);
         return;
     }
     if (u->state == KVG_UPSTREAM_WAITING) {
@@ -388,7 +402,7 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
         return;
     }
     if (u->state == KVG_UPSTREAM_READING) {
-        if (what & BEV_EVENT_EOF) {
+        if (what & KVG_SOCK_EOF) {
             /* A close-delimited body ends here; anything else is a truncated response. */
             process_input(u);
             if (u->state != KVG_UPSTREAM_READING)
@@ -428,6 +442,75 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 
 /* ---- requests ---------------------------------------------------------------------------------- */
 
+static void start_connect(kvg_upstream *u)
+{
+    kvg_thread *t = u->pool->thread;
+    u->sock_ready = true; /* kvg_sock_done is safe on whatever connect leaves behind */
+    int rc = kvg_sock_connect(&u->sock, t->base, (struct sockaddr *)&u->addr, u->addr_len);
+    if (rc < 0) {
+        kvg_worker_health_observe(u->pool->worker, false);
+        fail_retryable(u, rc, true);
+        return;
+    }
+    u->sock.read_high = UPSTREAM_READ_HIGH;
+    kvg_sock_set_callbacks(&u->sock, read_cb, NULL, event_cb, u);
+    kvg_sock_read(&u->sock, true);
+    /* The request goes out as soon as the connection is up. */
+    evbuffer_add_buffer(u->sock.out, u->pending);
+}
+
+static void connect_cb(evutil_socket_t fd, short what, void *arg)
+{
+    kvg_upstream *u = arg;
+    if (u->state != KVG_UPSTREAM_CONNECTING)
+        return;
+    if (u->resolve_error) {
+        kvg_log_warn("cannot resolve worker %s: %s", kvg_worker_name(u->pool->worker),
+                     evutil_gai_strerror(u->resolve_error));
+        kvg_worker_health_observe(u->pool->worker, false);
+        fail_retryable(u, -EHOSTUNREACH, true);
+        return;
+    }
+    start_connect(u);
+}
+
+static void resolved_cb(int result, struct evutil_addrinfo *res, void *arg)
+{
+    if (result == EVUTIL_EAI_CANCEL)
+        return; /* the connection is being freed */
+    kvg_upstream *u = arg;
+    u->dns_req = NULL;
+    if (result == 0 && res && res->ai_addrlen <= sizeof(u->addr)) {
+        memcpy(&u->addr, res->ai_addr, res->ai_addrlen);
+        u->addr_len = (socklen_t)res->ai_addrlen;
+    } else {
+        u->resolve_error = result ? result : EVUTIL_EAI_FAIL;
+    }
+    if (res)
+        evutil_freeaddrinfo(res);
+    /* The resolver may call back from inside evdns_getaddrinfo: continue from the loop. */
+    event_active(&u->connect_ev, EV_WRITE, 0);
+}
+
+/* Find the worker's address: numeric hosts at once, names through the thread's resolver. */
+static void resolve(kvg_upstream *u)
+{
+    kvg_worker *w = u->pool->worker;
+    int len = (int)sizeof(u->addr);
+    if (evutil_parse_sockaddr_port(kvg_worker_authority(w), (struct sockaddr *)&u->addr, &len) ==
+        0) {
+        u->addr_len = (socklen_t)len;
+        event_active(&u->connect_ev, EV_WRITE, 0);
+        return;
+    }
+    char port[8];
+    snprintf(port, sizeof(port), "%u", kvg_worker_port(w));
+    struct evutil_addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                                    .ai_protocol = IPPROTO_TCP};
+    u->dns_req = evdns_getaddrinfo(u->pool->thread->dns, kvg_worker_host(w), port, &hints,
+                                   resolved_cb, u);
+}
+
 static kvg_upstream *upstream_new(kvg_upstream_pool *p)
 {
     kvg_thread *t = p->thread;
@@ -442,8 +525,9 @@ static kvg_upstream *upstream_new(kvg_upstream_pool *p)
     kvg_arena_init(&u->arena, 2048);
     event_assign(&u->timer, t->base, -1, 0, timer_cb, u);
     event_assign(&u->close_ev, t->base, -1, 0, close_cb, u);
-    u->bev = bufferevent_socket_new(t->base, -1, BEV_OPT_CLOSE_ON_FREE);
-    if (!u->bev) {
+    event_assign(&u->connect_ev, t->base, -1, 0, connect_cb, u);
+    u->pending = evbuffer_new();
+    if (!u->pending) {
         kvg_arena_done(&u->arena);
         free(u);
         return NULL;
@@ -480,33 +564,23 @@ int kvg_upstream_request(kvg_thread *t, kvg_worker *w, struct evbuffer *head, st
     u->got_bytes = u->head_passed = u->message_complete = u->paused = u->in_value = false;
     u->nheaders = u->cap_headers = u->head_bytes = 0;
     u->headers = NULL;
-    kvg_arena_done(&u->arena);
-    kvg_arena_init(&u->arena, 2048);
+    kvg_arena_reset(&u->arena);
     kvg_buf_reset(&u->field);
     kvg_buf_reset(&u->value);
     http_parser_init(&u->parser, HTTP_RESPONSE);
     u->parser.data = u;
-    bufferevent_setcb(u->bev, read_cb, NULL, event_cb, u);
-    bufferevent_setwatermark(u->bev, EV_READ, 0, UPSTREAM_READ_HIGH);
-    struct evbuffer *o = bufferevent_get_output(u->bev);
+    struct evbuffer *o = fresh ? u->pending : u->sock.out;
     evbuffer_add_buffer(o, head);
     if (body && evbuffer_get_length(body))
         evbuffer_add_buffer_reference(o, body);
     if (fresh) {
-        if (bufferevent_socket_connect_hostname(u->bev, t->dns, AF_UNSPEC, kvg_worker_host(w),
-                                                kvg_worker_port(w)) < 0) {
-            /* Failed synchronously (resolution error): report like any connect failure, but
-             * from the loop so the caller is not re-entered. */
-            u->state = KVG_UPSTREAM_CONNECTING;
-            arm_timer(u, 1);
-            *out = u;
-            return 0;
-        }
+        resolve(u);
         arm_timer(u, ucfg(u)->connect_timeout_ms);
     } else {
+        kvg_sock_set_callbacks(&u->sock, read_cb, NULL, event_cb, u);
+        kvg_sock_flush_soon(&u->sock);
         arm_timer(u, ucfg(u)->response_timeout_ms);
     }
-    bufferevent_enable(u->bev, EV_READ | EV_WRITE);
     *out = u;
     return 0;
 }
@@ -518,13 +592,15 @@ void kvg_upstream_pause(kvg_upstream *u, bool paused)
     if (u->paused == paused)
         return;
     u->paused = paused;
+    if (!u->sock_ready)
+        return;
     if (paused) {
-        bufferevent_disable(u->bev, EV_READ);
+        kvg_sock_read(&u->sock, false);
         /* A paused stream is the client's doing, not the worker's: no read timeout. */
         event_del(&u->timer);
         return;
     }
-    bufferevent_enable(u->bev, EV_READ);
+    kvg_sock_read(&u->sock, true);
     arm_timer(u, ucfg(u)->read_timeout_ms);
     process_input(u);
 }

@@ -159,6 +159,31 @@ static void test_hostport(void **state)
     assert_string_equal(kvg_strerror(-ENOMEM), strerror(ENOMEM));
 }
 
+static void test_fmt_and_arena_reset(void **state)
+{
+    (void)state;
+    char buf[32];
+    size_t n = kvg_fmt_u64(buf, 0);
+    assert_int_equal(n, 1);
+    assert_memory_equal(buf, "0", 1);
+    n = kvg_fmt_u64(buf, UINT64_MAX);
+    assert_int_equal(n, 20);
+    assert_memory_equal(buf, "18446744073709551615", 20);
+    kvg_fmt_hex64(buf, 0x0123456789abcdefULL);
+    assert_memory_equal(buf, "0123456789abcdef", 16);
+
+    kvg_arena a;
+    kvg_arena_init(&a, 1024);
+    void *first = kvg_arena_alloc(&a, 100);
+    kvg_arena_alloc(&a, 5000); /* a chunk of its own */
+    kvg_arena_alloc(&a, 900);  /* a second regular chunk */
+    kvg_arena_reset(&a);
+    assert_int_equal(a.total, 0);
+    /* The first regular chunk is kept and reused from its start. */
+    assert_ptr_equal(kvg_arena_alloc(&a, 16), first);
+    kvg_arena_done(&a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -169,6 +194,7 @@ int main(void)
         cmocka_unit_test(test_json_alloc_failures),
         cmocka_unit_test(test_buf_json_string),
         cmocka_unit_test(test_hostport),
+        cmocka_unit_test(test_fmt_and_arena_reset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

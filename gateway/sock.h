@@ -1,0 +1,84 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Non-blocking socket with input and output evbuffers, plaintext or TLS, built for a proxy's
+ * hot path: writes go out as soon as the current callback returns (no wait for writability),
+ * the write event is armed only after EAGAIN, and reads fill buffers without FIONREAD. */
+#ifndef KVG_GATEWAY_SOCK_H
+#define KVG_GATEWAY_SOCK_H
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/event_struct.h>
+#include <openssl/ssl.h>
+#include <stdbool.h>
+#include <sys/socket.h>
+
+typedef struct kvg_sock kvg_sock;
+
+/* What kvg_sock_event_fn reports. */
+enum {
+    KVG_SOCK_CONNECTED = 1, /* connect finished, or the TLS handshake did */
+    KVG_SOCK_EOF = 2,       /* the peer closed (input may still hold bytes: read them first) */
+    KVG_SOCK_ERROR = 4,     /* reset, refused, TLS failure; s->error has the errno */
+};
+
+typedef void (*kvg_sock_fn)(kvg_sock *s, void *ud);
+typedef void (*kvg_sock_event_fn)(kvg_sock *s, int what, void *ud);
+
+struct kvg_sock {
+    evutil_socket_t fd;
+    SSL *ssl;
+    struct evbuffer *in;
+    struct evbuffer *out;
+    size_t read_high;  /* stop reading while this much input waits (0: no limit) */
+    size_t write_low;  /* write_fn fires when output drains to this, after a full buffer */
+    bool drain_notify; /* write_fn also fires whenever output becomes empty (close after send) */
+    int error;         /* errno of the failure (ECONNRESET, ...), or EPROTO for TLS */
+    /* private */
+    struct event_base *base;
+    struct event rev, wev, flush_ev;
+    kvg_sock_fn read_fn;
+    kvg_sock_fn write_fn;
+    kvg_sock_event_fn event_fn;
+    void *ud;
+    bool want_read;    /* the owner wants input */
+    bool rev_added;
+    bool wev_added;
+    bool connecting;
+    bool handshaking;
+    bool read_wants_write;  /* TLS: SSL_read asked for writability */
+    bool write_wants_read;  /* TLS: SSL_write asked for readability */
+    bool eof;
+    bool failed;
+    bool stopped;      /* no more callbacks */
+    bool blocked;      /* output hit EAGAIN since the last write_fn */
+};
+
+/** Adopt a connected non-blocking fd (ssl NULL for plaintext; with ssl, the handshake runs as
+ *  a server and ends with KVG_SOCK_CONNECTED). Takes ownership of fd and ssl. 0 or -ENOMEM. */
+int kvg_sock_init(kvg_sock *s, struct event_base *base, evutil_socket_t fd, SSL *ssl);
+/** Start a non-blocking connect to sa; KVG_SOCK_CONNECTED or KVG_SOCK_ERROR follows. Output
+ *  queued before then goes out once connected. 0 or -errno (nothing to clean but _done). */
+int kvg_sock_connect(kvg_sock *s, struct event_base *base, const struct sockaddr *sa,
+                     socklen_t salen);
+/** Close the fd, free the buffers and the SSL. Safe on a zeroed or half-initialised sock. */
+void kvg_sock_done(kvg_sock *s);
+
+void kvg_sock_set_callbacks(kvg_sock *s, kvg_sock_fn read_fn, kvg_sock_fn write_fn,
+                            kvg_sock_event_fn event_fn, void *ud);
+/** Start or stop delivering input (backpressure). Stopping does not lose buffered input. */
+void kvg_sock_read(kvg_sock *s, bool on);
+/** The owner consumed input: resume reading if read_high had paused it. */
+void kvg_sock_consumed(kvg_sock *s);
+/** Send what out holds once the current callback returns; several calls cost one write. */
+void kvg_sock_flush_soon(kvg_sock *s);
+/** Send what out holds now, as far as the socket takes it. */
+void kvg_sock_flush(kvg_sock *s);
+/** No callback from now on; events are removed. Buffers stay until kvg_sock_done. */
+void kvg_sock_stop(kvg_sock *s);
+/** The TLS session, or NULL. */
+static inline SSL *kvg_sock_ssl(const kvg_sock *s)
+{
+    return s->ssl;
+}
+
+#endif
