@@ -425,6 +425,48 @@ static int cb_header_value(http_parser *p, const char *at, size_t len)
     return 0;
 }
 
+/* RFC 9112 3.2.2: a server must accept the absolute form (http://host/path), which clients
+ * talking to a proxy send. Its authority replaces Host; the path is what is routed. */
+static int absolute_form(kvg_exchange *x)
+{
+    struct http_parser_url u;
+    http_parser_url_init(&u);
+    if (http_parser_parse_url(x->path, strlen(x->path), 0, &u) != 0 ||
+        !(u.field_set & (1 << UF_SCHEMA)) || !(u.field_set & (1 << UF_HOST)))
+        return -1;
+    const char *scheme = x->path + u.field_data[UF_SCHEMA].off;
+    size_t slen = u.field_data[UF_SCHEMA].len;
+    if (!kvg_strcaseeq(scheme, slen, "http") && !kvg_strcaseeq(scheme, slen, "https"))
+        return -1;
+    /* The authority runs from the host to the start of the path (port included). */
+    size_t a_off = u.field_data[UF_HOST].off;
+    if (a_off > 0 && x->path[a_off - 1] == '[')
+        a_off--;
+    size_t a_end = (u.field_set & (1 << UF_PATH)) ? u.field_data[UF_PATH].off
+                   : (u.field_set & (1 << UF_QUERY)) ? u.field_data[UF_QUERY].off - 1u
+                                                      : strlen(x->path);
+    const char *authority = kvg_arena_strndup(&x->arena, x->path + a_off, a_end - a_off);
+    const char *path;
+    if (u.field_set & (1 << UF_PATH))
+        path = kvg_arena_strdup(&x->arena, x->path + u.field_data[UF_PATH].off);
+    else if (u.field_set & (1 << UF_QUERY)) {
+        const char *q = x->path + u.field_data[UF_QUERY].off - 1; /* from the '?' */
+        char *p = kvg_arena_alloc(&x->arena, strlen(q) + 2);
+        if (p) {
+            p[0] = '/';
+            strcpy(p + 1, q);
+        }
+        path = p;
+    } else {
+        path = "/";
+    }
+    if (!authority || !path)
+        return -1;
+    x->authority = authority;
+    x->path = path;
+    return 0;
+}
+
 static int cb_headers_complete(http_parser *p)
 {
     h1_conn *h = p->data;
@@ -473,9 +515,10 @@ static int cb_headers_complete(http_parser *p)
         memcpy(x->request_id, id, elen), x->request_id[elen] = '\0';
     else
         kvg_thread_request_id(h->conn->thread, x->request_id, sizeof(x->request_id));
-    if (x->path[0] != '/' && !(p->method == HTTP_OPTIONS && strcmp(x->path, "*") == 0)) {
+    if (x->path[0] != '/' && !(p->method == HTTP_OPTIONS && strcmp(x->path, "*") == 0) &&
+        absolute_form(x) < 0) {
         h->pending_error = 400;
-        h->pending_error_msg = "request target must be an absolute path";
+        h->pending_error_msg = "request target must be an absolute path or an absolute URI";
         return -1;
     }
     if (x->content_length > 0 && (uint64_t)x->content_length > x->body_limit) {

@@ -540,3 +540,27 @@ def test_all_three_endpoints_are_proxied(simworker, kvgate):
     assert r.status_code == 200
     completion_ok(r.text)
     assert gw.metric("kvgate_worker_requests_total", worker=sw.name, code="200") == 3
+
+
+def test_absolute_form_request_target(simworker, kvgate):
+    """RFC 9112 3.2.2: servers accept http://host/path targets (what clients of a proxy send);
+    other schemes and malformed URIs get 400."""
+    sw = simworker(time_scale=0)
+    gw = kvgate(sw)
+    c = RawHTTP(gw.port)
+    try:
+        body = {"model": sw.model, "prompt": "absolute", "max_tokens": 2}
+        c.send(request_bytes("POST", f"http://example.invalid:8080{COMPL}", body))
+        status, headers, data = c.response()
+        assert status == 200, data
+        assert json.loads(data)["choices"][0]["finish_reason"] == "length"
+        # Same connection: a query-only absolute URI is the root path (no such route: 404).
+        c.send(request_bytes("GET", "http://example.invalid?x=1"))
+        status, _, data = c.response()
+        assert status == 404, data
+        assert b"no route for GET /\"" in data  # the query is not part of the route
+        c.send(request_bytes("GET", "ftp://example.invalid/v1/models"))
+        status, _, data = c.response()
+        assert status == 400, data
+    finally:
+        c.close()
