@@ -27,7 +27,7 @@ typedef struct kvg_admin_request {
     const char *authorization; /* value of the Authorization header, or NULL */
     const char *body;          /* may be NULL when body_len is 0 */
     size_t body_len;
-    const char *remote;        /* peer address for the audit log, or NULL */
+    const char *remote; /* peer address for the audit log, or NULL */
 } kvg_admin_request;
 
 typedef struct kvg_admin_response {

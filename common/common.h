@@ -86,8 +86,8 @@ typedef struct kvg_arena_chunk kvg_arena_chunk;
 typedef struct kvg_arena {
     kvg_arena_chunk *head;
     size_t chunk_size;
-    size_t total;     /* bytes handed out, for limits */
-    size_t limit;     /* 0 = unlimited; allocations past it fail */
+    size_t total; /* bytes handed out, for limits */
+    size_t limit; /* 0 = unlimited; allocations past it fail */
 } kvg_arena;
 
 /** Initialise an empty arena; chunk_size 0 picks a default. Allocates nothing yet. */
@@ -146,7 +146,7 @@ struct kvg_json {
     union {
         struct {
             double value;
-            bool is_int;   /* written without fraction or exponent and fits in int64 */
+            bool is_int; /* written without fraction or exponent and fits in int64 */
             int64_t ival;
         } num;
         struct {
@@ -167,12 +167,12 @@ struct kvg_json {
 };
 
 typedef struct kvg_json_limits {
-    size_t max_depth;  /* nesting; default 64 */
+    size_t max_depth; /* nesting; default 64 */
     bool reject_duplicate_keys;
 } kvg_json_limits;
 
 typedef struct kvg_json_error {
-    size_t offset;     /* byte offset of the problem */
+    size_t offset; /* byte offset of the problem */
     char message[96];
 } kvg_json_error;
 

@@ -56,8 +56,7 @@ static int fail(parser *ps, int rc, const char *msg)
 
 static void skip_ws(parser *ps)
 {
-    while (ps->p < ps->end &&
-           (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r'))
+    while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r'))
         ps->p++;
 }
 
@@ -211,14 +210,30 @@ static int parse_string(parser *ps, char **out, size_t *out_len)
         ps->p++;
         c = *ps->p++;
         switch (c) {
-        case '"': o[n++] = '"'; break;
-        case '\\': o[n++] = '\\'; break;
-        case '/': o[n++] = '/'; break;
-        case 'b': o[n++] = '\b'; break;
-        case 'f': o[n++] = '\f'; break;
-        case 'n': o[n++] = '\n'; break;
-        case 'r': o[n++] = '\r'; break;
-        case 't': o[n++] = '\t'; break;
+        case '"':
+            o[n++] = '"';
+            break;
+        case '\\':
+            o[n++] = '\\';
+            break;
+        case '/':
+            o[n++] = '/';
+            break;
+        case 'b':
+            o[n++] = '\b';
+            break;
+        case 'f':
+            o[n++] = '\f';
+            break;
+        case 'n':
+            o[n++] = '\n';
+            break;
+        case 'r':
+            o[n++] = '\r';
+            break;
+        case 't':
+            o[n++] = '\t';
+            break;
         case 'u': {
             unsigned cp;
             if (read_hex4(ps, &cp) < 0)
@@ -534,16 +549,22 @@ const kvg_json *kvg_json_get(const kvg_json *obj, const char *key)
 const char *kvg_json_type_str(kvg_json_type type)
 {
     static const char *const names[KVG_JSON_TYPE_COUNT] = {"null",   "boolean", "boolean", "number",
-                                                          "string", "array",   "object"};
+                                                           "string", "array",   "object"};
     return type < KVG_JSON_TYPE_COUNT ? names[type] : "?";
 }
 
 void kvg_json_write(kvg_buf *b, const kvg_json *v)
 {
     switch (v->type) {
-    case KVG_JSON_NULL: kvg_buf_puts(b, "null"); break;
-    case KVG_JSON_FALSE: kvg_buf_puts(b, "false"); break;
-    case KVG_JSON_TRUE: kvg_buf_puts(b, "true"); break;
+    case KVG_JSON_NULL:
+        kvg_buf_puts(b, "null");
+        break;
+    case KVG_JSON_FALSE:
+        kvg_buf_puts(b, "false");
+        break;
+    case KVG_JSON_TRUE:
+        kvg_buf_puts(b, "true");
+        break;
     case KVG_JSON_NUMBER:
         if (v->u.num.is_int)
             kvg_buf_printf(b, "%lld", (long long)v->u.num.ival);
@@ -555,11 +576,12 @@ void kvg_json_write(kvg_buf *b, const kvg_json *v)
             kvg_buf_append(b, tmp, (size_t)n);
             if (!strpbrk(tmp, ".eE"))
                 kvg_buf_puts(b, ".0");
-        }
-        else
+        } else
             kvg_buf_puts(b, "null"); /* JSON has no infinity; an overflowing literal becomes null */
         break;
-    case KVG_JSON_STRING: kvg_buf_json_string(b, v->u.str.ptr, v->u.str.len); break;
+    case KVG_JSON_STRING:
+        kvg_buf_json_string(b, v->u.str.ptr, v->u.str.len);
+        break;
     case KVG_JSON_ARRAY:
         kvg_buf_putc(b, '[');
         for (size_t i = 0; i < v->u.arr.count; i++) {
@@ -580,6 +602,7 @@ void kvg_json_write(kvg_buf *b, const kvg_json *v)
         }
         kvg_buf_putc(b, '}');
         break;
-    default: break;
+    default:
+        break;
     }
 }

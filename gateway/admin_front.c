@@ -4,7 +4,6 @@
 
 #include "server.h"
 
-
 static void handle(kvg_exchange *x)
 {
     kvg_gateway *gw = x->thread->gw;

@@ -186,7 +186,8 @@ static int apply_u32_fields(cfg_ctx *c, const kvg_json *obj, const char *section
                 break;
         if (j == nfields)
             return bad(c, full, "unknown key");
-        int rc = get_u32(c, obj->u.obj.values[i], full, fields[j].min, fields[j].max, fields[j].dst);
+        int rc =
+            get_u32(c, obj->u.obj.values[i], full, fields[j].min, fields[j].max, fields[j].dst);
         if (rc < 0)
             return rc;
     }
@@ -409,8 +410,8 @@ static int apply_json(cfg_ctx *c, kvg_config *cfg, const kvg_json *root)
             const kvg_json *p = kvg_json_get(v, "path");
             if (p) {
                 rc = get_string(c, p, "health.path", &s);
-                if (rc == 0 && (s[0] != '/' || strlen(s) >= sizeof(cfg->health.path) ||
-                                strpbrk(s, " \r\n\t")))
+                if (rc == 0 &&
+                    (s[0] != '/' || strlen(s) >= sizeof(cfg->health.path) || strpbrk(s, " \r\n\t")))
                     rc = bad(c, "health.path", "must be an absolute path without spaces");
                 if (rc == 0)
                     snprintf(cfg->health.path, sizeof(cfg->health.path), "%s", s);
@@ -610,9 +611,10 @@ static int add_flag_worker(kvg_config *cfg, const char *arg, char *err, size_t e
                    kvg_parse_u64(val, vlen, &n) == 0 && n >= 1 && n <= 1000000) {
             w->max_inflight = (uint32_t)n;
         } else {
-            snprintf(err, err_len,
-                     "--worker %s: bad option '%.*s' (want model=NAME, kv_blocks=N, max_inflight=N)",
-                     w->name, (int)len, item);
+            snprintf(
+                err, err_len,
+                "--worker %s: bad option '%.*s' (want model=NAME, kv_blocks=N, max_inflight=N)",
+                w->name, (int)len, item);
             return KVG_ECONFIG;
         }
     }
@@ -763,8 +765,12 @@ int kvg_config_validate(const kvg_config *cfg, char *err, size_t err_len)
     for (size_t i = 0; i < cfg->nworkers; i++) {
         const kvg_config_worker *w = &cfg->workers[i];
         kvg_worker_def def = {
-            .name = w->name, .url = w->url, .models = (const char *const *)w->models,
-            .nmodels = w->nmodels, .kv_blocks = w->kv_blocks, .max_inflight = w->max_inflight,
+            .name = w->name,
+            .url = w->url,
+            .models = (const char *const *)w->models,
+            .nmodels = w->nmodels,
+            .kv_blocks = w->kv_blocks,
+            .max_inflight = w->max_inflight,
         };
         char msg[200];
         if (kvg_worker_def_validate(&def, msg, sizeof(msg)) < 0) {
@@ -789,8 +795,12 @@ kvg_worker_def *kvg_config_worker_defs(const kvg_config *cfg)
     for (size_t i = 0; i < cfg->nworkers; i++) {
         const kvg_config_worker *w = &cfg->workers[i];
         defs[i] = (kvg_worker_def){
-            .name = w->name, .url = w->url, .models = (const char *const *)w->models,
-            .nmodels = w->nmodels, .kv_blocks = w->kv_blocks, .max_inflight = w->max_inflight,
+            .name = w->name,
+            .url = w->url,
+            .models = (const char *const *)w->models,
+            .nmodels = w->nmodels,
+            .kv_blocks = w->kv_blocks,
+            .max_inflight = w->max_inflight,
         };
     }
     return defs;

@@ -19,18 +19,18 @@ typedef struct kvg_listener_config {
     char address[280]; /* host:port as written */
     char host[256];
     uint16_t port;
-    char *tls_cert;    /* PEM paths; both or neither */
+    char *tls_cert; /* PEM paths; both or neither */
     char *tls_key;
-    bool cleartext;    /* accept cleartext h1/h2 as well as TLS (default true) */
+    bool cleartext; /* accept cleartext h1/h2 as well as TLS (default true) */
 } kvg_listener_config;
 
 typedef struct kvg_front_limits {
-    size_t header_bytes;         /* request line + headers; 431 past it */
-    size_t body_bytes;           /* request body; 413 past it */
-    uint32_t streams_per_conn;   /* HTTP/2 concurrent streams */
-    uint32_t header_timeout_ms;  /* complete a request head within this */
-    uint32_t idle_timeout_ms;    /* keep-alive connection with nothing in flight */
-    uint32_t read_timeout_ms;    /* gap between request body bytes */
+    size_t header_bytes;        /* request line + headers; 431 past it */
+    size_t body_bytes;          /* request body; 413 past it */
+    uint32_t streams_per_conn;  /* HTTP/2 concurrent streams */
+    uint32_t header_timeout_ms; /* complete a request head within this */
+    uint32_t idle_timeout_ms;   /* keep-alive connection with nothing in flight */
+    uint32_t read_timeout_ms;   /* gap between request body bytes */
 } kvg_front_limits;
 
 typedef struct kvg_upstream_config {
@@ -71,10 +71,10 @@ typedef struct kvg_config {
     char *state_dir;
     unsigned threads; /* 0 = one per core */
     kvg_log_level log_level;
-    char *access_log; /* path, "-" for stdout, "off" */
+    char *access_log;   /* path, "-" for stdout, "off" */
     bool worker_header; /* x-kvgate-worker response header */
     uint32_t shutdown_timeout_ms;
-    char *port_file;  /* write bound ports here once listening (tests, supervisors) */
+    char *port_file; /* write bound ports here once listening (tests, supervisors) */
     kvg_front_limits limits;
     kvg_upstream_config upstream;
     kvg_health_config health;

@@ -50,13 +50,13 @@ const char *kvg_exchange_proto_str(kvg_exchange_proto p);
 
 /* Hooks the protocol front implements; handlers never call these directly. */
 typedef struct kvg_exchange_ops {
-    void (*read_body)(kvg_exchange *x);  /* start receiving the body (h1: 100-continue) */
-    void (*send_head)(kvg_exchange *x);  /* x->status, x->resp_headers are set */
-    void (*send_data)(kvg_exchange *x);  /* x->out has new bytes */
-    void (*send_end)(kvg_exchange *x);   /* no more bytes after x->out */
-    void (*reset)(kvg_exchange *x);      /* abort the response mid-way */
-    size_t (*pending)(kvg_exchange *x);  /* bytes queued toward the client */
-    void (*release)(kvg_exchange *x);    /* both sides are done: the front frees x */
+    void (*read_body)(kvg_exchange *x); /* start receiving the body (h1: 100-continue) */
+    void (*send_head)(kvg_exchange *x); /* x->status, x->resp_headers are set */
+    void (*send_data)(kvg_exchange *x); /* x->out has new bytes */
+    void (*send_end)(kvg_exchange *x);  /* no more bytes after x->out */
+    void (*reset)(kvg_exchange *x);     /* abort the response mid-way */
+    size_t (*pending)(kvg_exchange *x); /* bytes queued toward the client */
+    void (*release)(kvg_exchange *x);   /* both sides are done: the front frees x */
 } kvg_exchange_ops;
 
 struct kvg_exchange {
@@ -72,9 +72,9 @@ struct kvg_exchange {
     int64_t content_length; /* -1 when not given */
     bool expect_continue;
     bool tls;
-    char remote[64];       /* peer address for logs */
+    char remote[64]; /* peer address for logs */
     char request_id[72];
-    uint64_t start_ns;     /* monotonic, first byte of the request head */
+    uint64_t start_ns; /* monotonic, first byte of the request head */
     uint64_t start_wall_ns;
 
     /* --- body, filled by the front after kvg_exchange_read_body --- */
@@ -83,18 +83,18 @@ struct kvg_exchange {
     bool body_complete;
 
     /* --- response --- */
-    int status;             /* 0 until a head is sent */
+    int status; /* 0 until a head is sent */
     kvg_header *resp_headers;
     size_t resp_nheaders;
     int64_t resp_content_length; /* -1: streamed */
-    struct evbuffer *out;   /* bytes not yet handed to the front */
+    struct evbuffer *out;        /* bytes not yet handed to the front */
     bool head_sent;
-    bool ended;             /* kvg_exchange_end called */
-    bool aborted;           /* the response cannot continue (reset, or the client is gone) */
-    bool abort_delivered;   /* the handler got on_abort */
-    bool handler_reset;     /* the handler reset the response itself */
-    bool front_done;        /* the protocol side has finished with x */
-    bool handler_done;      /* the handler detached */
+    bool ended;           /* kvg_exchange_end called */
+    bool aborted;         /* the response cannot continue (reset, or the client is gone) */
+    bool abort_delivered; /* the handler got on_abort */
+    bool handler_reset;   /* the handler reset the response itself */
+    bool front_done;      /* the protocol side has finished with x */
+    bool handler_done;    /* the handler detached */
     bool want_writable;
     uint64_t bytes_in;
     uint64_t bytes_out;
@@ -104,13 +104,13 @@ struct kvg_exchange {
     const char *worker_name; /* arena copy */
     const char *tenant;      /* arena copy, or NULL */
     unsigned retries;
-    const char *error_type;  /* static string for errors the gateway generated */
+    const char *error_type; /* static string for errors the gateway generated */
 
     /* --- binding --- */
     const kvg_exchange_ops *ops;
-    void *proto_data;        /* the front's per-stream state */
+    void *proto_data; /* the front's per-stream state */
     const kvg_handler *handler;
-    void *handler_state;     /* the handler's per-request state */
+    void *handler_state; /* the handler's per-request state */
     kvg_thread *thread;
 };
 

@@ -13,11 +13,11 @@
 #include "server.h"
 
 typedef enum h1_state {
-    H1_IDLE = 0,   /* between requests */
-    H1_HEAD,       /* inside a request head */
-    H1_BODY,       /* request head delivered, body being read (or discarded) */
-    H1_WAIT,       /* request complete; the response is under way */
-    H1_CLOSING,    /* flushing the last bytes, then close */
+    H1_IDLE = 0, /* between requests */
+    H1_HEAD,     /* inside a request head */
+    H1_BODY,     /* request head delivered, body being read (or discarded) */
+    H1_WAIT,     /* request complete; the response is under way */
+    H1_CLOSING,  /* flushing the last bytes, then close */
     H1_STATE_COUNT,
 } h1_state;
 
@@ -41,10 +41,10 @@ typedef struct h1_conn {
     bool head_request;
     bool chunked_response;
     bool response_complete;
-    bool close_after;      /* no keep-alive after this response */
+    bool close_after; /* no keep-alive after this response */
     bool continue_sent;
     bool upgrade;
-    int pending_error;     /* status of an error found inside a parser callback */
+    int pending_error; /* status of an error found inside a parser callback */
     const char *pending_error_msg;
     struct event process_ev; /* re-run the parse loop outside callbacks */
 } h1_conn;
@@ -55,31 +55,59 @@ static void h1_finish_exchange(h1_conn *h);
 static const char *reason_phrase(int status)
 {
     switch (status) {
-    case 100: return "Continue";
-    case 200: return "OK";
-    case 201: return "Created";
-    case 204: return "No Content";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 409: return "Conflict";
-    case 411: return "Length Required";
-    case 413: return "Content Too Large";
-    case 414: return "URI Too Long";
-    case 415: return "Unsupported Media Type";
-    case 422: return "Unprocessable Content";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 502: return "Bad Gateway";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    case 505: return "HTTP Version Not Supported";
-    default: return status < 300 ? "OK" : status < 400 ? "Redirect" : status < 500 ? "Error" : "Server Error";
+    case 100:
+        return "Continue";
+    case 200:
+        return "OK";
+    case 201:
+        return "Created";
+    case 204:
+        return "No Content";
+    case 400:
+        return "Bad Request";
+    case 401:
+        return "Unauthorized";
+    case 403:
+        return "Forbidden";
+    case 404:
+        return "Not Found";
+    case 405:
+        return "Method Not Allowed";
+    case 408:
+        return "Request Timeout";
+    case 409:
+        return "Conflict";
+    case 411:
+        return "Length Required";
+    case 413:
+        return "Content Too Large";
+    case 414:
+        return "URI Too Long";
+    case 415:
+        return "Unsupported Media Type";
+    case 422:
+        return "Unprocessable Content";
+    case 429:
+        return "Too Many Requests";
+    case 431:
+        return "Request Header Fields Too Large";
+    case 500:
+        return "Internal Server Error";
+    case 501:
+        return "Not Implemented";
+    case 502:
+        return "Bad Gateway";
+    case 503:
+        return "Service Unavailable";
+    case 504:
+        return "Gateway Timeout";
+    case 505:
+        return "HTTP Version Not Supported";
+    default:
+        return status < 300   ? "OK"
+               : status < 400 ? "Redirect"
+               : status < 500 ? "Error"
+                              : "Server Error";
     }
 }
 
@@ -442,9 +470,9 @@ static int absolute_form(kvg_exchange *x)
     size_t a_off = u.field_data[UF_HOST].off;
     if (a_off > 0 && x->path[a_off - 1] == '[')
         a_off--;
-    size_t a_end = (u.field_set & (1 << UF_PATH)) ? u.field_data[UF_PATH].off
+    size_t a_end = (u.field_set & (1 << UF_PATH))    ? u.field_data[UF_PATH].off
                    : (u.field_set & (1 << UF_QUERY)) ? u.field_data[UF_QUERY].off - 1u
-                                                      : strlen(x->path);
+                                                     : strlen(x->path);
     const char *authority = kvg_arena_strndup(&x->arena, x->path + a_off, a_end - a_off);
     const char *path;
     if (u.field_set & (1 << UF_PATH))

@@ -20,7 +20,7 @@
 typedef struct h2_conn h2_conn;
 
 typedef struct h2_stream {
-    kvg_exchange x;      /* first: the exchange ops recover the stream from it */
+    kvg_exchange x; /* first: the exchange ops recover the stream from it */
     h2_conn *h;
     int32_t id;
     kvg_link link;
@@ -30,9 +30,9 @@ typedef struct h2_stream {
     bool body_wanted;
     bool body_delivered;
     bool in_head_delivery;
-    bool data_deferred;  /* nghttp2 is waiting for resume_data */
+    bool data_deferred; /* nghttp2 is waiting for resume_data */
     bool response_submitted;
-    bool closed;         /* nghttp2 closed the stream */
+    bool closed; /* nghttp2 closed the stream */
     struct event body_timer;
 } h2_stream;
 
@@ -370,7 +370,8 @@ static void request_head_done(h2_stream *s, bool end_stream)
         return;
     }
     if (s->h->conn->thread->draining) {
-        kvg_exchange_send_error_retry(x, 503, "service_unavailable", 1, "the gateway is shutting down");
+        kvg_exchange_send_error_retry(x, 503, "service_unavailable", 1,
+                                      "the gateway is shutting down");
         return;
     }
     if (!end_stream)
@@ -520,8 +521,8 @@ static void h2_flush(h2_conn *h)
     deliver_writables(h);
     if (evbuffer_get_length(c->sock.out) > 0)
         return; /* write_cb comes back when the socket drains */
-    if (h->goaway || (!nghttp2_session_want_read(h->session) &&
-                      !nghttp2_session_want_write(h->session)))
+    if (h->goaway ||
+        (!nghttp2_session_want_read(h->session) && !nghttp2_session_want_write(h->session)))
         kvg_conn_close(c);
 }
 

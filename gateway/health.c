@@ -121,7 +121,8 @@ static void start_check(kvg_gateway *gw, kvg_worker *w)
     hc->parser.data = hc;
     event_assign(&hc->timer, t->base, -1, 0, timeout_cb, hc);
     event_assign(&hc->close_ev, t->base, -1, 0, check_free_cb, hc);
-    struct timeval tv = {gw->cfg.health.timeout_ms / 1000, (gw->cfg.health.timeout_ms % 1000) * 1000};
+    struct timeval tv = {gw->cfg.health.timeout_ms / 1000,
+                         (gw->cfg.health.timeout_ms % 1000) * 1000};
     event_add(&hc->timer, &tv);
     hc->bev = bufferevent_socket_new(t->base, -1, BEV_OPT_CLOSE_ON_FREE);
     if (!hc->bev) {

@@ -42,4 +42,3 @@ void kvg_gateway_begin_shutdown(kvg_gateway *gw, const char *why)
         evtimer_add(gw->shutdown_timer, &tv);
     kvg_gateway_control_wakeup(gw);
 }
-

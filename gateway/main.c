@@ -156,7 +156,8 @@ static int write_port_file(const char *path, kvg_gateway *gw, const uint16_t *fr
     return 0;
 }
 
-/* ---- signals, reload, shutdown ----------------------------------------------------------------- */
+/* ---- signals, reload, shutdown -----------------------------------------------------------------
+ */
 
 static void reload(kvg_gateway *gw)
 {
@@ -214,7 +215,8 @@ static bool ready_cb(void *arg)
     return !atomic_load(&gw->shutting_down);
 }
 
-/* ---- main -------------------------------------------------------------------------------------- */
+/* ---- main --------------------------------------------------------------------------------------
+ */
 
 static unsigned default_threads(void)
 {
@@ -304,8 +306,8 @@ int main(int argc, char **argv)
         free(token);
         goto out_registry;
     }
-    const char *const *tokens = token ? (const char *const *)&token
-                                      : (const char *const *)gw->cfg.admin_tokens;
+    const char *const *tokens =
+        token ? (const char *const *)&token : (const char *const *)gw->cfg.admin_tokens;
     kvg_admin_config acfg = {.tokens = tokens, .ntokens = token ? 1 : gw->cfg.nadmin_tokens};
     rc = kvg_admin_new(&acfg, gw->registry, &gw->admin);
     free(token);
@@ -340,8 +342,8 @@ int main(int argc, char **argv)
     }
     for (size_t i = 0; i < gw->cfg.nadmin_listeners; i++) {
         gw->nadmin_listeners = i + 1;
-        if (setup_listener(gw, &gw->admin_listeners[i], &gw->cfg.admin_listeners[i], true,
-                           &control, 1, &admin_ports[i]) < 0)
+        if (setup_listener(gw, &gw->admin_listeners[i], &gw->cfg.admin_listeners[i], true, &control,
+                           1, &admin_ports[i]) < 0)
             goto out_threads;
     }
     gw->access_log_fd = open_access_log(gw->cfg.access_log);

@@ -18,11 +18,11 @@ typedef struct proxy_req {
     kvg_worker *cands[PROXY_MAX_CANDIDATES]; /* ranked, referenced */
     size_t ncands;
     size_t next;
-    kvg_worker *worker;     /* current attempt, one of cands */
+    kvg_worker *worker; /* current attempt, one of cands */
     bool inflight_held;
-    bool stale_retry_used;  /* one free retry after a pooled connection turned out dead */
+    bool stale_retry_used; /* one free retry after a pooled connection turned out dead */
     kvg_upstream *up;
-    int status;             /* status passed to the client */
+    int status; /* status passed to the client */
     uint64_t ttfb_ns;
 } proxy_req;
 
@@ -61,7 +61,8 @@ static proxy_route classify(const char *path)
     return ROUTE_NONE;
 }
 
-/* ---- finishing -------------------------------------------------------------------------------- */
+/* ---- finishing --------------------------------------------------------------------------------
+ */
 
 static void release_worker(proxy_req *r)
 {
@@ -93,14 +94,15 @@ static void fail(proxy_req *r, int status, const char *type, const char *msg)
     finish(r, status);
 }
 
-/* ---- upstream callbacks ------------------------------------------------------------------------ */
+/* ---- upstream callbacks ------------------------------------------------------------------------
+ */
 
 /* Response headers not passed to the client: hop-by-hop ones, and ours that the gateway sets. */
 static bool hop_by_hop(const kvg_header *h)
 {
     static const char *const names[] = {
         "connection", "keep-alive", "proxy-connection", "transfer-encoding", "te",
-        "trailer", "upgrade", "content-length", "x-kvgate-worker", "x-request-id",
+        "trailer",    "upgrade",    "content-length",   "x-kvgate-worker",   "x-request-id",
     };
     for (size_t i = 0; i < KVG_ARRAY_LEN(names); i++)
         if (kvg_strcaseeq(h->name, h->name_len, names[i]))
@@ -185,8 +187,8 @@ static void up_error(void *ud, int status, const char *msg)
 {
     proxy_req *r = ud;
     r->up = NULL;
-    kvg_log_warn("request %s to worker %s failed: %s", r->x->request_id,
-                 kvg_worker_name(r->worker), msg);
+    kvg_log_warn("request %s to worker %s failed: %s", r->x->request_id, kvg_worker_name(r->worker),
+                 msg);
     if (r->x->head_sent) {
         /* Bytes already went out: the client must see a broken stream, not a clean end. */
         kvg_exchange_reset(r->x);
@@ -225,14 +227,27 @@ static const kvg_upstream_cbs upstream_cbs = {
     .on_error = up_error,
 };
 
-/* ---- forwarding -------------------------------------------------------------------------------- */
+/* ---- forwarding --------------------------------------------------------------------------------
+ */
 
 static bool forwardable(const kvg_header *h)
 {
     static const char *const drop[] = {
-        "host", "content-length", "transfer-encoding", "connection", "keep-alive",
-        "proxy-connection", "te", "trailer", "upgrade", "expect", "authorization",
-        "x-request-id", "x-forwarded-for", "x-forwarded-proto", "http2-settings",
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "upgrade",
+        "expect",
+        "authorization",
+        "x-request-id",
+        "x-forwarded-for",
+        "x-forwarded-proto",
+        "http2-settings",
     };
     for (size_t i = 0; i < KVG_ARRAY_LEN(drop); i++)
         if (kvg_strcaseeq(h->name, h->name_len, drop[i]))
@@ -397,8 +412,8 @@ static void on_body(kvg_exchange *x)
         }
         return;
     }
-    uint64_t rotation = atomic_fetch_add_explicit(&x->thread->gw->rotation, 1,
-                                                  memory_order_relaxed);
+    uint64_t rotation =
+        atomic_fetch_add_explicit(&x->thread->gw->rotation, 1, memory_order_relaxed);
     kvg_policy_rank(KVG_POLICY_LEAST_LOADED, cands, ncand, rotation);
     for (size_t i = 0; i < ncand; i++)
         r->cands[r->ncands++] = kvg_worker_ref(kvg_worker_set_at(set, cands[i].index));

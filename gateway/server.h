@@ -51,8 +51,8 @@ static inline void kvg_list_unlink(kvg_link *n)
 /* A listening address, shared read-only by all threads serving it. */
 struct kvg_listener {
     kvg_listener_config cfg;
-    SSL_CTX *ssl_ctx;            /* NULL without TLS */
-    const kvg_handler *handler;  /* proxy or admin */
+    SSL_CTX *ssl_ctx;           /* NULL without TLS */
+    const kvg_handler *handler; /* proxy or admin */
     bool is_admin;
 };
 
@@ -72,18 +72,18 @@ struct kvg_thread {
     struct event_base *base;
     struct evdns_base *dns;
     pthread_t tid;
-    bool is_control;          /* the main thread: admin, health, signals */
-    int notify_fd;            /* eventfd other threads write to wake this loop */
+    bool is_control; /* the main thread: admin, health, signals */
+    int notify_fd;   /* eventfd other threads write to wake this loop */
     struct event *notify_ev;
     struct evconnlistener *listeners[KVG_MAX_LISTENERS * 2];
     void *bindings[KVG_MAX_LISTENERS * 2];
     size_t nlisteners;
-    kvg_link conns;           /* open front connections */
+    kvg_link conns; /* open front connections */
     size_t nconns;
-    kvg_link pools;           /* upstream pools of this thread */
-    kvg_worker_set *workers;  /* snapshot this thread routes with */
-    uint64_t rng;             /* xorshift state for request ids */
-    bool draining;            /* shutdown: no new requests, close when idle */
+    kvg_link pools;          /* upstream pools of this thread */
+    kvg_worker_set *workers; /* snapshot this thread routes with */
+    uint64_t rng;            /* xorshift state for request ids */
+    bool draining;           /* shutdown: no new requests, close when idle */
     bool stopped;
 };
 
@@ -95,15 +95,15 @@ struct kvg_gateway {
     size_t nlisteners;
     kvg_listener admin_listeners[KVG_MAX_LISTENERS];
     size_t nadmin_listeners;
-    kvg_thread *threads;      /* [0] is the control thread when no front threads exist */
-    unsigned nthreads;        /* front threads */
+    kvg_thread *threads; /* [0] is the control thread when no front threads exist */
+    unsigned nthreads;   /* front threads */
     kvg_thread control;
     _Atomic bool shutting_down;
-    _Atomic bool force_stop;     /* the shutdown deadline passed */
+    _Atomic bool force_stop; /* the shutdown deadline passed */
     _Atomic unsigned threads_exited;
     _Atomic uint64_t rotation; /* policy tie-break counter */
     uint64_t shutdown_deadline_ns;
-    int access_log_fd;        /* -1 when off */
+    int access_log_fd; /* -1 when off */
     kvg_front_stats stats;
     struct event *sig_term, *sig_int, *sig_hup;
     struct event *shutdown_timer;
@@ -115,19 +115,19 @@ struct kvg_conn {
     kvg_listener *listener;
     kvg_link link;
     evutil_socket_t fd;
-    kvg_sock sock;          /* valid once sock_ready */
+    kvg_sock sock; /* valid once sock_ready */
     bool sock_ready;
-    struct event peek_ev;   /* waits for the first bytes to pick the protocol */
-    struct event timer_ev;  /* header/idle timeout of the connection */
-    struct event close_ev;  /* deferred free */
+    struct event peek_ev;  /* waits for the first bytes to pick the protocol */
+    struct event timer_ev; /* header/idle timeout of the connection */
+    struct event close_ev; /* deferred free */
     kvg_exchange_proto proto;
     bool proto_known;
     bool tls;
     bool closing;
     char remote[64];
-    void *proto_state;      /* h1 or h2 state */
+    void *proto_state; /* h1 or h2 state */
     void (*proto_free)(kvg_conn *c);
-    void (*proto_drain)(kvg_conn *c); /* shutdown: finish in-flight, take nothing new */
+    void (*proto_drain)(kvg_conn *c);   /* shutdown: finish in-flight, take nothing new */
     void (*proto_timeout)(kvg_conn *c); /* the connection timer fired */
 };
 

@@ -40,17 +40,17 @@ struct kvg_sock {
     kvg_sock_fn write_fn;
     kvg_sock_event_fn event_fn;
     void *ud;
-    bool want_read;    /* the owner wants input */
+    bool want_read; /* the owner wants input */
     bool rev_added;
     bool wev_added;
     bool connecting;
     bool handshaking;
-    bool read_wants_write;  /* TLS: SSL_read asked for writability */
-    bool write_wants_read;  /* TLS: SSL_write asked for readability */
+    bool read_wants_write; /* TLS: SSL_read asked for writability */
+    bool write_wants_read; /* TLS: SSL_write asked for readability */
     bool eof;
     bool failed;
-    bool stopped;      /* no more callbacks */
-    bool blocked;      /* output hit EAGAIN since the last write_fn */
+    bool stopped; /* no more callbacks */
+    bool blocked; /* output hit EAGAIN since the last write_fn */
 };
 
 /** Adopt a connected non-blocking fd (ssl NULL for plaintext; with ssl, the handshake runs as

@@ -49,8 +49,8 @@ int kvg_thread_init(kvg_thread *t, kvg_gateway *gw, unsigned index, bool is_cont
     if (!t->base)
         return -ENOMEM;
     /* Async name resolution for workers given by host name; numeric hosts never query. */
-    t->dns = evdns_base_new(t->base, EVDNS_BASE_INITIALIZE_NAMESERVERS |
-                                         EVDNS_BASE_DISABLE_WHEN_INACTIVE);
+    t->dns = evdns_base_new(t->base,
+                            EVDNS_BASE_INITIALIZE_NAMESERVERS | EVDNS_BASE_DISABLE_WHEN_INACTIVE);
     if (!t->dns) {
         t->dns = evdns_base_new(t->base, EVDNS_BASE_DISABLE_WHEN_INACTIVE);
         if (t->dns)
@@ -101,7 +101,8 @@ void kvg_thread_done(kvg_thread *t)
 int kvg_listen_socket(const char *host, uint16_t port, bool reuseport, evutil_socket_t *out,
                       uint16_t *bound_port)
 {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
     struct addrinfo *res = NULL;
     char portstr[8];

@@ -17,23 +17,23 @@
 #define UPSTREAM_READ_HIGH (64u * 1024u)
 
 struct kvg_upstream_pool {
-    kvg_link link;          /* in thread->pools */
+    kvg_link link; /* in thread->pools */
     kvg_thread *thread;
-    kvg_worker *worker;     /* referenced while the pool exists */
+    kvg_worker *worker; /* referenced while the pool exists */
     kvg_link idle;
     size_t nidle;
     size_t nactive;
 };
 
 struct kvg_upstream {
-    kvg_link link;          /* in pool->idle while idle */
+    kvg_link link; /* in pool->idle while idle */
     kvg_upstream_pool *pool;
     kvg_upstream_state state;
-    kvg_sock sock;          /* valid once sock_ready (after the address is known) */
+    kvg_sock sock; /* valid once sock_ready (after the address is known) */
     bool sock_ready;
     struct evbuffer *pending; /* the request, held while the address is being resolved */
     struct evdns_getaddrinfo_request *dns_req;
-    struct event connect_ev;  /* starts the connect outside the resolver's callback */
+    struct event connect_ev; /* starts the connect outside the resolver's callback */
     struct sockaddr_storage addr;
     socklen_t addr_len;
     int resolve_error;
@@ -49,7 +49,7 @@ struct kvg_upstream {
     int parse_error;
     kvg_buf field;
     kvg_buf value;
-    kvg_arena arena;        /* response headers of the current response */
+    kvg_arena arena; /* response headers of the current response */
     kvg_header *headers;
     size_t nheaders, cap_headers;
     size_t head_bytes;
@@ -76,7 +76,8 @@ bool kvg_upstream_reused(const kvg_upstream *u)
     return u->reused;
 }
 
-/* ---- pools ------------------------------------------------------------------------------------ */
+/* ---- pools ------------------------------------------------------------------------------------
+ */
 
 static kvg_upstream_pool *pool_get(kvg_thread *t, kvg_worker *w)
 {
@@ -361,8 +362,8 @@ static void process_input(kvg_upstream *u)
             return;
         }
         if (err != HPE_OK) {
-            kvg_log_warn("worker %s sent a malformed response: %s", kvg_worker_name(u->pool->worker),
-                         http_errno_description(err));
+            kvg_log_warn("worker %s sent a malformed response: %s",
+                         kvg_worker_name(u->pool->worker), http_errno_description(err));
             fail_error(u, 502, "the worker sent a malformed response");
             return;
         }
@@ -440,7 +441,8 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-/* ---- requests ---------------------------------------------------------------------------------- */
+/* ---- requests ----------------------------------------------------------------------------------
+ */
 
 static void start_connect(kvg_upstream *u)
 {
@@ -505,10 +507,10 @@ static void resolve(kvg_upstream *u)
     }
     char port[8];
     snprintf(port, sizeof(port), "%u", kvg_worker_port(w));
-    struct evutil_addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                                    .ai_protocol = IPPROTO_TCP};
-    u->dns_req = evdns_getaddrinfo(u->pool->thread->dns, kvg_worker_host(w), port, &hints,
-                                   resolved_cb, u);
+    struct evutil_addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_protocol = IPPROTO_TCP};
+    u->dns_req =
+        evdns_getaddrinfo(u->pool->thread->dns, kvg_worker_host(w), port, &hints, resolved_cb, u);
 }
 
 static kvg_upstream *upstream_new(kvg_upstream_pool *p)

@@ -42,8 +42,7 @@ static void rotate(kvg_policy_candidate *c, size_t n, size_t r)
     }
 }
 
-void kvg_policy_rank(kvg_policy_kind kind, kvg_policy_candidate *cands, size_t n,
-                     uint64_t rotation)
+void kvg_policy_rank(kvg_policy_kind kind, kvg_policy_candidate *cands, size_t n, uint64_t rotation)
 {
     if (n == 0)
         return;

@@ -41,20 +41,20 @@ const char *kvg_worker_health_str(kvg_worker_health h);
 
 /* A worker as the operator defines it. Borrowed by kvg_registry_put, which copies it. */
 typedef struct kvg_worker_def {
-    const char *name;         /* [A-Za-z0-9._-], 1..KVG_WORKER_NAME_MAX */
-    const char *url;          /* http://host:port (optional trailing '/'), no other path */
+    const char *name;          /* [A-Za-z0-9._-], 1..KVG_WORKER_NAME_MAX */
+    const char *url;           /* http://host:port (optional trailing '/'), no other path */
     const char *const *models; /* empty = serves every model */
     size_t nmodels;
-    uint32_t kv_blocks;       /* engine KV capacity in blocks; 0 = unknown */
-    uint32_t max_inflight;    /* requests in flight this gateway sends it; 0 = registry default */
+    uint32_t kv_blocks;    /* engine KV capacity in blocks; 0 = unknown */
+    uint32_t max_inflight; /* requests in flight this gateway sends it; 0 = registry default */
 } kvg_worker_def;
 
 typedef struct kvg_registry_config {
-    unsigned nthreads;         /* gateway threads: sizes the per-thread slots of each worker;
-                                  0 = 1, at most 4096 */
+    unsigned nthreads;             /* gateway threads: sizes the per-thread slots of each worker;
+                                      0 = 1, at most 4096 */
     uint32_t default_max_inflight; /* 0 = 1024 */
-    unsigned health_fall;      /* consecutive failures that mark a worker down; 0 = 3 */
-    unsigned health_rise;      /* consecutive successes that mark it up again; 0 = 2 */
+    unsigned health_fall;          /* consecutive failures that mark a worker down; 0 = 3 */
+    unsigned health_rise;          /* consecutive successes that mark it up again; 0 = 2 */
 } kvg_registry_config;
 
 /** Create an empty registry. cfg may be NULL for the defaults. Returns 0, -ENOMEM or -EINVAL
@@ -88,8 +88,8 @@ int kvg_registry_drain(kvg_registry *reg, const char *name);
  *  over a config worker of the same name. All or nothing: on error nothing changes and msg
  *  names the bad worker. Returns 0, KVG_EPARSE (bad or duplicate definition), KVG_ELIMIT
  *  (more than KVG_REGISTRY_WORKERS_MAX) or -ENOMEM. */
-int kvg_registry_replace_config(kvg_registry *reg, const kvg_worker_def *defs, size_t n,
-                                char *msg, size_t msg_len);
+int kvg_registry_replace_config(kvg_registry *reg, const kvg_worker_def *defs, size_t n, char *msg,
+                                size_t msg_len);
 
 /** Generation number, incremented by every published change. A relaxed atomic read: threads
  *  poll it to notice a new snapshot cheaply. */

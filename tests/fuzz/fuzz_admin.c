@@ -38,7 +38,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kvg_admin_request req = {
         .method = method,
         .path = path,
-        .authorization = auth[0] == '-' ? NULL : auth[0] == '+' ? "Bearer fuzz-token-0123456789" : auth,
+        .authorization = auth[0] == '-'   ? NULL
+                         : auth[0] == '+' ? "Bearer fuzz-token-0123456789"
+                                          : auth,
         .body = (const char *)p,
         .body_len = (size_t)(end - p),
         .remote = "fuzz",

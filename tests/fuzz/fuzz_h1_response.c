@@ -9,9 +9,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static const char request[] = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
-                                  "content-type: application/json\r\ncontent-length: 55\r\n\r\n"
-                                  "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\"}]}";
+    static const char request[] =
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+        "content-type: application/json\r\ncontent-length: 55\r\n\r\n"
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\"}]}";
     harness_init();
     harness_set_worker_response(data, size);
     harness_run_client((const uint8_t *)request, strlen(request));

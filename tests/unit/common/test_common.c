@@ -22,7 +22,10 @@ static void test_json_valid(void **state)
     kvg_arena a;
     kvg_arena_init(&a, 0);
     kvg_json *v;
-    assert_int_equal(parse(" {\"a\": [1, -2.5e3, true, false, null], \"b\": \"x\\u00e9\\ud83d\\ude00\"} ", &a, &v), 0);
+    assert_int_equal(
+        parse(" {\"a\": [1, -2.5e3, true, false, null], \"b\": \"x\\u00e9\\ud83d\\ude00\"} ", &a,
+              &v),
+        0);
     assert_int_equal(v->type, KVG_JSON_OBJECT);
     const kvg_json *arr = kvg_json_get(v, "a");
     assert_non_null(arr);
@@ -43,9 +46,33 @@ static void test_json_invalid(void **state)
 {
     (void)state;
     static const char *const bad[] = {
-        "", " ", "{", "}", "[1,]", "{\"a\":1,}", "{\"a\" 1}", "01", "1.", "-", "1e", "+1",
-        "\"abc", "\"\\x\"", "\"\\u12\"", "\"\\ud800\"", "\"\\udc00\"", "\"a\x01\"", "tru",
-        "nul", "[1 2]", "{1:2}", "\"\xff\"", "\"\xc0\x80\"", "\"\xed\xa0\x80\"", "1 2", "[]]",
+        "",
+        " ",
+        "{",
+        "}",
+        "[1,]",
+        "{\"a\":1,}",
+        "{\"a\" 1}",
+        "01",
+        "1.",
+        "-",
+        "1e",
+        "+1",
+        "\"abc",
+        "\"\\x\"",
+        "\"\\u12\"",
+        "\"\\ud800\"",
+        "\"\\udc00\"",
+        "\"a\x01\"",
+        "tru",
+        "nul",
+        "[1 2]",
+        "{1:2}",
+        "\"\xff\"",
+        "\"\xc0\x80\"",
+        "\"\xed\xa0\x80\"",
+        "1 2",
+        "[]]",
         "\"\\",
     };
     for (size_t i = 0; i < KVG_ARRAY_LEN(bad); i++) {
@@ -94,7 +121,8 @@ static void test_json_roundtrip(void **state)
     kvg_buf b;
     kvg_buf_init(&b);
     kvg_json_write(&b, v);
-    assert_string_equal(b.data, "{\"s\":\"a\\\"b\\\\c\\n\\u0001\",\"n\":[0,-1,1.5,1.0000000000000001e+300],\"o\":{},\"e\":[]}");
+    assert_string_equal(b.data, "{\"s\":\"a\\\"b\\\\c\\n\\u0001\",\"n\":[0,-1,1.5,1."
+                                "0000000000000001e+300],\"o\":{},\"e\":[]}");
     kvg_buf_done(&b);
     kvg_arena_done(&a);
 }
@@ -103,7 +131,8 @@ static void test_json_roundtrip(void **state)
 static void test_json_alloc_failures(void **state)
 {
     (void)state;
-    const char *in = "{\"a\":[1,2,{\"b\":\"\\u00e9xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\"}],\"c\":null}";
+    const char *in =
+        "{\"a\":[1,2,{\"b\":\"\\u00e9xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\"}],\"c\":null}";
     bool succeeded = false;
     for (size_t limit = 1; limit < 4096 && !succeeded; limit += 16) {
         kvg_arena a;

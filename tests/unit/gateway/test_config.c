@@ -52,16 +52,17 @@ static void test_full_file(void **state)
     kvg_config cfg;
     char err[256] = "";
     kvg_config_init(&cfg);
-    int rc = load(&cfg,
-                  "{\"listen\": [\"127.0.0.1:0\", {\"address\": \"[::1]:8443\", \"tls_cert\": \"c\","
-                  " \"tls_key\": \"k\", \"cleartext\": false}],"
-                  " \"admin\": {\"listen\": \"127.0.0.1:1\", \"tokens\": [\"0123456789abcdef\"]},"
-                  " \"threads\": 3, \"log_level\": \"debug\", \"worker_header\": false,"
-                  " \"limits\": {\"body_bytes\": 4096, \"streams_per_conn\": 7},"
-                  " \"upstream\": {\"retries\": 0}, \"health\": {\"path\": \"/ready\", \"fall\": 1},"
-                  " \"workers\": [{\"name\": \"a\", \"url\": \"http://127.0.0.1:1\","
-                  " \"models\": [\"m1\", \"m2\"], \"kv_blocks\": 10}]}",
-                  err, sizeof(err));
+    int rc =
+        load(&cfg,
+             "{\"listen\": [\"127.0.0.1:0\", {\"address\": \"[::1]:8443\", \"tls_cert\": \"c\","
+             " \"tls_key\": \"k\", \"cleartext\": false}],"
+             " \"admin\": {\"listen\": \"127.0.0.1:1\", \"tokens\": [\"0123456789abcdef\"]},"
+             " \"threads\": 3, \"log_level\": \"debug\", \"worker_header\": false,"
+             " \"limits\": {\"body_bytes\": 4096, \"streams_per_conn\": 7},"
+             " \"upstream\": {\"retries\": 0}, \"health\": {\"path\": \"/ready\", \"fall\": 1},"
+             " \"workers\": [{\"name\": \"a\", \"url\": \"http://127.0.0.1:1\","
+             " \"models\": [\"m1\", \"m2\"], \"kv_blocks\": 10}]}",
+             err, sizeof(err));
     assert_int_equal(rc, 0);
     assert_int_equal(cfg.nlisteners, 2);
     assert_string_equal(cfg.listeners[1].host, "::1");
@@ -148,9 +149,19 @@ static void test_flags(void **state)
     char err[256] = "";
     kvg_config_action action;
     kvg_config_init(&cfg);
-    char *argv[] = {"kvgate", "--listen", "127.0.0.1:1", "--listen", "127.0.0.1:2", "--threads",
-                    "2", "--worker", "w1=http://127.0.0.1:5,model=a,model=b,kv_blocks=64,max_inflight=9",
-                    "--access-log", "off", "--check-config", NULL};
+    char *argv[] = {"kvgate",
+                    "--listen",
+                    "127.0.0.1:1",
+                    "--listen",
+                    "127.0.0.1:2",
+                    "--threads",
+                    "2",
+                    "--worker",
+                    "w1=http://127.0.0.1:5,model=a,model=b,kv_blocks=64,max_inflight=9",
+                    "--access-log",
+                    "off",
+                    "--check-config",
+                    NULL};
     assert_int_equal(kvg_config_parse_args(&cfg, 12, argv, &action, err, sizeof(err)), 0);
     assert_int_equal(action, KVG_ACTION_CHECK);
     assert_int_equal(cfg.nlisteners, 2);

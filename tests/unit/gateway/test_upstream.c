@@ -18,7 +18,8 @@
 #include "server.h"
 #include "upstream.h"
 
-/* ---- environment: one thread, one registry, one scripted worker -------------------------------- */
+/* ---- environment: one thread, one registry, one scripted worker --------------------------------
+ */
 
 typedef struct env {
     kvg_gateway gw;
@@ -163,7 +164,8 @@ static kvg_upstream *send_request(env *e, outcome *o)
 {
     struct evbuffer *head = evbuffer_new();
     struct evbuffer *body = evbuffer_new();
-    evbuffer_add_printf(head, "POST /v1/completions HTTP/1.1\r\nhost: w\r\ncontent-length: 2\r\n\r\n");
+    evbuffer_add_printf(head,
+                        "POST /v1/completions HTTP/1.1\r\nhost: w\r\ncontent-length: 2\r\n\r\n");
     evbuffer_add(body, "{}", 2);
     kvg_buf_init(&o->body);
     kvg_upstream *u = NULL;
@@ -173,7 +175,8 @@ static kvg_upstream *send_request(env *e, outcome *o)
     return u;
 }
 
-/* ---- tests ------------------------------------------------------------------------------------- */
+/* ---- tests -------------------------------------------------------------------------------------
+ */
 
 static void test_content_length_then_reuse(void **state)
 {
@@ -198,7 +201,9 @@ static void test_content_length_then_reuse(void **state)
     assert_true(kvg_upstream_reused(u));
     assert_int_equal(kvg_upstream_state_of(u), KVG_UPSTREAM_WAITING);
     worker_read_request(e, fd);
-    worker_send(fd, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n");
+    worker_send(
+        fd,
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n");
     for (int i = 0; i < 200 && !o2.ended; i++)
         spin(e, 1);
     assert_int_equal(o2.ended, 1);
