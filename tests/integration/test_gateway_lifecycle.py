@@ -23,12 +23,13 @@ def stream_body(max_tokens, chat=True):
 
 
 def refused(port):
-    """Nothing accepts on port. (A connect that races with the listeners closing may be reset
-    instead: the kernel drops what was queued on a closed SO_REUSEPORT socket.)"""
+    """Nothing accepts on port. (A connect that races with the listeners closing may be reset,
+    or its SYN dropped so that it times out: the kernel discards what was queued on a closed
+    SO_REUSEPORT socket.)"""
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
         return False
-    except (ConnectionRefusedError, ConnectionResetError):
+    except (ConnectionRefusedError, ConnectionResetError, TimeoutError):
         return True
 
 
