@@ -37,27 +37,24 @@ void kvg_arena_done(kvg_arena *a)
 
 void kvg_arena_reset(kvg_arena *a)
 {
+    /* Keep one regular-sized chunk (the oldest, the one the next request will fill first) and
+     * free the rest; oversized chunks can sit anywhere in the list. */
+    kvg_arena_chunk *keep = NULL;
+    for (kvg_arena_chunk *c = a->head; c; c = c->next)
+        if (c->size == a->chunk_size)
+            keep = c;
     kvg_arena_chunk *c = a->head;
-    if (!c) {
-        a->total = 0;
-        return;
-    }
-    /* Keep the oldest chunk (a regular-sized one): free the rest. */
-    kvg_arena_chunk *keep = c;
-    while (keep->next)
-        keep = keep->next;
-    while (c != keep) {
+    while (c) {
         kvg_arena_chunk *next = c->next;
-        free(c);
+        if (c != keep)
+            free(c);
         c = next;
     }
-    if (keep->size != a->chunk_size) {
-        free(keep);
-        a->head = NULL;
-    } else {
+    if (keep) {
+        keep->next = NULL;
         keep->used = 0;
-        a->head = keep;
     }
+    a->head = keep;
     a->total = 0;
 }
 

@@ -204,8 +204,9 @@ static void test_fmt_and_arena_reset(void **state)
     kvg_arena a;
     kvg_arena_init(&a, 1024);
     void *first = kvg_arena_alloc(&a, 100);
-    kvg_arena_alloc(&a, 5000); /* a chunk of its own */
-    kvg_arena_alloc(&a, 900);  /* a second regular chunk */
+    kvg_arena_alloc(&a, 5000); /* a chunk of its own, linked after the first */
+    kvg_arena_alloc(&a, 900);  /* still fits the first chunk */
+    kvg_arena_alloc(&a, 900);  /* a second regular chunk, at the head */
     kvg_arena_reset(&a);
     assert_int_equal(a.total, 0);
     /* The first regular chunk is kept and reused from its start. */
