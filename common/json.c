@@ -22,17 +22,40 @@ typedef struct parser {
     int rc;
 } parser;
 
-/* A small growable array of pointers, on the heap while a container is being parsed. */
+/* A growable array of pointers that starts on the stack: most JSON containers are small, and a
+ * parse should not cost a malloc per object. */
+#define PTRVEC_INLINE 24
 typedef struct ptrvec {
     void **v;
     size_t n, cap;
+    void *inline_buf[PTRVEC_INLINE];
 } ptrvec;
+
+static void ptrvec_init(ptrvec *pv)
+{
+    pv->v = pv->inline_buf;
+    pv->n = 0;
+    pv->cap = PTRVEC_INLINE;
+}
+
+static void ptrvec_free(ptrvec *pv)
+{
+    if (pv->v != pv->inline_buf)
+        free(pv->v);
+}
 
 static int ptrvec_push(ptrvec *pv, void *p)
 {
     if (pv->n == pv->cap) {
-        size_t cap = pv->cap ? pv->cap * 2 : 8;
-        void **v = realloc(pv->v, cap * sizeof(*v));
+        size_t cap = pv->cap * 2;
+        void **v;
+        if (pv->v == pv->inline_buf) {
+            v = malloc(cap * sizeof(*v));
+            if (v)
+                memcpy(v, pv->inline_buf, pv->n * sizeof(*v));
+        } else {
+            v = realloc(pv->v, cap * sizeof(*v));
+        }
         if (!v)
             return -ENOMEM;
         pv->v = v;
@@ -338,7 +361,8 @@ static kvg_json *parse_array(parser *ps, size_t depth)
     if (!v)
         return NULL;
     ps->p++; /* [ */
-    ptrvec items = {0};
+    ptrvec items;
+    ptrvec_init(&items);
     skip_ws(ps);
     if (ps->p < ps->end && *ps->p == ']') {
         ps->p++;
@@ -375,10 +399,10 @@ static kvg_json *parse_array(parser *ps, size_t depth)
     }
     memcpy(v->u.arr.items, items.v, items.n * sizeof(kvg_json *));
     v->u.arr.count = items.n;
-    free(items.v);
+    ptrvec_free(&items);
     return v;
 fail:
-    free(items.v);
+    ptrvec_free(&items);
     return NULL;
 }
 
@@ -387,8 +411,9 @@ static kvg_json *parse_object(parser *ps, size_t depth)
     kvg_json *v = new_node(ps, KVG_JSON_OBJECT);
     if (!v)
         return NULL;
-    ps->p++; /* { */
-    ptrvec keys = {0}, vals = {0}, lens = {0};
+    ps->p++;  /* { */
+    ptrvec m; /* members as (key, value, key length) triples */
+    ptrvec_init(&m);
     skip_ws(ps);
     if (ps->p < ps->end && *ps->p == '}') {
         ps->p++;
@@ -406,8 +431,8 @@ static kvg_json *parse_object(parser *ps, size_t depth)
         if (parse_string(ps, &key, &klen) < 0)
             goto fail;
         if (ps->reject_dups) {
-            for (size_t i = 0; i < keys.n; i++) {
-                if ((size_t)(uintptr_t)lens.v[i] == klen && memcmp(keys.v[i], key, klen) == 0) {
+            for (size_t i = 0; i < m.n; i += 3) {
+                if ((size_t)(uintptr_t)m.v[i + 2] == klen && memcmp(m.v[i], key, klen) == 0) {
                     ps->p = key_at;
                     fail(ps, KVG_EPARSE, "duplicate key in object");
                     goto fail;
@@ -423,8 +448,8 @@ static kvg_json *parse_object(parser *ps, size_t depth)
         kvg_json *val = parse_value(ps, depth + 1);
         if (!val)
             goto fail;
-        if (ptrvec_push(&keys, key) < 0 || ptrvec_push(&vals, val) < 0 ||
-            ptrvec_push(&lens, (void *)(uintptr_t)klen) < 0) {
+        if (ptrvec_push(&m, key) < 0 || ptrvec_push(&m, val) < 0 ||
+            ptrvec_push(&m, (void *)(uintptr_t)klen) < 0) {
             fail(ps, -ENOMEM, "out of memory");
             goto fail;
         }
@@ -444,7 +469,7 @@ static kvg_json *parse_object(parser *ps, size_t depth)
         fail(ps, KVG_EPARSE, "expected ',' or '}' in object");
         goto fail;
     }
-    size_t n = keys.n;
+    size_t n = m.n / 3;
     v->u.obj.keys = kvg_arena_alloc(ps->arena, n * sizeof(char *));
     v->u.obj.values = kvg_arena_alloc(ps->arena, n * sizeof(kvg_json *));
     v->u.obj.key_lens = kvg_arena_alloc(ps->arena, n * sizeof(size_t));
@@ -453,19 +478,15 @@ static kvg_json *parse_object(parser *ps, size_t depth)
         goto fail;
     }
     for (size_t i = 0; i < n; i++) {
-        v->u.obj.keys[i] = keys.v[i];
-        v->u.obj.values[i] = vals.v[i];
-        v->u.obj.key_lens[i] = (size_t)(uintptr_t)lens.v[i];
+        v->u.obj.keys[i] = m.v[3 * i];
+        v->u.obj.values[i] = m.v[3 * i + 1];
+        v->u.obj.key_lens[i] = (size_t)(uintptr_t)m.v[3 * i + 2];
     }
     v->u.obj.count = n;
-    free(keys.v);
-    free(vals.v);
-    free(lens.v);
+    ptrvec_free(&m);
     return v;
 fail:
-    free(keys.v);
-    free(vals.v);
-    free(lens.v);
+    ptrvec_free(&m);
     return NULL;
 }
 

@@ -156,8 +156,7 @@ static int write_port_file(const char *path, kvg_gateway *gw, const uint16_t *fr
     return 0;
 }
 
-/* ---- signals, reload, shutdown -----------------------------------------------------------------
- */
+/* ---- signals, reload, shutdown --------------------------------------------------------------- */
 
 static void reload(kvg_gateway *gw)
 {
@@ -215,8 +214,7 @@ static bool ready_cb(void *arg)
     return !atomic_load(&gw->shutting_down);
 }
 
-/* ---- main --------------------------------------------------------------------------------------
- */
+/* ---- main ------------------------------------------------------------------------------------ */
 
 static unsigned default_threads(void)
 {

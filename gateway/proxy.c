@@ -61,8 +61,7 @@ static proxy_route classify(const char *path)
     return ROUTE_NONE;
 }
 
-/* ---- finishing --------------------------------------------------------------------------------
- */
+/* ---- finishing ------------------------------------------------------------------------------- */
 
 static void release_worker(proxy_req *r)
 {
@@ -83,8 +82,7 @@ static void finish(proxy_req *r, int status)
     for (size_t i = 0; i < r->ncands; i++)
         kvg_worker_unref(r->cands[i]);
     r->ncands = 0;
-    x->handler_state = NULL;
-    free(r);
+    x->handler_state = NULL; /* r lives in x's arena and goes with it */
     kvg_exchange_detach(x);
 }
 
@@ -94,8 +92,7 @@ static void fail(proxy_req *r, int status, const char *type, const char *msg)
     finish(r, status);
 }
 
-/* ---- upstream callbacks ------------------------------------------------------------------------
- */
+/* ---- upstream callbacks ---------------------------------------------------------------------- */
 
 /* Response headers not passed to the client: hop-by-hop ones, and ours that the gateway sets. */
 static bool hop_by_hop(const kvg_header *h)
@@ -227,8 +224,7 @@ static const kvg_upstream_cbs upstream_cbs = {
     .on_error = up_error,
 };
 
-/* ---- forwarding --------------------------------------------------------------------------------
- */
+/* ---- forwarding ------------------------------------------------------------------------------ */
 
 static bool forwardable(const kvg_header *h)
 {
@@ -255,35 +251,29 @@ static bool forwardable(const kvg_header *h)
     return true;
 }
 
-static void add_str(struct evbuffer *b, const char *s)
-{
-    evbuffer_add(b, s, strlen(s));
-}
-
-/* The request head for worker w, composed in one buffer (printf showed in profiles). */
-static struct evbuffer *build_head(proxy_req *r, kvg_worker *w)
+/* The request head for worker w, composed into the thread's scratch buffer (one copy into the
+ * socket's output later; no allocation once the buffer has grown). */
+static void build_head(proxy_req *r, kvg_worker *w, kvg_buf *b)
 {
     kvg_exchange *x = r->x;
-    struct evbuffer *b = evbuffer_new();
-    if (!b)
-        return NULL;
     char num[24];
-    add_str(b, x->method);
-    evbuffer_add(b, " ", 1);
-    evbuffer_add(b, x->path, path_len(x->path));
-    evbuffer_add(b, " HTTP/1.1\r\nhost: ", 17);
-    add_str(b, kvg_worker_authority(w));
-    evbuffer_add(b, "\r\ncontent-length: ", 18);
-    evbuffer_add(b, num, kvg_fmt_u64(num, evbuffer_get_length(x->body)));
-    evbuffer_add(b, "\r\n", 2);
+    kvg_buf_reset(b);
+    kvg_buf_puts(b, x->method);
+    kvg_buf_putc(b, ' ');
+    kvg_buf_append(b, x->path, path_len(x->path));
+    kvg_buf_append(b, " HTTP/1.1\r\nhost: ", 17);
+    kvg_buf_puts(b, kvg_worker_authority(w));
+    kvg_buf_append(b, "\r\ncontent-length: ", 18);
+    kvg_buf_append(b, num, kvg_fmt_u64(num, evbuffer_get_length(x->body)));
+    kvg_buf_append(b, "\r\n", 2);
     for (size_t i = 0; i < x->nheaders; i++) {
         const kvg_header *h = &x->headers[i];
         if (!forwardable(h) || named_by_connection(h, x->headers, x->nheaders))
             continue;
-        evbuffer_add(b, h->name, h->name_len);
-        evbuffer_add(b, ": ", 2);
-        evbuffer_add(b, h->value, h->value_len);
-        evbuffer_add(b, "\r\n", 2);
+        kvg_buf_append(b, h->name, h->name_len);
+        kvg_buf_append(b, ": ", 2);
+        kvg_buf_append(b, h->value, h->value_len);
+        kvg_buf_append(b, "\r\n", 2);
     }
     /* The client's address, without its port, appended to any chain it brought. */
     const char *ip = x->remote;
@@ -291,18 +281,17 @@ static struct evbuffer *build_head(proxy_req *r, kvg_worker *w)
     size_t ip_len = colon ? (size_t)(colon - ip) : strlen(ip);
     size_t xff_len;
     const char *xff = kvg_exchange_header(x, "x-forwarded-for", &xff_len);
-    evbuffer_add(b, "x-forwarded-for: ", 17);
+    kvg_buf_append(b, "x-forwarded-for: ", 17);
     if (xff) {
-        evbuffer_add(b, xff, xff_len);
-        evbuffer_add(b, ", ", 2);
+        kvg_buf_append(b, xff, xff_len);
+        kvg_buf_append(b, ", ", 2);
     }
-    evbuffer_add(b, ip, ip_len);
-    evbuffer_add(b, "\r\nx-forwarded-proto: ", 21);
-    add_str(b, x->scheme);
-    evbuffer_add(b, "\r\nx-request-id: ", 16);
-    add_str(b, x->request_id);
-    evbuffer_add(b, "\r\n\r\n", 4);
-    return b;
+    kvg_buf_append(b, ip, ip_len);
+    kvg_buf_append(b, "\r\nx-forwarded-proto: ", 21);
+    kvg_buf_puts(b, x->scheme);
+    kvg_buf_append(b, "\r\nx-request-id: ", 16);
+    kvg_buf_puts(b, x->request_id);
+    kvg_buf_append(b, "\r\n\r\n", 4);
 }
 
 static void try_next(proxy_req *r)
@@ -319,13 +308,15 @@ static void try_next(proxy_req *r)
         r->worker = w;
         r->inflight_held = true;
         x->worker_name = kvg_arena_strdup(&x->arena, kvg_worker_name(w));
-        struct evbuffer *head = build_head(r, w);
-        if (!head) {
+        kvg_buf *head = &x->thread->scratch;
+        build_head(r, w, head);
+        if (head->failed) {
+            kvg_buf_done(head); /* clears the sticky failure for the next request */
             fail(r, 500, "internal_error", "out of memory");
             return;
         }
-        int rc = kvg_upstream_request(x->thread, w, head, x->body, &upstream_cbs, r, &r->up);
-        evbuffer_free(head);
+        int rc = kvg_upstream_request(x->thread, w, head->data, head->len, x->body, &upstream_cbs,
+                                      r, &r->up);
         if (rc < 0) {
             fail(r, 500, "internal_error", "cannot start the upstream request");
             return;
@@ -467,7 +458,9 @@ static void on_head(kvg_exchange *x)
         kvg_exchange_detach(x);
         return;
     }
-    proxy_req *r = calloc(1, sizeof(*r));
+    proxy_req *r = kvg_arena_alloc(&x->arena, sizeof(*r));
+    if (r)
+        memset(r, 0, sizeof(*r));
     if (!r) {
         kvg_exchange_send_error(x, 500, "internal_error", "out of memory");
         kvg_exchange_detach(x);

@@ -83,6 +83,7 @@ struct kvg_thread {
     kvg_link pools;          /* upstream pools of this thread */
     kvg_worker_set *workers; /* snapshot this thread routes with */
     uint64_t rng;            /* xorshift state for request ids */
+    kvg_buf scratch;         /* reused to compose heads without an allocation per request */
     bool draining;           /* shutdown: no new requests, close when idle */
     bool stopped;
 };

@@ -82,6 +82,7 @@ void kvg_thread_done(kvg_thread *t)
     if (t->workers)
         kvg_worker_set_unref(t->workers);
     t->workers = NULL;
+    kvg_buf_done(&t->scratch);
     if (t->notify_ev)
         event_free(t->notify_ev);
     t->notify_ev = NULL;

@@ -76,8 +76,7 @@ bool kvg_upstream_reused(const kvg_upstream *u)
     return u->reused;
 }
 
-/* ---- pools ------------------------------------------------------------------------------------
- */
+/* ---- pools ----------------------------------------------------------------------------------- */
 
 static kvg_upstream_pool *pool_get(kvg_thread *t, kvg_worker *w)
 {
@@ -441,8 +440,7 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-/* ---- requests ----------------------------------------------------------------------------------
- */
+/* ---- requests -------------------------------------------------------------------------------- */
 
 static void start_connect(kvg_upstream *u)
 {
@@ -538,8 +536,9 @@ static kvg_upstream *upstream_new(kvg_upstream_pool *p)
     return u;
 }
 
-int kvg_upstream_request(kvg_thread *t, kvg_worker *w, struct evbuffer *head, struct evbuffer *body,
-                         const kvg_upstream_cbs *cbs, void *ud, kvg_upstream **out)
+int kvg_upstream_request(kvg_thread *t, kvg_worker *w, const char *head, size_t head_len,
+                         struct evbuffer *body, const kvg_upstream_cbs *cbs, void *ud,
+                         kvg_upstream **out)
 {
     kvg_upstream_pool *p = pool_get(t, w);
     if (!p)
@@ -572,7 +571,7 @@ int kvg_upstream_request(kvg_thread *t, kvg_worker *w, struct evbuffer *head, st
     http_parser_init(&u->parser, HTTP_RESPONSE);
     u->parser.data = u;
     struct evbuffer *o = fresh ? u->pending : u->sock.out;
-    evbuffer_add_buffer(o, head);
+    evbuffer_add(o, head, head_len);
     if (body && evbuffer_get_length(body))
         evbuffer_add_buffer_reference(o, body);
     if (fresh) {

@@ -36,10 +36,11 @@ typedef enum kvg_upstream_state {
 const char *kvg_upstream_state_str(kvg_upstream_state s);
 
 /** Send a request to w over a pooled or new connection on thread t. head is the request line
- *  and headers (consumed); body is referenced, not copied, and must stay unchanged until a
+ *  and headers (copied); body is referenced, not copied, and must stay unchanged until a
  *  final callback. Returns 0 with *out, or a negative errno (nothing was sent, no callback). */
-int kvg_upstream_request(kvg_thread *t, kvg_worker *w, struct evbuffer *head, struct evbuffer *body,
-                         const kvg_upstream_cbs *cbs, void *ud, kvg_upstream **out);
+int kvg_upstream_request(kvg_thread *t, kvg_worker *w, const char *head, size_t head_len,
+                         struct evbuffer *body, const kvg_upstream_cbs *cbs, void *ud,
+                         kvg_upstream **out);
 /** Stop (true) or resume (false) reading the response: backpressure from a slow client. */
 void kvg_upstream_pause(kvg_upstream *u, bool paused);
 /** The caller gives up (client gone): the connection is closed, no callback follows. */

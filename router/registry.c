@@ -126,8 +126,7 @@ const char *const *kvg_worker_set_models(const kvg_worker_set *set, size_t *n)
     return set->models;
 }
 
-/* ---- layers -----------------------------------------------------------------------------------
- */
+/* ---- layers ---------------------------------------------------------------------------------- */
 
 /* memcpy that tolerates the NULL array of an empty layer. */
 static void copy_specs(worker_spec **dst, worker_spec *const *src, size_t n)

@@ -278,8 +278,7 @@ int kvg_worker_def_validate(const kvg_worker_def *def, char *msg, size_t msg_len
     return validate(def, &pu, msg, msg_len);
 }
 
-/* ---- specs ------------------------------------------------------------------------------------
- */
+/* ---- specs ----------------------------------------------------------------------------------- */
 
 int kvg_router_spec_new(const kvg_worker_def *def, uint32_t default_max_inflight, char *msg,
                         size_t msg_len, worker_spec **out)

@@ -637,8 +637,7 @@ static void test_inflight_and_slots(void **state)
     kvg_registry_free(reg);
 }
 
-/* ---- metrics ----------------------------------------------------------------------------------
- */
+/* ---- metrics --------------------------------------------------------------------------------- */
 
 typedef struct family {
     char name[96];

@@ -366,8 +366,7 @@ static void test_kvcache_duplicates(void **state)
     sim_kvcache_free(kv);
 }
 
-/* ---- engine -----------------------------------------------------------------------------------
- */
+/* ---- engine ---------------------------------------------------------------------------------- */
 
 typedef struct probe {
     uint32_t cached;
@@ -517,8 +516,7 @@ static void test_engine_queue_and_cancel(void **state)
     event_base_free(base);
 }
 
-/* ---- requests ---------------------------------------------------------------------------------
- */
+/* ---- requests -------------------------------------------------------------------------------- */
 
 static sim_config req_cfg(void)
 {
@@ -742,8 +740,7 @@ static void test_request_alloc_failures(void **state)
     event_base_free(base);
 }
 
-/* ---- metrics ----------------------------------------------------------------------------------
- */
+/* ---- metrics --------------------------------------------------------------------------------- */
 
 static void test_metrics_text(void **state)
 {
