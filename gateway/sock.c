@@ -254,14 +254,28 @@ void kvg_sock_flush_soon(kvg_sock *s)
     event_active(&s->flush_ev, EV_WRITE, 1);
 }
 
+/* After a write from the loop: tell the owner when output fell to the low-water mark (as a
+ * bufferevent's write callback does), or emptied when it asked to know. */
+static void notify_written(kvg_sock *s, size_t before)
+{
+    size_t left = evbuffer_get_length(s->out);
+    if (s->stopped || s->failed || !s->write_fn)
+        return;
+    bool fell = left <= s->write_low && (before > s->write_low || s->blocked);
+    if (fell || (s->drain_notify && left == 0)) {
+        if (left <= s->write_low)
+            s->blocked = false;
+        s->write_fn(s, s->ud);
+    }
+}
+
 static void on_flush(evutil_socket_t fd, short what, void *arg)
 {
     kvg_sock *s = arg;
+    size_t before = evbuffer_get_length(s->out);
     kvg_sock_flush(s);
     /* From the loop, so the owner is never re-entered from its own call. */
-    if (s->drain_notify && !s->stopped && !s->failed && evbuffer_get_length(s->out) == 0 &&
-        s->write_fn)
-        s->write_fn(s, s->ud);
+    notify_written(s, before);
 }
 
 static void finish_handshake(kvg_sock *s);
@@ -297,17 +311,14 @@ static void on_write_ready(evutil_socket_t fd, short what, void *arg)
         on_read_ready(fd, EV_READ, s);
         return;
     }
+    size_t before = evbuffer_get_length(s->out);
     bool done = write_out(s);
     if (s->failed) {
         report(s, KVG_SOCK_ERROR);
         return;
     }
     set_wev(s, !done && !s->write_wants_read);
-    size_t left = evbuffer_get_length(s->out);
-    if (s->write_fn && ((s->blocked && left <= s->write_low) || (s->drain_notify && left == 0))) {
-        s->blocked = false;
-        s->write_fn(s, s->ud);
-    }
+    notify_written(s, before);
 }
 
 /* ---- reading and the TLS handshake --------------------------------------------------------- */

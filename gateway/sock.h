@@ -30,7 +30,7 @@ struct kvg_sock {
     struct evbuffer *in;
     struct evbuffer *out;
     size_t read_high;  /* stop reading while this much input waits (0: no limit) */
-    size_t write_low;  /* write_fn fires when output drains to this, after a full buffer */
+    size_t write_low;  /* write_fn fires when a write from the loop brings output down to this */
     bool drain_notify; /* write_fn also fires whenever output becomes empty (close after send) */
     int error;         /* errno of the failure (ECONNRESET, ...), or EPROTO for TLS */
     /* private */
