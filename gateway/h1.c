@@ -135,7 +135,6 @@ static void op_read_body(kvg_exchange *x)
 static void op_send_head(kvg_exchange *x)
 {
     h1_conn *h = x->proto_data;
-    struct evbuffer *out = h1_output(h);
     /* Answering before the body was read: either drop the rest of the body or close, since the
      * client may still be sending it (or waiting for a 100 we will not send). */
     if (!h->message_complete && !h->body_wanted) {
@@ -146,48 +145,52 @@ static void op_send_head(kvg_exchange *x)
     }
     if (h->conn->thread->draining || !h->keep_alive || h->upgrade)
         h->close_after = true;
-    char line[80];
+    /* The head is composed in the thread's scratch buffer and added to the output once. */
+    kvg_buf *b = &h->conn->thread->scratch;
+    char num[24];
     int st = x->status >= 100 && x->status <= 999 ? x->status : 500;
-    memcpy(line, "HTTP/1.1 ", 9);
-    size_t n = 9 + kvg_fmt_u64(line + 9, (uint64_t)st);
-    line[n++] = ' ';
-    const char *reason = reason_phrase(st);
-    size_t rl = strlen(reason);
-    memcpy(line + n, reason, rl);
-    n += rl;
-    line[n++] = '\r';
-    line[n++] = '\n';
-    evbuffer_add(out, line, n);
+    kvg_buf_reset(b);
+    kvg_buf_append(b, "HTTP/1.1 ", 9);
+    kvg_buf_append(b, num, kvg_fmt_u64(num, (uint64_t)st));
+    kvg_buf_putc(b, ' ');
+    kvg_buf_puts(b, reason_phrase(st));
+    kvg_buf_append(b, "\r\n", 2);
     for (size_t i = 0; i < x->resp_nheaders; i++) {
         kvg_header *hd = &x->resp_headers[i];
-        evbuffer_add(out, hd->name, hd->name_len);
-        evbuffer_add(out, ": ", 2);
-        evbuffer_add(out, hd->value, hd->value_len);
-        evbuffer_add(out, "\r\n", 2);
+        kvg_buf_append(b, hd->name, hd->name_len);
+        kvg_buf_append(b, ": ", 2);
+        kvg_buf_append(b, hd->value, hd->value_len);
+        kvg_buf_append(b, "\r\n", 2);
     }
     bool no_body = h->head_request || x->status == 204 || x->status == 304 || x->status < 200;
     if (x->resp_content_length >= 0) {
         if (x->status != 204 && x->status != 304) {
-            char cl[48] = "content-length: ";
-            size_t m = 16 + kvg_fmt_u64(cl + 16, (uint64_t)x->resp_content_length);
-            cl[m++] = '\r';
-            cl[m++] = '\n';
-            evbuffer_add(out, cl, m);
+            kvg_buf_append(b, "content-length: ", 16);
+            kvg_buf_append(b, num, kvg_fmt_u64(num, (uint64_t)x->resp_content_length));
+            kvg_buf_append(b, "\r\n", 2);
         }
     } else if (!no_body) {
         if (h->parser.http_major == 1 && h->parser.http_minor >= 1) {
             h->chunked_response = true;
-            evbuffer_add(out, "transfer-encoding: chunked\r\n", 28);
+            kvg_buf_append(b, "transfer-encoding: chunked\r\n", 28);
         } else {
             h->close_after = true; /* HTTP/1.0: the end of the body is the end of the connection */
         }
     }
     if (h->close_after)
-        evbuffer_add(out, "connection: close\r\n\r\n", 21);
+        kvg_buf_append(b, "connection: close\r\n\r\n", 21);
     else if (h->parser.http_minor == 0)
-        evbuffer_add(out, "connection: keep-alive\r\n\r\n", 26);
+        kvg_buf_append(b, "connection: keep-alive\r\n\r\n", 26);
     else
-        evbuffer_add(out, "\r\n", 2);
+        kvg_buf_append(b, "\r\n", 2);
+    if (b->failed) {
+        /* Out of memory: a dropped connection beats a wrong response. The close is deferred,
+         * so the caller may go on using x until then. */
+        kvg_buf_done(b);
+        kvg_conn_close(h->conn);
+        return;
+    }
+    evbuffer_add(h1_output(h), b->data, b->len);
     kvg_sock_flush_soon(&h->conn->sock);
 }
 
