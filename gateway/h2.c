@@ -32,7 +32,8 @@ typedef struct h2_stream {
     bool in_head_delivery;
     bool data_deferred; /* nghttp2 is waiting for resume_data */
     bool response_submitted;
-    bool closed; /* nghttp2 closed the stream */
+    bool closed;     /* nghttp2 closed the stream */
+    size_t buffered; /* body bytes this stream holds, counted in the connection total */
     struct event body_timer;
 } h2_stream;
 
@@ -44,6 +45,7 @@ struct h2_conn {
     struct event flush_ev;
     bool flush_pending;
     bool goaway;
+    size_t body_buffered; /* request body bytes held by this connection's open streams */
 };
 
 static void h2_schedule_flush(h2_conn *h)
@@ -204,6 +206,8 @@ static void stream_finish(h2_stream *s)
     s->closed = true;
     kvg_list_unlink(&s->link);
     h->nstreams--;
+    h->body_buffered -= s->buffered;
+    s->buffered = 0;
     event_del(&s->body_timer);
     if (h->nstreams == 0 && !h->conn->closing)
         kvg_conn_set_timer(h->conn, h->conn->thread->gw->cfg.limits.idle_timeout_ms);
@@ -424,8 +428,19 @@ static int on_data_chunk_recv(nghttp2_session *session, uint8_t flags, int32_t s
         }
         return 0;
     }
-    if (!x->head_sent)
-        evbuffer_add(x->body, data, len);
+    if (x->head_sent)
+        return 0; /* answered early: the rest of the upload is dropped */
+    /* One connection's streams may hold at most two maximal bodies at once; without this,
+     * streams_per_conn x body_bytes (8 GiB by default) could be pinned by a single client. */
+    if (s->h->body_buffered + len > 2 * (size_t)x->body_limit) {
+        kvg_exchange_deliver_abort(x);
+        kvg_exchange_send_error_retry(x, 503, "overloaded", 1,
+                                      "too many request body bytes in flight on this connection");
+        return 0;
+    }
+    evbuffer_add(x->body, data, len);
+    s->buffered += len;
+    s->h->body_buffered += len;
     arm_body_timer(s);
     return 0;
 }

@@ -10,10 +10,11 @@ import time
 
 import h2.errors
 import h2.exceptions
+import h2.settings
 import httpx
 import pytest
 
-from gwhelpers import (COMPL, H2Client, RawHTTP, assert_openai_error, http, request_bytes,
+from gwhelpers import (COMPL, H2Client, H2Stream, RawHTTP, assert_openai_error, http, request_bytes,
                        wait_for)
 
 BODY = {"model": "sim-model", "prompt": "hi", "max_tokens": 1}
@@ -256,6 +257,51 @@ def test_oversized_body_413(simworker, kvgate):
     finally:
         h.close()
     assert gw.metric("kvgate_worker_requests_total") == 2
+
+
+def test_h2_body_bytes_per_connection_are_bounded(simworker, kvgate):
+    """One HTTP/2 connection may not pin more than two maximal bodies in unfinished uploads:
+    the stream that would cross the line gets 503 with Retry-After, the others go on."""
+    sw = simworker(time_scale=0)
+    gw = kvgate(sw, config={"limits": {"body_bytes": 100 * 1024}})
+    prefix = '{"model": "sim-model", "max_tokens": 1, "prompt": "'
+    part = (prefix + "x" * (70 * 1024)).encode()  # an unfinished JSON body, 70 KiB so far
+    h = H2Client(gw.port)
+    try:
+        # Wait for the gateway's SETTINGS and WINDOW_UPDATE: 1 MiB per stream, 16 MiB in all.
+        for _ in range(20):
+            if h.conn.outbound_flow_control_window >= 1 << 20 and \
+                    h.remote_settings.get(h2.settings.SettingCodes.INITIAL_WINDOW_SIZE):
+                break
+            h.pump(0.2)
+        def upload(end):  # no content-length: the body's end is END_STREAM
+            sid = h.conn.get_next_available_stream_id()
+            h.conn.send_headers(sid, [(":method", "POST"), (":path", COMPL), (":scheme", "http"),
+                                      (":authority", "t")])
+            h.streams[sid] = H2Stream(sid)
+            h._send_body(sid, part + (b'"}' if end else b""), end)
+            h.flush()
+            return h.streams[sid]
+
+        streams = [upload(False) for _ in range(3)]
+        h.wait([streams[2]], timeout=5)
+        # 70 + 70 KiB fit under 2 x 100 KiB; the third upload would make 210 KiB.
+        assert streams[2].status == 503, streams[2].status
+        assert streams[2].headers.get("retry-after") == "1"
+        assert "in flight on this connection" in assert_openai_error(
+            bytes(streams[2].data), 503)["message"]
+        assert not streams[0].done and not streams[1].done
+        for s in streams[:2]:
+            h._send_body(s.id, b'"}', True)
+        h.flush()
+        h.wait(streams[:2])
+        assert [s.status for s in streams[:2]] == [200, 200]
+        # Finished streams give their bytes back: a new upload of the same size fits again.
+        again = upload(True)
+        h.wait([again])
+        assert again.status == 200
+    finally:
+        h.close()
 
 
 # ---- malformed HTTP/1.1 ---------------------------------------------------------------------------
