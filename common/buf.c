@@ -102,40 +102,6 @@ void kvg_buf_printf(kvg_buf *b, const char *fmt, ...)
     va_end(ap);
 }
 
-/* Length of the valid UTF-8 sequence at s (1-4), or 0 when it is invalid (RFC 3629). */
-static size_t utf8_seq_len(const unsigned char *s, size_t avail)
-{
-    unsigned char c = s[0];
-    if (c < 0x80)
-        return 1;
-    size_t n;
-    unsigned lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF)
-        n = 2;
-    else if (c >= 0xE0 && c <= 0xEF) {
-        n = 3;
-        if (c == 0xE0)
-            lo = 0xA0;
-        else if (c == 0xED)
-            hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        n = 4;
-        if (c == 0xF0)
-            lo = 0x90;
-        else if (c == 0xF4)
-            hi = 0x8F;
-    } else
-        return 0;
-    if (avail < n)
-        return 0;
-    if (s[1] < lo || s[1] > hi)
-        return 0;
-    for (size_t i = 2; i < n; i++)
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-    return n;
-}
-
 void kvg_buf_json_string(kvg_buf *b, const char *str, size_t len)
 {
     static const char hex[] = "0123456789abcdef";
@@ -153,7 +119,7 @@ void kvg_buf_json_string(kvg_buf *b, const char *str, size_t len)
             continue;
         }
         if (c >= 0x80) {
-            adv = utf8_seq_len(s + i, len - i);
+            adv = kvg_utf8_seq_len(s + i, len - i);
             if (adv) {
                 i += adv;
                 continue;

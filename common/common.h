@@ -206,5 +206,10 @@ size_t kvg_fmt_u64(char *buf, uint64_t v);
 void kvg_fmt_hex64(char *buf, uint64_t v);
 /** Case-insensitive ASCII comparison of a counted string with a C string. */
 bool kvg_strcaseeq(const char *a, size_t alen, const char *b);
+/** Case-insensitive ASCII comparison of two counted strings. */
+bool kvg_strncaseeq(const char *a, size_t alen, const char *b, size_t blen);
+/** Length (1-4) of the well-formed UTF-8 sequence at s (RFC 3629: no overlongs, surrogates
+ *  or code points past U+10FFFF), or 0 when it is not one. avail > 0 bytes are readable. */
+size_t kvg_utf8_seq_len(const unsigned char *s, size_t avail);
 
 #endif

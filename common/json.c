@@ -146,38 +146,6 @@ static size_t put_utf8(unsigned char *o, unsigned cp)
     return 4;
 }
 
-/* Validate one UTF-8 sequence at p; returns its length or 0. Mirrors RFC 3629's table. */
-static size_t utf8_len(const unsigned char *s, const unsigned char *end)
-{
-    unsigned char c = s[0];
-    size_t n;
-    unsigned lo = 0x80, hi = 0xBF;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC2 && c <= 0xDF)
-        n = 2;
-    else if (c >= 0xE0 && c <= 0xEF) {
-        n = 3;
-        if (c == 0xE0)
-            lo = 0xA0;
-        else if (c == 0xED)
-            hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        n = 4;
-        if (c == 0xF0)
-            lo = 0x90;
-        else if (c == 0xF4)
-            hi = 0x8F;
-    } else
-        return 0;
-    if ((size_t)(end - s) < n || s[1] < lo || s[1] > hi)
-        return 0;
-    for (size_t i = 2; i < n; i++)
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-    return n;
-}
-
 /* Parse a string literal at ps->p (on the opening quote); decoded copy in the arena. */
 static int parse_string(parser *ps, char **out, size_t *out_len)
 {
@@ -197,7 +165,7 @@ static int parse_string(parser *ps, char **out, size_t *out_len)
             continue;
         }
         if (c >= 0x80) {
-            size_t n = utf8_len(ps->p, ps->end);
+            size_t n = kvg_utf8_seq_len(ps->p, (size_t)(ps->end - ps->p));
             if (!n)
                 return fail(ps, KVG_EPARSE, "invalid UTF-8 in string");
             ps->p += n;

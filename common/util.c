@@ -80,9 +80,8 @@ int kvg_random_bytes(void *buf, size_t len)
     return 0;
 }
 
-bool kvg_strcaseeq(const char *a, size_t alen, const char *b)
+bool kvg_strncaseeq(const char *a, size_t alen, const char *b, size_t blen)
 {
-    size_t blen = strlen(b);
     if (alen != blen)
         return false;
     for (size_t i = 0; i < alen; i++) {
@@ -95,6 +94,42 @@ bool kvg_strcaseeq(const char *a, size_t alen, const char *b)
             return false;
     }
     return true;
+}
+
+bool kvg_strcaseeq(const char *a, size_t alen, const char *b)
+{
+    return kvg_strncaseeq(a, alen, b, strlen(b));
+}
+
+size_t kvg_utf8_seq_len(const unsigned char *s, size_t avail)
+{
+    unsigned char c = s[0];
+    if (c < 0x80)
+        return 1;
+    size_t n;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF)
+        n = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        n = 3;
+        if (c == 0xE0)
+            lo = 0xA0;
+        else if (c == 0xED)
+            hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        n = 4;
+        if (c == 0xF0)
+            lo = 0x90;
+        else if (c == 0xF4)
+            hi = 0x8F;
+    } else
+        return 0;
+    if (avail < n || s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t i = 2; i < n; i++)
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+    return n;
 }
 
 size_t kvg_fmt_u64(char *buf, uint64_t v)

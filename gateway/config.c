@@ -621,6 +621,26 @@ static int add_flag_worker(kvg_config *cfg, const char *arg, char *err, size_t e
     return 0;
 }
 
+/* The first --listen (or --admin-listen) replaces the file's list; later ones add to it. */
+static int add_flag_listener(kvg_listener_config *ls, size_t *n, bool *given, const char *flag,
+                             const char *addr, char *err, size_t err_len)
+{
+    if (!*given) {
+        for (size_t i = 0; i < *n; i++)
+            listener_done(&ls[i]);
+        *n = 0;
+        *given = true;
+    }
+    if (*n >= KVG_MAX_LISTENERS) {
+        snprintf(err, err_len, "too many %s flags", flag);
+        return KVG_ECONFIG;
+    }
+    int rc = parse_listen(&ls[*n], addr, err, err_len);
+    if (rc == 0)
+        (*n)++;
+    return rc;
+}
+
 int kvg_config_parse_args(kvg_config *cfg, int argc, char **argv, kvg_config_action *action,
                           char *err, size_t err_len)
 {
@@ -654,36 +674,12 @@ int kvg_config_parse_args(kvg_config *cfg, int argc, char **argv, kvg_config_act
             *action = KVG_ACTION_CHECK;
             break;
         case OPT_LISTEN:
-            if (!listen_given) {
-                for (size_t i = 0; i < cfg->nlisteners; i++)
-                    listener_done(&cfg->listeners[i]);
-                cfg->nlisteners = 0;
-                listen_given = true;
-            }
-            if (cfg->nlisteners >= KVG_MAX_LISTENERS) {
-                snprintf(err, err_len, "too many --listen flags");
-                rc = KVG_ECONFIG;
-                break;
-            }
-            rc = parse_listen(&cfg->listeners[cfg->nlisteners], optarg, err, err_len);
-            if (rc == 0)
-                cfg->nlisteners++;
+            rc = add_flag_listener(cfg->listeners, &cfg->nlisteners, &listen_given, "--listen",
+                                   optarg, err, err_len);
             break;
         case OPT_ADMIN_LISTEN:
-            if (!admin_given) {
-                for (size_t i = 0; i < cfg->nadmin_listeners; i++)
-                    listener_done(&cfg->admin_listeners[i]);
-                cfg->nadmin_listeners = 0;
-                admin_given = true;
-            }
-            if (cfg->nadmin_listeners >= KVG_MAX_LISTENERS) {
-                snprintf(err, err_len, "too many --admin-listen flags");
-                rc = KVG_ECONFIG;
-                break;
-            }
-            rc = parse_listen(&cfg->admin_listeners[cfg->nadmin_listeners], optarg, err, err_len);
-            if (rc == 0)
-                cfg->nadmin_listeners++;
+            rc = add_flag_listener(cfg->admin_listeners, &cfg->nadmin_listeners, &admin_given,
+                                   "--admin-listen", optarg, err, err_len);
             break;
         case OPT_STATE:
             rc = set_str(&cfg->state_dir, optarg);

@@ -60,6 +60,21 @@ const char *kvg_exchange_header(const kvg_exchange *x, const char *name, size_t 
     return NULL;
 }
 
+void kvg_exchange_set_request_id(kvg_exchange *x)
+{
+    size_t len;
+    const char *id = kvg_exchange_header(x, "x-request-id", &len);
+    bool ok = id && len > 0 && len < sizeof(x->request_id);
+    for (size_t i = 0; ok && i < len; i++)
+        ok = id[i] > 0x20 && id[i] < 0x7f && id[i] != '"' && id[i] != '\\';
+    if (ok) {
+        memcpy(x->request_id, id, len);
+        x->request_id[len] = '\0';
+    } else {
+        kvg_thread_request_id(x->thread, x->request_id, sizeof(x->request_id));
+    }
+}
+
 void kvg_exchange_read_body(kvg_exchange *x)
 {
     if (x->aborted || x->front_done)

@@ -123,6 +123,9 @@ void kvg_exchange_done(kvg_exchange *x);
 /** Value of a request header (case-insensitive name), or NULL. *len receives its length. */
 const char *kvg_exchange_header(const kvg_exchange *x, const char *name, size_t *len);
 
+/** Adopt the client's x-request-id when it is a sane token (printable ASCII, no quotes or
+ *  backslashes, short enough), or generate one. The fronts call this once the head is in. */
+void kvg_exchange_set_request_id(kvg_exchange *x);
 /** Ask the front to receive the request body into x->body; on_body follows. */
 void kvg_exchange_read_body(kvg_exchange *x);
 /** Add a response header (copied into the arena) before kvg_exchange_respond. */

@@ -538,14 +538,7 @@ static int cb_headers_complete(http_parser *p)
         h->pending_error_msg = "CONNECT is not supported";
         return -1;
     }
-    const char *id = kvg_exchange_header(x, "x-request-id", &elen);
-    bool id_ok = id && elen > 0 && elen < sizeof(x->request_id);
-    for (size_t i = 0; id_ok && i < elen; i++)
-        id_ok = id[i] > 0x20 && id[i] < 0x7f && id[i] != '"' && id[i] != '\\';
-    if (id_ok)
-        memcpy(x->request_id, id, elen), x->request_id[elen] = '\0';
-    else
-        kvg_thread_request_id(h->conn->thread, x->request_id, sizeof(x->request_id));
+    kvg_exchange_set_request_id(x);
     if (x->path[0] != '/' && !(p->method == HTTP_OPTIONS && strcmp(x->path, "*") == 0) &&
         absolute_form(x) < 0) {
         h->pending_error = 400;

@@ -346,16 +346,7 @@ static void request_head_done(h2_stream *s, bool end_stream)
         x->content_length = (int64_t)v;
     else if (end_stream)
         x->content_length = 0;
-    const char *id = kvg_exchange_header(x, "x-request-id", &len);
-    bool id_ok = id && len > 0 && len < sizeof(x->request_id);
-    for (size_t i = 0; id_ok && i < len; i++)
-        id_ok = id[i] > 0x20 && id[i] < 0x7f && id[i] != '"' && id[i] != '\\';
-    if (id_ok) {
-        memcpy(x->request_id, id, len);
-        x->request_id[len] = '\0';
-    } else {
-        kvg_thread_request_id(s->h->conn->thread, x->request_id, sizeof(x->request_id));
-    }
+    kvg_exchange_set_request_id(x);
     s->request_complete = end_stream;
     /* The answers below come from the front itself: the handler never sees this request, so
      * it will never detach, and an exchange with a handler attached is only released once it

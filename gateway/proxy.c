@@ -107,22 +107,6 @@ static bool hop_by_hop(const kvg_header *h)
     return false;
 }
 
-static bool ci_eq(const char *a, size_t alen, const char *b, size_t blen)
-{
-    if (alen != blen)
-        return false;
-    for (size_t i = 0; i < alen; i++) {
-        char x = a[i], y = b[i];
-        if (x >= 'A' && x <= 'Z')
-            x = (char)(x - 'A' + 'a');
-        if (y >= 'A' && y <= 'Z')
-            y = (char)(y - 'A' + 'a');
-        if (x != y)
-            return false;
-    }
-    return true;
-}
-
 /* Headers named in the Connection header are hop-by-hop too (RFC 9110 7.6.1). */
 static bool named_by_connection(const kvg_header *h, const kvg_header *all, size_t n)
 {
@@ -136,7 +120,7 @@ static bool named_by_connection(const kvg_header *h, const kvg_header *all, size
             const char *tok = v;
             while (v < end && *v != ',' && *v != ' ' && *v != '\t')
                 v++;
-            if (v > tok && ci_eq(tok, (size_t)(v - tok), h->name, h->name_len))
+            if (v > tok && kvg_strncaseeq(tok, (size_t)(v - tok), h->name, h->name_len))
                 return true;
         }
     }
