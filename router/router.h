@@ -162,4 +162,27 @@ void **kvg_worker_thread_slot(kvg_worker *w, unsigned thread);
  *  kvgate_worker_ttfb_seconds, kvgate_worker_retries_total), with HELP and TYPE lines. */
 void kvg_registry_write_metrics(kvg_registry *reg, kvg_buf *out);
 
+/* ---- request bodies -------------------------------------------------------------------------- */
+
+/* What the gateway needs to know about an OpenAI request body, found in the same single pass
+ * that rewrites it. */
+typedef struct kvg_body_info {
+    const char *model;            /* top-level "model" (decoded, arena copy), NULL if absent/null */
+    size_t model_len;
+    bool stream;                  /* top-level "stream": true */
+    uint64_t prompt_bytes;        /* raw JSON bytes of "prompt", "messages", "input" and "tools" */
+    unsigned cache_salts_removed; /* top-level "cache_salt" members dropped */
+} kvg_body_info;
+
+/** Validate a request body (exactly one JSON object; strict RFC 8259: UTF-8, no trailing
+ *  garbage, nesting depth at most 64) and write it to out with every top-level "cache_salt"
+ *  member removed - whatever its value, however often it appears, however its key is spelled
+ *  with escapes ("\u0063ache_salt") - and, when salt is not NULL, "cache_salt":"<salt>" added
+ *  as the last member. Everything else is copied byte for byte. Fills info (strings from arena).
+ *  Top-level "model" must be a string or null and "stream" a boolean or null (KVG_ETYPE with the
+ *  field in err->message). Returns 0, KVG_EPARSE, KVG_ETYPE, KVG_ELIMIT (too deep), -ENOMEM;
+ *  on error err (may be NULL) has the byte offset and a message, and out is unspecified. */
+int kvg_body_rewrite(const char *body, size_t len, const char *salt, kvg_arena *arena,
+                     kvg_buf *out, kvg_body_info *info, kvg_json_error *err);
+
 #endif
