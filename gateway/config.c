@@ -60,6 +60,7 @@ int kvg_config_init(kvg_config *cfg)
     cfg->nadmin_listeners = 1;
     cfg->log_level = KVG_LOG_INFO;
     cfg->worker_header = true;
+    cfg->tenant_metrics_max = 100;
     cfg->shutdown_timeout_ms = 30000;
     cfg->limits = (kvg_front_limits){
         .header_bytes = 64 * 1024,
@@ -115,6 +116,9 @@ void kvg_config_done(kvg_config *cfg)
         free(cfg->admin_tokens[i]);
     workers_done(cfg);
     free(cfg->path);
+    free(cfg->secret);
+    free(cfg->state_file);
+    free(cfg->audit_log);
     free(cfg->state_dir);
     free(cfg->access_log);
     free(cfg->port_file);
@@ -366,10 +370,29 @@ static int apply_json(cfg_ctx *c, kvg_config *cfg, const kvg_json *root)
             rc = load_listeners(c, v, "listen", cfg->listeners, &cfg->nlisteners);
         } else if (strcmp(k, "admin") == 0) {
             rc = load_admin(c, cfg, v);
-        } else if (strcmp(k, "state_dir") == 0 || strcmp(k, "access_log") == 0) {
+        } else if (strcmp(k, "state_dir") == 0 || strcmp(k, "access_log") == 0 ||
+                   strcmp(k, "state_file") == 0 || strcmp(k, "audit_log") == 0) {
             rc = get_string(c, v, k, &s);
+            char **dst = strcmp(k, "state_dir") == 0    ? &cfg->state_dir
+                         : strcmp(k, "access_log") == 0 ? &cfg->access_log
+                         : strcmp(k, "state_file") == 0 ? &cfg->state_file
+                                                        : &cfg->audit_log;
             if (rc == 0)
-                rc = set_str(k[0] == 's' ? &cfg->state_dir : &cfg->access_log, s);
+                rc = set_str(dst, s);
+        } else if (strcmp(k, "auth") == 0) {
+            rc = get_string(c, v, k, &s);
+            if (rc == 0 && strcmp(s, "keys") != 0 && strcmp(s, "open") != 0)
+                rc = bad(c, k, "must be \"keys\" (the default) or \"open\"");
+            if (rc == 0)
+                cfg->auth_open = strcmp(s, "open") == 0;
+        } else if (strcmp(k, "secret") == 0) {
+            rc = get_string(c, v, k, &s);
+            if (rc == 0 && strlen(s) < 32)
+                rc = bad(c, k, "must be at least 32 characters");
+            if (rc == 0)
+                rc = set_str(&cfg->secret, s);
+        } else if (strcmp(k, "tenant_metrics_max") == 0) {
+            rc = get_u32(c, v, k, 0, 100000, &cfg->tenant_metrics_max);
         } else if (strcmp(k, "threads") == 0) {
             rc = get_u32(c, v, k, 0, 1024, &cfg->threads);
         } else if (strcmp(k, "log_level") == 0) {

@@ -41,8 +41,48 @@ static int mkdir_p(const char *path, mode_t mode)
     return 0;
 }
 
-/* The admin token: the environment, then the config, then one generated on first start and
- * kept (0600) in the state directory so that the operator can read it. */
+/* A secret kept in the state directory: read it, or create 32 random bytes (hex) with mode
+ * 0600 on first start so that the operator can read it and every restart finds the same. */
+static int state_secret(const char *state_dir, const char *name, char **out, bool *generated)
+{
+    char path[4200];
+    snprintf(path, sizeof(path), "%s/%s", state_dir, name);
+    *generated = false;
+    kvg_buf b;
+    kvg_buf_init(&b);
+    int rc = kvg_state_read_file(path, 4096, &b);
+    if (rc == 0) {
+        size_t n = b.len;
+        while (n && (b.data[n - 1] == '\n' || b.data[n - 1] == '\r'))
+            n--;
+        if (n >= 16) {
+            *out = strndup(b.data, n);
+            kvg_buf_done(&b);
+            return *out ? 0 : -ENOMEM;
+        }
+    }
+    kvg_buf_done(&b);
+    if (rc < 0 && rc != -ENOENT)
+        return rc;
+    unsigned char raw[32];
+    rc = kvg_random_bytes(raw, sizeof(raw));
+    if (rc < 0)
+        return rc;
+    char hex[66];
+    for (size_t i = 0; i < sizeof(raw); i++)
+        snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+    hex[64] = '\n';
+    hex[65] = '\0';
+    rc = kvg_state_write_file(path, hex, 65, 0600);
+    if (rc < 0)
+        return rc;
+    *generated = true;
+    hex[64] = '\0';
+    *out = strdup(hex);
+    return *out ? 0 : -ENOMEM;
+}
+
+/* The admin token: the environment, then the config, then one kept in the state directory. */
 static int admin_token(kvg_config *cfg, char **out_token, bool *generated)
 {
     *generated = false;
@@ -55,38 +95,41 @@ static int admin_token(kvg_config *cfg, char **out_token, bool *generated)
         *out_token = NULL;
         return 0;
     }
-    char path[4200];
-    snprintf(path, sizeof(path), "%s/admin-token", cfg->state_dir);
-    FILE *f = fopen(path, "r");
-    if (f) {
-        char buf[256] = "";
-        char *ok = fgets(buf, sizeof(buf), f);
-        fclose(f);
-        buf[strcspn(buf, "\r\n")] = '\0';
-        if (ok && strlen(buf) >= 16) {
-            *out_token = strdup(buf);
-            return *out_token ? 0 : -ENOMEM;
-        }
-    }
-    unsigned char raw[32];
-    int rc = kvg_random_bytes(raw, sizeof(raw));
+    return state_secret(cfg->state_dir, "admin-token", out_token, generated);
+}
+
+/* The server secret under which scope salts are computed: KVGATE_SECRET, the config, or one
+ * kept in the state directory. Every replica of a fleet must share it. */
+static int server_secret(kvg_gateway *gw)
+{
+    const char *env = getenv("KVGATE_SECRET");
+    char *secret = NULL;
+    bool generated = false;
+    int rc = 0;
+    if (env && *env)
+        secret = strdup(env);
+    else if (gw->cfg.secret)
+        secret = strdup(gw->cfg.secret);
+    else
+        rc = state_secret(gw->cfg.state_dir, "secret", &secret, &generated);
     if (rc < 0)
         return rc;
-    char hex[65];
-    for (size_t i = 0; i < sizeof(raw); i++)
-        snprintf(hex + 2 * i, 3, "%02x", raw[i]);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0)
-        return -errno;
-    ssize_t w = write(fd, hex, 64);
-    w += write(fd, "\n", 1);
-    fsync(fd);
-    close(fd);
-    if (w != 65)
-        return -EIO;
-    *generated = true;
-    *out_token = strdup(hex);
-    return *out_token ? 0 : -ENOMEM;
+    if (!secret)
+        return -ENOMEM;
+    size_t n = strlen(secret);
+    if (n < 32) {
+        kvg_log_error("the server secret must be at least 32 characters");
+        free(secret);
+        return -EINVAL;
+    }
+    gw->secret_len = KVG_MIN(n, sizeof(gw->secret));
+    memcpy(gw->secret, secret, gw->secret_len);
+    explicit_bzero(secret, n);
+    free(secret);
+    if (generated)
+        kvg_log_info("generated the server secret in %s/secret (replicas must share it)",
+                     gw->cfg.state_dir);
+    return 0;
 }
 
 static int open_access_log(const char *spec)
@@ -304,14 +347,52 @@ int main(int argc, char **argv)
         free(token);
         goto out_registry;
     }
+    rc = kvg_tenants_new(&gw->tenants);
+    if (rc == 0)
+        rc = kvg_policy_state_new(&gw->policy);
+    if (rc == 0)
+        rc = server_secret(gw);
+    if (rc < 0) {
+        kvg_log_error("cannot set up tenancy: %s", kvg_strerror(rc));
+        free(token);
+        goto out_registry;
+    }
+    gw->auth_open = gw->cfg.auth_open;
+    char state_path[4200], audit_path[4200];
+    snprintf(state_path, sizeof(state_path), "%s/state.json", gw->cfg.state_dir);
+    snprintf(audit_path, sizeof(audit_path), "%s/audit.log", gw->cfg.state_dir);
+    const char *audit = gw->cfg.audit_log ? gw->cfg.audit_log : audit_path;
     const char *const *tokens =
         token ? (const char *const *)&token : (const char *const *)gw->cfg.admin_tokens;
-    kvg_admin_config acfg = {.tokens = tokens, .ntokens = token ? 1 : gw->cfg.nadmin_tokens};
+    kvg_admin_config acfg = {
+        .tokens = tokens,
+        .ntokens = token ? 1 : gw->cfg.nadmin_tokens,
+        .tenants = gw->tenants,
+        .policy = gw->policy,
+        .state_path = gw->cfg.state_file ? gw->cfg.state_file : state_path,
+        .audit_path = strcmp(audit, "off") == 0 ? NULL : audit,
+        .tenant_label_cap = gw->cfg.tenant_metrics_max,
+    };
     rc = kvg_admin_new(&acfg, gw->registry, &gw->admin);
     free(token);
     if (rc < 0) {
         kvg_log_error("cannot create the admin API: %s", kvg_strerror(rc));
         goto out_registry;
+    }
+    /* Tenants, keys, admin-defined workers and the policy as the admin API last left them. */
+    rc = kvg_admin_load_state(gw->admin, msg, sizeof(msg));
+    if (rc < 0) {
+        kvg_log_error("cannot restore the state file %s: %s", acfg.state_path, msg);
+        goto out_admin;
+    }
+    if (gw->auth_open) {
+        kvg_log_warn("auth is open: every request is served without an API key");
+    } else {
+        kvg_tenant_set *ts = kvg_tenants_acquire(gw->tenants);
+        if (kvg_tenant_set_count(ts) == 0)
+            kvg_log_warn("no tenant exists yet: every request gets 401 until one does "
+                         "(kvgate admin tenants put ID; kvgate admin keys create ID)");
+        kvg_tenant_set_unref(ts);
     }
     kvg_admin_add_metrics(gw->admin, kvg_front_stats_write, gw);
     kvg_admin_set_ready(gw->admin, ready_cb, gw);
@@ -408,6 +489,8 @@ out_threads:
 out_admin:
     kvg_admin_free(gw->admin);
 out_registry:
+    kvg_policy_state_free(gw->policy);
+    kvg_tenants_free(gw->tenants);
     kvg_registry_free(gw->registry);
 out_cfg:
     kvg_config_done(&gw->cfg);

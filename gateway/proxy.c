@@ -9,6 +9,7 @@
 
 #include "policy.h"
 #include "server.h"
+#include "tenancy.h"
 #include "upstream.h"
 
 #define PROXY_MAX_CANDIDATES 64
@@ -24,6 +25,12 @@ typedef struct proxy_req {
     kvg_upstream *up;
     int status; /* status passed to the client */
     uint64_t ttfb_ns;
+    kvg_tenant *tenant;         /* referenced; NULL in open mode */
+    bool admitted;              /* holds one of the tenant's in-flight slots */
+    kvg_body_info info;
+    struct evbuffer *salted;    /* the body with the scope's cache_salt (and no client salt) */
+    struct evbuffer *unsalted;  /* the body without any cache_salt, for workers that take none */
+    char salt[KVG_SALT_LEN + 1];
 } proxy_req;
 
 typedef enum proxy_route {
@@ -36,6 +43,7 @@ typedef enum proxy_route {
 } proxy_route;
 
 static void try_next(proxy_req *r);
+static struct evbuffer *body_for(proxy_req *r, kvg_worker *w);
 
 static size_t path_len(const char *path)
 {
@@ -82,6 +90,19 @@ static void finish(proxy_req *r, int status)
     for (size_t i = 0; i < r->ncands; i++)
         kvg_worker_unref(r->cands[i]);
     r->ncands = 0;
+    if (r->tenant) {
+        if (r->admitted)
+            kvg_tenant_release(r->tenant);
+        kvg_tenant_record(r->tenant, status, r->info.prompt_bytes);
+        kvg_tenant_unref(r->tenant);
+        r->tenant = NULL;
+    }
+    /* An upstream still sending them holds its own references to the bytes. */
+    if (r->salted)
+        evbuffer_free(r->salted);
+    if (r->unsalted)
+        evbuffer_free(r->unsalted);
+    r->salted = r->unsalted = NULL;
     x->handler_state = NULL; /* r lives in x's arena and goes with it */
     kvg_exchange_detach(x);
 }
@@ -237,7 +258,7 @@ static bool forwardable(const kvg_header *h)
 
 /* The request head for worker w, composed into the thread's scratch buffer (one copy into the
  * socket's output later; no allocation once the buffer has grown). */
-static void build_head(proxy_req *r, kvg_worker *w, kvg_buf *b)
+static void build_head(proxy_req *r, kvg_worker *w, struct evbuffer *body, kvg_buf *b)
 {
     kvg_exchange *x = r->x;
     char num[24];
@@ -248,7 +269,7 @@ static void build_head(proxy_req *r, kvg_worker *w, kvg_buf *b)
     kvg_buf_append(b, " HTTP/1.1\r\nhost: ", 17);
     kvg_buf_puts(b, kvg_worker_authority(w));
     kvg_buf_append(b, "\r\ncontent-length: ", 18);
-    kvg_buf_append(b, num, kvg_fmt_u64(num, evbuffer_get_length(x->body)));
+    kvg_buf_append(b, num, kvg_fmt_u64(num, evbuffer_get_length(body)));
     kvg_buf_append(b, "\r\n", 2);
     for (size_t i = 0; i < x->nheaders; i++) {
         const kvg_header *h = &x->headers[i];
@@ -292,15 +313,20 @@ static void try_next(proxy_req *r)
         r->worker = w;
         r->inflight_held = true;
         x->worker_name = kvg_arena_strdup(&x->arena, kvg_worker_name(w));
+        struct evbuffer *body = body_for(r, w);
+        if (!body) {
+            fail(r, 500, "internal_error", "out of memory");
+            return;
+        }
         kvg_buf *head = &x->thread->scratch;
-        build_head(r, w, head);
+        build_head(r, w, body, head);
         if (head->failed) {
             kvg_buf_done(head); /* clears the sticky failure for the next request */
             fail(r, 500, "internal_error", "out of memory");
             return;
         }
-        int rc = kvg_upstream_request(x->thread, w, head->data, head->len, x->body, &upstream_cbs,
-                                      r, &r->up);
+        int rc = kvg_upstream_request(x->thread, w, head->data, head->len, body, &upstream_cbs, r,
+                                      &r->up);
         if (rc < 0) {
             fail(r, 500, "internal_error", "cannot start the upstream request");
             return;
@@ -320,49 +346,104 @@ static void try_next(proxy_req *r)
     fail(r, 503, "service_unavailable", "no healthy worker is available");
 }
 
-/* Pick the model out of the body. Invalid JSON and wrong types get a 400 naming the problem. */
-static int parse_model(proxy_req *r, char **model)
+static void free_buf_data(const void *data, size_t len, void *arg)
+{
+    free((void *)data);
+}
+
+/* Rewrite the client's body for salt (NULL: no salt) into a new evbuffer that owns the bytes.
+ * Returns NULL with the error in *rc and err. */
+static struct evbuffer *rewrite(proxy_req *r, const char *salt, int *rc, kvg_json_error *err)
 {
     kvg_exchange *x = r->x;
     size_t len = evbuffer_get_length(x->body);
-    const char *data = (const char *)evbuffer_pullup(x->body, -1);
-    /* The tree lives in the request's arena: no allocation of its own per request. */
-    kvg_arena *a = &x->arena;
-    kvg_json *root;
-    kvg_json_error err = {0};
-    int rc = kvg_json_parse(data ? data : "", len, a, NULL, &root, &err);
-    if (rc < 0) {
-        kvg_exchange_send_error(x, 400, "invalid_request_error",
-                                "the request body is not valid JSON: %s at byte %zu", err.message,
-                                err.offset);
-        return -1;
+    const char *data = len ? (const char *)evbuffer_pullup(x->body, -1) : "";
+    kvg_buf out;
+    kvg_buf_init(&out);
+    kvg_buf_reserve(&out, len + KVG_SALT_LEN + 32);
+    *rc = kvg_body_rewrite(data ? data : "", len, salt, &x->arena, &out, &r->info, err);
+    if (*rc < 0 || out.failed) {
+        if (*rc == 0)
+            *rc = -ENOMEM;
+        kvg_buf_done(&out);
+        return NULL;
     }
-    if (root->type != KVG_JSON_OBJECT) {
-        kvg_exchange_send_error(x, 400, "invalid_request_error",
-                                "the request body must be a JSON object");
-        return -1;
+    struct evbuffer *b = evbuffer_new();
+    size_t n;
+    char *bytes = kvg_buf_steal(&out, &n);
+    if (!b || evbuffer_add_reference(b, bytes, n, free_buf_data, NULL) < 0) {
+        if (b)
+            evbuffer_free(b);
+        free(bytes);
+        *rc = -ENOMEM;
+        return NULL;
     }
-    const kvg_json *m = kvg_json_get(root, "model");
-    *model = NULL;
-    if (m && m->type != KVG_JSON_NULL) {
-        if (m->type != KVG_JSON_STRING || m->u.str.len == 0 || m->u.str.len > KVG_MODEL_NAME_MAX ||
-            memchr(m->u.str.ptr, '\0', m->u.str.len)) {
-            kvg_exchange_send_error(x, 400, "invalid_request_error",
-                                    "'model' must be a non-empty string");
-            return -1;
-        }
-        *model = m->u.str.ptr;
+    return b;
+}
+
+/* The body worker w gets: with the scope's salt, or - for engines without the field - none.
+ * Either way the client's own cache_salt is gone. */
+static struct evbuffer *body_for(proxy_req *r, kvg_worker *w)
+{
+    if (kvg_worker_injects_salt(w))
+        return r->salted;
+    if (!r->unsalted) {
+        int rc;
+        kvg_json_error err;
+        kvg_body_info keep = r->info;
+        r->unsalted = rewrite(r, NULL, &rc, &err);
+        r->info = keep;
     }
-    return 0;
+    return r->unsalted;
 }
 
 static void on_body(kvg_exchange *x)
 {
     proxy_req *r = x->handler_state;
-    char *model = NULL;
-    if (parse_model(r, &model) < 0) {
-        finish(r, 400);
+    kvg_gateway *gw = x->thread->gw;
+    /* The scope decides the salt: tenants that share a scope share cache, no one else. */
+    const char *scope = r->tenant ? kvg_tenant_scope(r->tenant) : "global";
+    if (kvg_policy_scope_salt(gw->secret, gw->secret_len, scope, r->salt) < 0) {
+        fail(r, 500, "internal_error", "cannot compute the cache salt");
         return;
+    }
+    int rc;
+    kvg_json_error err = {0};
+    r->salted = rewrite(r, r->salt, &rc, &err);
+    if (!r->salted) {
+        if (rc == -ENOMEM)
+            kvg_exchange_send_error(x, 500, "internal_error", "out of memory");
+        else if (rc == KVG_ETYPE)
+            kvg_exchange_send_error(x, 400, "invalid_request_error", "%s", err.message);
+        else
+            kvg_exchange_send_error(x, 400, "invalid_request_error",
+                                    "the request body is not a valid JSON object: %s at byte %zu",
+                                    err.message, err.offset);
+        finish(r, rc == -ENOMEM ? 500 : 400);
+        return;
+    }
+    const char *model = r->info.model;
+    if (r->tenant && !kvg_tenant_allows_model(r->tenant, model)) {
+        kvg_exchange_send_error(x, 403, "permission_error",
+                                "The model `%s` is not allowed for this API key.",
+                                model ? model : "(none)");
+        finish(r, 403);
+        return;
+    }
+    if (r->tenant) {
+        unsigned retry_after = 1;
+        kvg_admit_result why =
+            kvg_tenant_admit(r->tenant, kvg_now_ns(), r->info.prompt_bytes, &retry_after);
+        if (why != KVG_ADMIT_OK) {
+            kvg_tenant_record_refusal(r->tenant, why);
+            char msg[160];
+            snprintf(msg, sizeof(msg), "rate limit reached (%s); retry after %u s",
+                     kvg_admit_result_str(why), retry_after);
+            kvg_exchange_send_error_retry(x, 429, "rate_limit_error", retry_after, msg);
+            finish(r, 429);
+            return;
+        }
+        r->admitted = true;
     }
     kvg_worker_set *set = kvg_thread_workers(x->thread);
     size_t n = kvg_worker_set_count(set);
@@ -387,15 +468,47 @@ static void on_body(kvg_exchange *x)
         }
         return;
     }
-    uint64_t rotation =
-        atomic_fetch_add_explicit(&x->thread->gw->rotation, 1, memory_order_relaxed);
-    kvg_policy_rank(KVG_POLICY_LEAST_LOADED, cands, ncand, rotation);
+    uint64_t rotation = atomic_fetch_add_explicit(&gw->rotation, 1, memory_order_relaxed);
+    kvg_policy_rank(kvg_thread_policy(x->thread)->kind, cands, ncand, rotation);
     for (size_t i = 0; i < ncand; i++)
         r->cands[r->ncands++] = kvg_worker_ref(kvg_worker_set_at(set, cands[i].index));
     try_next(r);
 }
 
-static void send_models(kvg_exchange *x)
+/* Authenticate the request; NULL after answering 401 (open mode never gets here). Returns a
+ * referenced tenant. The key is never logged, echoed or kept. */
+static kvg_tenant *authenticate(kvg_exchange *x)
+{
+    kvg_gateway *gw = x->thread->gw;
+    size_t len;
+    const char *v = kvg_exchange_header(x, "authorization", &len);
+    const char *why = "unknown";
+    kvg_tenant *t = NULL;
+    if (!v) {
+        why = "missing";
+    } else if (len < 7 || !kvg_strncaseeq(v, 6, "bearer", 6) || (v[6] != ' ' && v[6] != '\t')) {
+        why = "malformed";
+    } else {
+        const char *key = v + 7;
+        size_t klen = len - 7;
+        while (klen && (*key == ' ' || *key == '\t'))
+            key++, klen--;
+        t = kvg_tenant_set_authenticate(kvg_thread_tenants(x->thread), key, klen);
+    }
+    if (t) {
+        x->tenant = kvg_arena_strdup(&x->arena, kvg_tenant_id(t));
+        return kvg_tenant_ref(t);
+    }
+    kvg_tenants_record_auth_failure(gw->tenants, why);
+    kvg_exchange_add_header(x, "www-authenticate", 16, "Bearer", 6);
+    kvg_exchange_send_error(x, 401, "invalid_request_error",
+                            strcmp(why, "missing") == 0
+                                ? "You didn't provide an API key: send Authorization: Bearer <key>."
+                                : "Incorrect API key provided.");
+    return NULL;
+}
+
+static void send_models(kvg_exchange *x, const kvg_tenant *t)
 {
     kvg_worker_set *set = kvg_thread_workers(x->thread);
     size_t n;
@@ -403,9 +516,13 @@ static void send_models(kvg_exchange *x)
     kvg_buf b;
     kvg_buf_init(&b);
     kvg_buf_puts(&b, "{\"object\":\"list\",\"data\":[");
+    bool first = true;
     for (size_t i = 0; i < n; i++) {
-        if (i)
+        if (t && !kvg_tenant_allows_model(t, models[i]))
+            continue; /* a tenant sees only what it may use */
+        if (!first)
             kvg_buf_putc(&b, ',');
+        first = false;
         kvg_buf_puts(&b, "{\"id\":");
         kvg_buf_json_string(&b, models[i], strlen(models[i]));
         kvg_buf_puts(&b, ",\"object\":\"model\",\"created\":0,\"owned_by\":\"kvgate\"}");
@@ -428,8 +545,14 @@ static void on_head(kvg_exchange *x)
     case ROUTE_MODELS:
         if (!is_get) {
             kvg_exchange_send_error(x, 405, "invalid_request_error", "use GET for /v1/models");
+        } else if (x->thread->gw->auth_open) {
+            send_models(x, NULL);
         } else {
-            send_models(x);
+            kvg_tenant *t = authenticate(x);
+            if (t) {
+                send_models(x, t);
+                kvg_tenant_unref(t);
+            }
         }
         kvg_exchange_detach(x);
         return;
@@ -451,6 +574,14 @@ static void on_head(kvg_exchange *x)
         return;
     }
     r->x = x;
+    /* Authenticate before reading a byte of the body: an unknown caller costs nothing more. */
+    if (!x->thread->gw->auth_open) {
+        r->tenant = authenticate(x);
+        if (!r->tenant) {
+            kvg_exchange_detach(x);
+            return;
+        }
+    }
     x->handler_state = r;
     kvg_exchange_read_body(x);
 }

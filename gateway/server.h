@@ -14,8 +14,10 @@
 #include "admin.h"
 #include "config.h"
 #include "exchange.h"
+#include "policy.h"
 #include "router.h"
 #include "sock.h"
+#include "tenancy.h"
 
 typedef struct kvg_gateway kvg_gateway;
 typedef struct kvg_listener kvg_listener;
@@ -82,6 +84,10 @@ struct kvg_thread {
     size_t nconns;
     kvg_link pools;          /* upstream pools of this thread */
     kvg_worker_set *workers; /* snapshot this thread routes with */
+    kvg_tenant_set *tenants; /* snapshot this thread authenticates with */
+    kvg_policy_config policy; /* copy of the operator's settings */
+    uint64_t policy_gen;
+    bool policy_loaded;
     uint64_t rng;            /* xorshift state for request ids */
     kvg_buf scratch;         /* reused to compose heads without an allocation per request */
     bool draining;           /* shutdown: no new requests, close when idle */
@@ -91,7 +97,12 @@ struct kvg_thread {
 struct kvg_gateway {
     kvg_config cfg;
     kvg_registry *registry;
+    kvg_tenants *tenants;
+    kvg_policy_state *policy;
     kvg_admin *admin;
+    uint8_t secret[64]; /* the server secret: scope salts are HMACs under it */
+    size_t secret_len;
+    bool auth_open;     /* single-tenant mode: no keys (set explicitly by the operator) */
     kvg_listener listeners[KVG_MAX_LISTENERS];
     size_t nlisteners;
     kvg_listener admin_listeners[KVG_MAX_LISTENERS];
@@ -172,6 +183,10 @@ bool kvg_tls_is_h2(SSL *ssl);
 void kvg_thread_request_id(kvg_thread *t, char *buf, size_t len);
 /** The thread's current worker snapshot, refreshed when the registry changed. Borrowed. */
 kvg_worker_set *kvg_thread_workers(kvg_thread *t);
+/** The thread's current tenant snapshot, refreshed when tenants or keys changed. Borrowed. */
+kvg_tenant_set *kvg_thread_tenants(kvg_thread *t);
+/** The policy settings as of the last change the thread saw. Borrowed. */
+const kvg_policy_config *kvg_thread_policy(kvg_thread *t);
 /** Record a finished exchange: access log line and front counters. */
 void kvg_thread_exchange_finished(kvg_thread *t, kvg_exchange *x);
 

@@ -82,6 +82,9 @@ void kvg_thread_done(kvg_thread *t)
     if (t->workers)
         kvg_worker_set_unref(t->workers);
     t->workers = NULL;
+    if (t->tenants)
+        kvg_tenant_set_unref(t->tenants);
+    t->tenants = NULL;
     kvg_buf_done(&t->scratch);
     if (t->notify_ev)
         event_free(t->notify_ev);
@@ -261,6 +264,30 @@ kvg_worker_set *kvg_thread_workers(kvg_thread *t)
         kvg_upstream_thread_refresh(t);
     }
     return t->workers;
+}
+
+kvg_tenant_set *kvg_thread_tenants(kvg_thread *t)
+{
+    kvg_tenants *ts = t->gw->tenants;
+    uint64_t gen = kvg_tenants_generation(ts);
+    if (!t->tenants || kvg_tenant_set_generation(t->tenants) != gen) {
+        kvg_tenant_set *old = t->tenants;
+        t->tenants = kvg_tenants_acquire(ts);
+        if (old)
+            kvg_tenant_set_unref(old);
+    }
+    return t->tenants;
+}
+
+const kvg_policy_config *kvg_thread_policy(kvg_thread *t)
+{
+    uint64_t gen = kvg_policy_state_generation(t->gw->policy);
+    if (!t->policy_loaded || gen != t->policy_gen) {
+        kvg_policy_state_get(t->gw->policy, &t->policy);
+        t->policy_gen = gen;
+        t->policy_loaded = true;
+    }
+    return &t->policy;
 }
 
 void kvg_thread_request_id(kvg_thread *t, char *buf, size_t len)
