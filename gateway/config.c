@@ -534,13 +534,16 @@ void kvg_config_usage(FILE *out)
             "      --worker NAME=URL[,model=M]...[,kv_blocks=N][,max_inflight=N]\n"
             "                             add a worker, e.g. w1=http://127.0.0.1:8001,model=m\n"
             "                             (repeatable; without model= it serves every model)\n"
+            "      --auth keys|open       require API keys (default) or serve anyone (one\n"
+            "                             tenant; only for single-tenant deployments)\n"
             "      --access-log PATH      JSON access log: a file, '-' for stdout, 'off'\n"
             "      --log-level LEVEL      error, warn, info (default) or debug\n"
             "      --port-file FILE       write the bound ports here once listening\n"
             "      --check-config         validate the configuration and exit\n"
             "  -h, --help                 this text\n"
             "  -V, --version              print the version\n\n"
-            "Environment: KVGATE_ADMIN_TOKEN sets the admin bearer token.\n"
+            "Environment: KVGATE_ADMIN_TOKEN sets the admin bearer token, KVGATE_SECRET the\n"
+            "server secret that cache salts derive from (replicas must share it).\n"
             "Signals: SIGTERM/SIGINT drain and exit, SIGHUP reloads the config file.\n");
 }
 
@@ -556,6 +559,7 @@ enum {
     OPT_CHECK,
     OPT_TLS_CERT,
     OPT_TLS_KEY,
+    OPT_AUTH,
 };
 
 static const struct option long_opts[] = {
@@ -571,6 +575,7 @@ static const struct option long_opts[] = {
     {"check-config", no_argument, NULL, OPT_CHECK},
     {"tls-cert", required_argument, NULL, OPT_TLS_CERT},
     {"tls-key", required_argument, NULL, OPT_TLS_KEY},
+    {"auth", required_argument, NULL, OPT_AUTH},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, 'V'},
     {NULL, 0, NULL, 0},
@@ -739,6 +744,14 @@ int kvg_config_parse_args(kvg_config *cfg, int argc, char **argv, kvg_config_act
             break;
         case OPT_TLS_CERT:
             tls_cert = optarg;
+            break;
+        case OPT_AUTH:
+            if (strcmp(optarg, "keys") != 0 && strcmp(optarg, "open") != 0) {
+                snprintf(err, err_len, "--auth wants keys or open");
+                rc = KVG_ECONFIG;
+            } else {
+                cfg->auth_open = strcmp(optarg, "open") == 0;
+            }
             break;
         case OPT_TLS_KEY:
             tls_key = optarg;

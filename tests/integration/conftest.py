@@ -362,7 +362,7 @@ def kvgate(tmp_path, request):
 
     def start(*workers, config=None, threads=2, tls=None, listen=None, access_log=True,
               args=(), env=None, log_level="info", token=ADMIN_TOKEN, name=None,
-              timeout=START_TIMEOUT_S):
+              timeout=START_TIMEOUT_S, auth="open"):
         name = name or f"kvgate{len(started) + 1}"
         port_file = tmp_path / f"{name}.ports"
         log_path = tmp_path / f"{name}.log"
@@ -376,6 +376,8 @@ def kvgate(tmp_path, request):
             argv += ["--listen", addr]
         if threads is not None:
             argv += ["--threads", str(threads)]
+        if auth is not None:  # most tests are about HTTP, not tenancy: open unless asked
+            argv += ["--auth", auth]
         if tls:
             argv += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
         for i, w in enumerate(workers):
