@@ -50,6 +50,10 @@
 static void put_number(kvg_buf *out, double v)
 {
     char tmp[40];
+    if (v == 0) { /* -0 too: limits are >= 0 */
+        kvg_buf_putc(out, '0');
+        return;
+    }
     if (v == floor(v) && fabs(v) < 9007199254740992.0) {
         kvg_buf_printf(out, "%.0f", v);
         return;

@@ -91,7 +91,8 @@ int kvg_tenants_put(kvg_tenants *ts, const kvg_tenant_def *def, bool *created, c
 int kvg_tenants_remove(kvg_tenants *ts, const char *id);
 /** Generate a key for a tenant: 256 random bits, returned once in key (KVG_KEY_LEN + 1 bytes)
  *  with its id (KVG_KEY_ID_LEN + 1 bytes); only its SHA-256 digest is kept. 0, KVG_ENOTFOUND,
- *  KVG_ELIMIT (KVG_TENANT_KEYS_MAX keys already), -errno from the random source, -ENOMEM. */
+ *  KVG_ELIMIT (KVG_TENANT_KEYS_MAX keys already), -errno from the random source, -ENOMEM,
+ *  KVG_ETLS (the digest failed). key and key_id are written on success only. */
 int kvg_tenants_key_create(kvg_tenants *ts, const char *tenant_id, char *key, char *key_id);
 /** Add a key by its digest (restoring the state file). 0, KVG_ENOTFOUND, KVG_EPARSE (bad id),
  *  KVG_ELIMIT, -EEXIST (the id or the digest is in use). */

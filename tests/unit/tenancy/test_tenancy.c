@@ -1074,6 +1074,16 @@ static void test_json_round_trip(void **state)
     kvg_tenants_write_metrics(ts, 100, &b2);
     expect_line(b2.data, "kvgate_tenant_prompt_bytes_total{tenant=\"acme\"} 3\n");
 
+    /* numbers come back in their plainest form */
+    assert_int_equal(load(ts,
+                          "[{\"id\":\"z\",\"sharing\":\"isolated\",\"rate\":{\"rps\":-0,"
+                          "\"burst\":1e3,\"prompt_bytes_per_s\":0.25}}]",
+                          msg, sizeof(msg)),
+                     0);
+    kvg_buf_reset(&b2);
+    kvg_tenants_to_json(ts, &b2);
+    expect_line(b2.data, "\"rate\":{\"rps\":0,\"burst\":1000,\"prompt_bytes_per_s\":0.25,");
+
     /* an empty array empties the store */
     assert_int_equal(load(ts, "[]", msg, sizeof(msg)), 0);
     s = kvg_tenants_acquire(ts);
