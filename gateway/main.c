@@ -15,6 +15,7 @@
 #include <nghttp2/nghttp2.h>
 #include <openssl/ssl.h>
 
+#include "admin_cli.h"
 #include "kvg_config.h"
 #include "server.h"
 
@@ -267,6 +268,8 @@ static unsigned default_threads(void)
 
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "admin") == 0)
+        return kvg_admin_cli_main(argc - 1, argv + 1);
     kvg_gateway *gw = calloc(1, sizeof(*gw));
     char err[1024];
     int status = 1;

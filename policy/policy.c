@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Load-based ranking of candidate workers; the prefix-aware cost policy joins it later. */
+/* Load-based, round-robin and random ranking of candidate workers; the prefix-aware cost policy
+ * joins them later. */
 #include "policy.h"
 
 #include <string.h>
@@ -9,6 +10,7 @@
 static const char *const kind_names[KVG_POLICY_KIND_COUNT] = {
     [KVG_POLICY_LEAST_LOADED] = "least_loaded",
     [KVG_POLICY_ROUND_ROBIN] = "round_robin",
+    [KVG_POLICY_RANDOM] = "random",
 };
 
 const char *kvg_policy_kind_str(kvg_policy_kind k)
@@ -42,12 +44,39 @@ static void rotate(kvg_policy_candidate *c, size_t n, size_t r)
     }
 }
 
+/* splitmix64 (Steele, Lea, Flood 2014): a counter in, well-mixed 64-bit words out. */
+static uint64_t splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Fisher-Yates shuffle driven by splitmix64 seeded with the rotation counter: a pure function
+ * of (rotation, n), so the same decision replays identically (trace simulator, tests), while
+ * consecutive counters give unrelated orders. The modulo bias is below n / 2^64. */
+static void shuffle(kvg_policy_candidate *c, size_t n, uint64_t rotation)
+{
+    uint64_t state = rotation;
+    for (size_t i = n - 1; i > 0; i--) {
+        size_t j = (size_t)(splitmix64(&state) % (i + 1));
+        kvg_policy_candidate t = c[i];
+        c[i] = c[j];
+        c[j] = t;
+    }
+}
+
 void kvg_policy_rank(kvg_policy_kind kind, kvg_policy_candidate *cands, size_t n, uint64_t rotation)
 {
     if (n == 0)
         return;
     if (kind == KVG_POLICY_ROUND_ROBIN) {
         rotate(cands, n, (size_t)(rotation % n));
+        return;
+    }
+    if (kind == KVG_POLICY_RANDOM) {
+        shuffle(cands, n, rotation);
         return;
     }
     /* Stable insertion sort by load: candidate lists are short (workers serving one model). */

@@ -13,7 +13,7 @@
 typedef enum kvg_policy_kind {
     KVG_POLICY_LEAST_LOADED = 0, /* fewest requests in flight, ties by round robin */
     KVG_POLICY_ROUND_ROBIN,
-    KVG_POLICY_RANDOM,           /* a permutation drawn from the rotation counter */
+    KVG_POLICY_RANDOM, /* a permutation drawn from the rotation counter */
     KVG_POLICY_KIND_COUNT,
 } kvg_policy_kind;
 
@@ -75,9 +75,12 @@ typedef struct kvg_bucket {
  *  monotonic clock; time going backwards refills nothing), then take cost tokens when there are
  *  enough. Returns true when taken; otherwise b keeps its refill and *wait_s (may be NULL) gets
  *  the seconds until cost tokens will be there (infinity when cost > burst). Pure: the caller
- *  serialises access to b. */
-bool kvg_policy_bucket_take(kvg_bucket *b, double rate, double burst, uint64_t now_ns,
-                            double cost, double *wait_s);
+ *  serialises access to b. rate, burst and cost are finite and >= 0. rate 0 refills nothing:
+ *  the bucket is a one-off allowance of burst tokens (wait infinity once spent); callers for
+ *  whom a rate of 0 means "unlimited" skip the bucket. Tokens above burst (a lowered burst)
+ *  are cut to burst. */
+bool kvg_policy_bucket_take(kvg_bucket *b, double rate, double burst, uint64_t now_ns, double cost,
+                            double *wait_s);
 /** Put back cost tokens taken by kvg_policy_bucket_take (capped at burst), for all-or-nothing
  *  admission over several buckets. */
 void kvg_policy_bucket_give(kvg_bucket *b, double burst, double cost);
@@ -89,7 +92,7 @@ void kvg_policy_bucket_give(kvg_bucket *b, double burst, double cost);
 /** The cache salt of a sharing scope: HMAC-SHA256(secret, scope), base64url without padding,
  *  NUL-terminated in out (KVG_SALT_LEN + 1 bytes). The same secret and scope give the same salt
  *  on every gateway replica; without the secret a salt reveals nothing about its scope.
- *  0 or KVG_ETLS (OpenSSL failure). */
+ *  0, KVG_ETLS (OpenSSL failure) or -EINVAL (scope NULL, secret NULL with a length). */
 int kvg_policy_scope_salt(const uint8_t *secret, size_t secret_len, const char *scope, char *out);
 
 #endif

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Worker registry: the workers kvgate routes to, their health and load, as immutable
- * refcounted snapshots that every gateway thread reads without locks. */
+/* Router: the worker registry (the workers kvgate routes to, their health and load, as immutable
+ * refcounted snapshots that every gateway thread reads without locks) and the request-body
+ * rewriter. */
 #ifndef KVG_ROUTER_H
 #define KVG_ROUTER_H
 
@@ -167,7 +168,7 @@ void kvg_registry_write_metrics(kvg_registry *reg, kvg_buf *out);
 /* What the gateway needs to know about an OpenAI request body, found in the same single pass
  * that rewrites it. */
 typedef struct kvg_body_info {
-    const char *model;            /* top-level "model" (decoded, arena copy), NULL if absent/null */
+    const char *model; /* top-level "model" (decoded, arena copy), NULL if absent/null */
     size_t model_len;
     bool stream;                  /* top-level "stream": true */
     uint64_t prompt_bytes;        /* raw JSON bytes of "prompt", "messages", "input" and "tools" */
@@ -175,14 +176,20 @@ typedef struct kvg_body_info {
 } kvg_body_info;
 
 /** Validate a request body (exactly one JSON object; strict RFC 8259: UTF-8, no trailing
- *  garbage, nesting depth at most 64) and write it to out with every top-level "cache_salt"
+ *  garbage, nesting depth at most 64 - the acceptance, error codes and error offsets of
+ *  kvg_json_parse with default limits) and append it to out with every top-level "cache_salt"
  *  member removed - whatever its value, however often it appears, however its key is spelled
  *  with escapes ("\u0063ache_salt") - and, when salt is not NULL, "cache_salt":"<salt>" added
- *  as the last member. Everything else is copied byte for byte. Fills info (strings from arena).
- *  Top-level "model" must be a string or null and "stream" a boolean or null (KVG_ETYPE with the
- *  field in err->message). Returns 0, KVG_EPARSE, KVG_ETYPE, KVG_ELIMIT (too deep), -ENOMEM;
- *  on error err (may be NULL) has the byte offset and a message, and out is unspecified. */
-int kvg_body_rewrite(const char *body, size_t len, const char *salt, kvg_arena *arena,
-                     kvg_buf *out, kvg_body_info *info, kvg_json_error *err);
+ *  as the last member (salt is written as a JSON string, escaped if need be). Everything else
+ *  is copied byte for byte, whitespace included; cache_salt members nested deeper are kept.
+ *  Fills info, when not NULL (strings from arena). Top-level "model" must be a string without
+ *  NUL characters or null, "stream" a boolean or null, and each may appear at most once (a
+ *  repeated one would let the gateway and the engine read different values); a body that is
+ *  valid JSON but not an object is a type error too. Returns 0, KVG_EPARSE, KVG_ETYPE (only
+ *  for valid JSON: the message starts with the field, "model: ", "stream: " or "body: "),
+ *  KVG_ELIMIT (too deep), -ENOMEM (arena or out), -EINVAL (body NULL, len > 0); on error err (may
+ * be NULL) has the byte offset and a message, and what was appended to out is unspecified. */
+int kvg_body_rewrite(const char *body, size_t len, const char *salt, kvg_arena *arena, kvg_buf *out,
+                     kvg_body_info *info, kvg_json_error *err);
 
 #endif

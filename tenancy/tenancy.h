@@ -20,6 +20,8 @@ typedef struct kvg_tenant kvg_tenant;         /* refcounted; definition + runtim
 #define KVG_TENANT_MODELS_MAX 64
 #define KVG_TENANT_KEYS_MAX 16
 #define KVG_TENANTS_MAX 100000
+/* Longest model name in a tenant's list (the router's KVG_MODEL_NAME_MAX); printable ASCII. */
+#define KVG_TENANT_MODEL_NAME_MAX 256
 /* Keys: "kvg-" + base64url(32 random bytes) = 47 characters. */
 #define KVG_KEY_PREFIX "kvg-"
 #define KVG_KEY_LEN 47
@@ -48,7 +50,7 @@ typedef struct kvg_tenant_limits {
 
 /* A tenant as the operator defines it. Borrowed by the functions below, which copy it. */
 typedef struct kvg_tenant_def {
-    const char *id;    /* [A-Za-z0-9._-], 1..KVG_TENANT_ID_MAX */
+    const char *id; /* [A-Za-z0-9._-], 1..KVG_TENANT_ID_MAX */
     kvg_sharing sharing;
     const char *group; /* required for KVG_SHARING_GROUP, NULL otherwise; same charset as ids */
     const char *const *models; /* allowed models; empty = all */
@@ -68,22 +70,29 @@ int kvg_tenants_new(kvg_tenants **out);
 /** Free the store; snapshots acquired earlier stay valid until unreffed. NULL is a no-op. */
 void kvg_tenants_free(kvg_tenants *ts);
 
-/** Check an id (also used for group names): 0, or KVG_EPARSE with "<what>: ..." in msg. */
+/** Check an id (also used for group names): [A-Za-z0-9._-], 1..KVG_TENANT_ID_MAX characters,
+ *  not "." or ".." (ids are admin URL path segments). 0, or KVG_EPARSE with "<what>: ..." in msg
+ *  (msg may be NULL; what NULL means "id"). */
 int kvg_tenant_id_validate(const char *id, const char *what, char *msg, size_t msg_len);
-/** Check a definition; 0 or KVG_EPARSE/KVG_ELIMIT with a message naming the field. */
+/** Check a definition; 0 or KVG_EPARSE/KVG_ELIMIT with a message naming the field ("id: ...",
+ *  "group: ...", "models[2]: ...", "rate.rps: ..."). Limits must be finite and >= 0; a burst
+ *  is 0 (the default) or at least 1; group is required with KVG_SHARING_GROUP and refused
+ *  otherwise. */
 int kvg_tenant_def_validate(const kvg_tenant_def *def, char *msg, size_t msg_len);
 
 /* Changes. Each publishes a new snapshot; all are thread-safe (serialised internally). */
 
 /** Create or replace a tenant. Keys and runtime state (rate buckets, in-flight count, counters)
- *  are kept when the tenant exists. *created tells which. 0, KVG_EPARSE, KVG_ELIMIT, -ENOMEM. */
+ *  are kept when the tenant exists. *created tells which (created may be NULL). 0, KVG_EPARSE,
+ *  KVG_ELIMIT (a models list too long, or KVG_TENANTS_MAX tenants already), -ENOMEM. */
 int kvg_tenants_put(kvg_tenants *ts, const kvg_tenant_def *def, bool *created, char *msg,
                     size_t msg_len);
 /** Remove a tenant and its keys. 0 or KVG_ENOTFOUND. Requests in flight keep their tenant. */
 int kvg_tenants_remove(kvg_tenants *ts, const char *id);
 /** Generate a key for a tenant: 256 random bits, returned once in key (KVG_KEY_LEN + 1 bytes)
  *  with its id (KVG_KEY_ID_LEN + 1 bytes); only its SHA-256 digest is kept. 0, KVG_ENOTFOUND,
- *  KVG_ELIMIT (KVG_TENANT_KEYS_MAX keys already), -errno from the random source, -ENOMEM. */
+ *  KVG_ELIMIT (KVG_TENANT_KEYS_MAX keys already), -errno from the random source, -ENOMEM,
+ *  KVG_ETLS (the digest failed). key and key_id are written on success only. */
 int kvg_tenants_key_create(kvg_tenants *ts, const char *tenant_id, char *key, char *key_id);
 /** Add a key by its digest (restoring the state file). 0, KVG_ENOTFOUND, KVG_EPARSE (bad id),
  *  KVG_ELIMIT, -EEXIST (the id or the digest is in use). */
@@ -121,15 +130,17 @@ const kvg_key_info *kvg_tenant_key(const kvg_tenant *t, size_t i);
  *  the definition's sharing and group stay the same. */
 const char *kvg_tenant_scope(const kvg_tenant *t);
 /** Position in creation order since the process started (0-based): the per-tenant metrics give
- *  the first N tenants a label of their own and count the rest as "other". */
+ *  the first N tenants a label of their own and count the rest as "other". Numbered per store
+ *  (the gateway has one); replacing a tenant keeps its ordinal, removing and creating it again
+ *  gives it a new one; kvg_tenants_from_json numbers the tenants it adds in id order. */
 uint64_t kvg_tenant_ordinal(const kvg_tenant *t);
 
 /* Admission. */
 typedef enum kvg_admit_result {
     KVG_ADMIT_OK = 0,
-    KVG_ADMIT_RATE,        /* requests per second exceeded */
-    KVG_ADMIT_BYTES,       /* prompt bytes per second exceeded */
-    KVG_ADMIT_INFLIGHT,    /* max_inflight reached */
+    KVG_ADMIT_RATE,     /* requests per second exceeded */
+    KVG_ADMIT_BYTES,    /* prompt bytes per second exceeded */
+    KVG_ADMIT_INFLIGHT, /* max_inflight reached */
     KVG_ADMIT_RESULT_COUNT,
 } kvg_admit_result;
 
@@ -137,7 +148,11 @@ const char *kvg_admit_result_str(kvg_admit_result r);
 
 /** Try to admit one request of prompt_bytes at monotonic time now_ns: takes a token from each
  *  bucket and an in-flight slot, all or nothing. On refusal *retry_after_s is when a retry can
- *  succeed (at least 1 second, rounded up; for INFLIGHT, 1). Thread-safe. */
+ *  succeed (at least 1 second, rounded up, at most 3600; for INFLIGHT, 1; may be NULL).
+ *  Checked in the order in-flight, requests, prompt bytes under the tenant's lock, so the first
+ *  limit that refuses is the result and a refusal takes nothing. A prompt larger than the bytes
+ *  burst is charged the whole burst (admitted when the bucket is full) instead of never.
+ *  Thread-safe. */
 kvg_admit_result kvg_tenant_admit(kvg_tenant *t, uint64_t now_ns, uint64_t prompt_bytes,
                                   unsigned *retry_after_s);
 /** Give back the in-flight slot of an admitted request. */
@@ -159,16 +174,24 @@ void kvg_tenants_record_auth_failure(kvg_tenants *ts, const char *reason);
 void kvg_tenants_write_metrics(kvg_tenants *ts, size_t label_cap, kvg_buf *out);
 
 /* Persistence. */
-/** Serialise every tenant with its key digests (hex) as a JSON array into out. */
+/** Serialise every tenant with its key digests (hex) as a JSON array into out (appended), one
+ *  tenant per line, sorted by id. The format is described in docs/state.md. */
 void kvg_tenants_to_json(kvg_tenants *ts, kvg_buf *out);
-/** Replace the store's content by a JSON array written by kvg_tenants_to_json (all or nothing).
- *  0, KVG_EPARSE with msg, -ENOMEM. */
+/** Replace the store's content by a JSON array written by kvg_tenants_to_json (all or nothing):
+ *  every tenant is validated (unknown or repeated fields, duplicate ids or key digests are
+ *  errors; msg names the tenant and the field) and the result is published as one snapshot.
+ *  Tenants already in the store keep their runtime state, as with kvg_tenants_put; tenants
+ *  absent from arr are removed. 0, KVG_EPARSE with msg, -ENOMEM. */
 int kvg_tenants_from_json(kvg_tenants *ts, const kvg_json *arr, char *msg, size_t msg_len);
 
-/** Write data to path atomically: a temporary file in the same folder, fsync, rename, fsync of
- *  the folder; mode applies to the new file. 0 or -errno. */
+/** Write data to path atomically: a temporary file in the same folder
+ *  ("<path>.tmp.<pid>.<n>", so concurrent writers never share one), fsync, rename, fsync of
+ *  the folder; mode applies to the new file exactly (the umask does not narrow it). 0 or
+ *  -errno (-ENOENT: the folder does not exist); on failure before the rename path is
+ *  untouched and the temporary file removed. */
 int kvg_state_write_file(const char *path, const void *data, size_t len, unsigned mode);
-/** Read a whole file (at most max bytes) into out. 0, -ENOENT, -EFBIG, -errno. */
+/** Read a whole file (at most max bytes), appending it to out. 0, -ENOENT, -EFBIG, -ENOMEM,
+ *  -errno; on failure out is as it was. */
 int kvg_state_read_file(const char *path, size_t max, kvg_buf *out);
 
 #endif

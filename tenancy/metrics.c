@@ -1,0 +1,186 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Prometheus text exposition (format 0.0.4) of the per-tenant and authentication counters. */
+#include "tenancy_int.h"
+
+#include <string.h>
+
+/*
+ * Series (one per tenant of the current snapshot; a removed tenant's series disappear):
+ *   kvgate_tenants                                 gauge    tenants defined
+ *   kvgate_tenant_requests_total{tenant,code}      counter  finished requests by status: codes
+ *       200 400 401 403 404 408 413 422 429 499 500 502 503 504 by themselves, other statuses
+ *       by class ("1xx".."5xx"), anything outside 100..599 as "other"; only non-zero series
+ *   kvgate_tenant_rate_limited_total{tenant,reason} counter refusals by the admission check,
+ *       reason "rate", "bytes" or "inflight" (all three always present)
+ *   kvgate_tenant_prompt_bytes_total{tenant}       counter  prompt bytes of finished requests
+ *   kvgate_tenant_inflight{tenant}                 gauge    admitted requests not yet released
+ *   kvgate_auth_failures_total{reason}             counter  "missing", "malformed", "unknown"
+ * Label cardinality: tenants with an ordinal below label_cap get a label of their own; the rest
+ * are summed under tenant="other", which follows the labelled tenants. A tenant whose id is
+ * "other" is always counted there, so the series never repeats.
+ */
+
+const char *const kvg_tenancy_auth_reasons[AUTH_REASON_COUNT] = {
+    [AUTH_MISSING] = "missing",
+    [AUTH_MALFORMED] = "malformed",
+    [AUTH_UNKNOWN] = "unknown",
+};
+
+/* The counters of one label value: a tenant's, or the sum of the capped ones. */
+typedef struct tenant_counts {
+    uint64_t codes[TENANT_CODE_SLOTS];
+    uint64_t refusals[KVG_ADMIT_RESULT_COUNT];
+    uint64_t prompt_bytes;
+    uint64_t inflight;
+} tenant_counts;
+
+/* Label values escape backslash, double quote and line feed; nothing else. */
+static void put_label_value(kvg_buf *out, const char *v)
+{
+    const char *run = v;
+    for (const char *p = v; *p; p++) {
+        const char *esc = *p == '\\' ? "\\\\" : *p == '"' ? "\\\"" : *p == '\n' ? "\\n" : NULL;
+        if (!esc)
+            continue;
+        kvg_buf_append(out, run, (size_t)(p - run));
+        kvg_buf_puts(out, esc);
+        run = p + 1;
+    }
+    kvg_buf_puts(out, run);
+}
+
+static void put_header(kvg_buf *out, const char *name, const char *type, const char *help)
+{
+    /* help strings are constants without backslashes or line feeds, so need no escaping */
+    kvg_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* name{tenant="..." */
+static void put_series(kvg_buf *out, const char *name, const char *tenant)
+{
+    kvg_buf_puts(out, name);
+    kvg_buf_puts(out, "{tenant=\"");
+    put_label_value(out, tenant);
+    kvg_buf_putc(out, '"');
+}
+
+static void read_counts(const tenant_runtime *rt, tenant_counts *c)
+{
+    tenant_runtime *r = (tenant_runtime *)rt;
+    for (size_t i = 0; i < TENANT_CODE_SLOTS; i++)
+        c->codes[i] = atomic_load_explicit(&r->codes[i], memory_order_relaxed);
+    for (size_t i = 0; i < KVG_ADMIT_RESULT_COUNT; i++)
+        c->refusals[i] = atomic_load_explicit(&r->refusals[i], memory_order_relaxed);
+    c->prompt_bytes = atomic_load_explicit(&r->prompt_bytes, memory_order_relaxed);
+    c->inflight = atomic_load_explicit(&r->inflight, memory_order_relaxed);
+}
+
+static void add_counts(tenant_counts *sum, const tenant_counts *c)
+{
+    for (size_t i = 0; i < TENANT_CODE_SLOTS; i++)
+        sum->codes[i] += c->codes[i];
+    for (size_t i = 0; i < KVG_ADMIT_RESULT_COUNT; i++)
+        sum->refusals[i] += c->refusals[i];
+    sum->prompt_bytes += c->prompt_bytes;
+    sum->inflight += c->inflight;
+}
+
+typedef enum family {
+    FAM_REQUESTS = 0,
+    FAM_REFUSALS,
+    FAM_PROMPT_BYTES,
+    FAM_INFLIGHT,
+    FAM_COUNT,
+} family;
+
+static void put_counts(kvg_buf *out, family f, const char *tenant, const tenant_counts *c)
+{
+    switch (f) {
+    case FAM_REQUESTS:
+        for (size_t i = 0; i < TENANT_CODE_SLOTS; i++) {
+            if (!c->codes[i])
+                continue;
+            put_series(out, "kvgate_tenant_requests_total", tenant);
+            kvg_buf_printf(out, ",code=\"%s\"} %llu\n", kvg_tenancy_code_label(i),
+                           (unsigned long long)c->codes[i]);
+        }
+        break;
+    case FAM_REFUSALS:
+        for (size_t i = KVG_ADMIT_OK + 1; i < KVG_ADMIT_RESULT_COUNT; i++) {
+            put_series(out, "kvgate_tenant_rate_limited_total", tenant);
+            kvg_buf_printf(out, ",reason=\"%s\"} %llu\n", kvg_admit_result_str((kvg_admit_result)i),
+                           (unsigned long long)c->refusals[i]);
+        }
+        break;
+    case FAM_PROMPT_BYTES:
+        put_series(out, "kvgate_tenant_prompt_bytes_total", tenant);
+        kvg_buf_printf(out, "} %llu\n", (unsigned long long)c->prompt_bytes);
+        break;
+    case FAM_INFLIGHT:
+        put_series(out, "kvgate_tenant_inflight", tenant);
+        kvg_buf_printf(out, "} %llu\n", (unsigned long long)c->inflight);
+        break;
+    case FAM_COUNT:
+        break;
+    }
+}
+
+static bool labelled(const kvg_tenant *t, size_t label_cap)
+{
+    return t->rt->ordinal < label_cap && strcmp(t->spec->id, "other") != 0;
+}
+
+void kvg_tenants_write_metrics(kvg_tenants *ts, size_t label_cap, kvg_buf *out)
+{
+    static const struct {
+        const char *name, *type, *help;
+    } fams[FAM_COUNT] = {
+        [FAM_REQUESTS] = {"kvgate_tenant_requests_total", "counter",
+                          "Requests of the tenant finished, by HTTP status sent to the client "
+                          "(499: the client went away; other statuses by class)."},
+        [FAM_REFUSALS] = {"kvgate_tenant_rate_limited_total", "counter",
+                          "Requests of the tenant refused with 429 by its limits, by reason "
+                          "(rate, bytes, inflight)."},
+        [FAM_PROMPT_BYTES] = {"kvgate_tenant_prompt_bytes_total", "counter",
+                              "Prompt bytes of the tenant's finished requests."},
+        [FAM_INFLIGHT] = {"kvgate_tenant_inflight", "gauge",
+                          "Requests of the tenant admitted and not yet finished."},
+    };
+    kvg_tenant_set *set = kvg_tenants_acquire(ts);
+
+    put_header(out, "kvgate_tenants", "gauge", "Tenants defined.");
+    kvg_buf_printf(out, "kvgate_tenants %zu\n", set->count);
+
+    /* The capped tenants' sum, read once so every family shows the same moment's sum. */
+    tenant_counts other = {0}, c;
+    bool any_other = false;
+    for (size_t i = 0; i < set->count; i++) {
+        const kvg_tenant *t = set->tenants[i];
+        if (labelled(t, label_cap))
+            continue;
+        read_counts(t->rt, &c);
+        add_counts(&other, &c);
+        any_other = true;
+    }
+    for (int f = 0; f < FAM_COUNT; f++) {
+        put_header(out, fams[f].name, fams[f].type, fams[f].help);
+        for (size_t i = 0; i < set->count; i++) {
+            const kvg_tenant *t = set->tenants[i];
+            if (!labelled(t, label_cap))
+                continue;
+            read_counts(t->rt, &c);
+            put_counts(out, (family)f, t->spec->id, &c);
+        }
+        if (any_other)
+            put_counts(out, (family)f, "other", &other);
+    }
+
+    put_header(out, "kvgate_auth_failures_total", "counter",
+               "Requests refused with 401 before any tenant was known, by reason (missing, "
+               "malformed, unknown key).");
+    for (size_t i = 0; i < AUTH_REASON_COUNT; i++)
+        kvg_buf_printf(
+            out, "kvgate_auth_failures_total{reason=\"%s\"} %llu\n", kvg_tenancy_auth_reasons[i],
+            (unsigned long long)atomic_load_explicit(&ts->auth_failures[i], memory_order_relaxed));
+    kvg_tenant_set_unref(set);
+}
