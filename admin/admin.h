@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The admin API as a pure request -> response function: authentication, routing of admin
- * paths, validation, JSON in and out, Prometheus text. The gateway owns the sockets. */
+/* The admin API as a request -> response function: authentication, routing of admin paths,
+ * validation, JSON in and out, Prometheus text, the state file and the audit log. The gateway
+ * owns the sockets. */
 #ifndef KVG_ADMIN_H
 #define KVG_ADMIN_H
 
@@ -8,7 +9,9 @@
 #include <stddef.h>
 
 #include "common.h"
+#include "policy.h"
 #include "router.h"
+#include "tenancy.h"
 
 typedef struct kvg_admin kvg_admin;
 
@@ -19,6 +22,20 @@ typedef struct kvg_admin_config {
     /* Accepted bearer tokens (borrowed only during kvg_admin_new, copied). At least one. */
     const char *const *tokens;
     size_t ntokens;
+    /* Tenants and keys (borrowed; must outlive the admin). NULL: the tenant and key routes
+     * answer 404 and the state file has no tenants. */
+    kvg_tenants *tenants;
+    /* The routing policy settings (borrowed; must outlive the admin). NULL: the policy routes
+     * answer 404 and the state file has no policy. */
+    kvg_policy_state *policy;
+    /* The state file (copied): every change is written to it, atomically, before the answer.
+     * NULL: changes are not persisted. */
+    const char *state_path;
+    /* The audit log (copied): one JSON line per change, appended. NULL: audit lines only in
+     * the error log. */
+    const char *audit_path;
+    /* Tenants with a label of their own in /metrics; the rest count as "other". 0 = 100. */
+    size_t tenant_label_cap;
 } kvg_admin_config;
 
 typedef struct kvg_admin_request {
@@ -37,6 +54,8 @@ typedef struct kvg_admin_response {
     /* Extra response headers to send when non-NULL (static strings): */
     const char *allow;            /* 405: value of the Allow header */
     const char *www_authenticate; /* 401: value of the WWW-Authenticate header */
+    const char *cache_control;    /* value of the Cache-Control header ("no-store" for tenant
+                                     and key responses: one of them carries a new API key) */
 } kvg_admin_response;
 
 /** Writes extra Prometheus series into out (for example the gateway's front counters). */
@@ -44,10 +63,19 @@ typedef void (*kvg_admin_metrics_fn)(kvg_buf *out, void *ud);
 /** True when the gateway can take traffic (listeners open, not shutting down). */
 typedef bool (*kvg_admin_ready_fn)(void *ud);
 
-/** Create the admin handler over reg (borrowed; must outlive the admin).
- *  Returns 0, -EINVAL (no tokens) or -ENOMEM. */
+/** Create the admin handler over reg (borrowed; must outlive the admin). When audit_path is set
+ *  the file is opened once here (created 0600 if missing) so that a bad path fails start-up.
+ *  Returns 0, -EINVAL (no tokens), -ENOMEM or -errno (audit log not writable). */
 int kvg_admin_new(const kvg_admin_config *cfg, kvg_registry *reg, kvg_admin **out);
 void kvg_admin_free(kvg_admin *admin);
+/** Restore tenants (with their key digests), admin-defined workers and the policy settings
+ *  from the state file, for the gateway to call once at start-up before serving. A missing
+ *  file (or no state_path) is a fresh start: returns 0 and changes nothing. Otherwise the file
+ *  must be a JSON object {"version": 1, "tenants": [...], "workers": [...], "policy": {...}}
+ *  (a section may be absent: nothing to restore there). Returns 0, KVG_EPARSE (msg names the
+ *  section and the field), -ENOMEM, -EFBIG or -errno (msg says which file); on error what was
+ *  restored before the bad section stays, and the gateway is expected to refuse to start. */
+int kvg_admin_load_state(kvg_admin *admin, char *msg, size_t msg_len);
 /** Replace the accepted tokens (config reload). 0, -EINVAL or -ENOMEM (old tokens kept).
  *  Tokens must be non-empty, without spaces or control characters; at most 64. Only their
  *  SHA-256 digests are kept. */
@@ -60,11 +88,14 @@ int kvg_admin_add_metrics(kvg_admin *admin, kvg_admin_metrics_fn fn, void *ud);
 void kvg_admin_set_ready(kvg_admin *admin, kvg_admin_ready_fn fn, void *ud);
 
 /** Handle one admin request. Always fills resp (status, content type, body, extra headers);
- *  the caller sends it and then calls kvg_admin_response_done. Never blocks. Thread-safe:
- *  requests may be handled on several threads at once, and concurrently with
- *  kvg_admin_set_tokens, kvg_admin_add_metrics and kvg_admin_set_ready. Request bodies over
- *  KVG_ADMIN_BODY_MAX get 413. */
+ *  the caller sends it and then calls kvg_admin_response_done. Reads never block. A change
+ *  (PUT, POST, DELETE) is serialised with every other change, and writes the state file (with
+ *  fsync) and its audit line before it returns: call it from a thread that may block for a few
+ *  milliseconds, not from one serving traffic. Thread-safe: requests may be handled on several
+ *  threads at once, and concurrently with kvg_admin_set_tokens, kvg_admin_add_metrics and
+ *  kvg_admin_set_ready. Request bodies over KVG_ADMIN_BODY_MAX get 413. */
 void kvg_admin_handle(kvg_admin *admin, const kvg_admin_request *req, kvg_admin_response *resp);
+/** Free the response body (wiped first when it may hold a new API key). NULL is a no-op. */
 void kvg_admin_response_done(kvg_admin_response *resp);
 
 #endif

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "admin.h"
 
@@ -23,6 +24,14 @@ typedef struct admin_writer {
 
 struct kvg_admin {
     kvg_registry *reg;
+    kvg_tenants *tenants;     /* NULL: no tenant routes */
+    kvg_policy_state *policy; /* NULL: no policy routes */
+    char *state_path;         /* NULL: changes are not persisted */
+    char *audit_path;         /* NULL: audit lines only in the error log */
+    size_t tenant_label_cap;
+    /* Serialises changes, from the change to its state-file write and audit line, so that a
+     * slower change never writes an older state over a newer one. Taken before lock. */
+    pthread_mutex_t change_lock;
     /* Guards everything below; held only for copies, never across callbacks. */
     pthread_mutex_t lock;
     unsigned char (*digests)[ADMIN_DIGEST_LEN];
@@ -33,17 +42,33 @@ struct kvg_admin {
     void *ready_ud;
 };
 
+#define ADMIN_DETAIL_MAX 256
+#define ADMIN_TARGET_MAX 160 /* the audit target as the path has it: room for any valid one */
+
 /* What one request is about, for handlers and the audit log. */
 typedef struct admin_ctx {
     kvg_admin *admin;
     const kvg_admin_request *req;
     kvg_admin_response *resp;
     const char *remote; /* sanitised, never NULL */
+    /* For a change: the audit action ("tenant.put", ...), NULL for reads; its target (id,
+     * name, "tenant/key id") and detail (what it did or why it failed). Never key material. */
+    const char *action;
+    char target[ADMIN_TARGET_MAX];
+    char detail[ADMIN_DETAIL_MAX];
 } admin_ctx;
+
+/* A request body parsed into a tree (from the arena, which the caller frees). */
+#define ADMIN_BODY_DEPTH_MAX 16
+#define ADMIN_BODY_ARENA_MAX (16u * 1024 * 1024)
 
 /** Fill resp with the OpenAI error shape {"error":{"message","type","code"}}; the type is
  *  derived from the status. */
 void kvg_admin_error(kvg_admin_response *resp, int status, const char *fmt, ...) KVG_PRINTF(3, 4);
+/** kvg_admin_error for a request: also keeps the message as the audit line's detail. */
+void kvg_admin_fail(admin_ctx *c, int status, const char *fmt, ...) KVG_PRINTF(3, 4);
+/** Set the audit line's detail of a successful change. */
+void kvg_admin_detail(admin_ctx *c, const char *fmt, ...) KVG_PRINTF(2, 3);
 /** Start a JSON response with the given status (body empty). */
 void kvg_admin_json(kvg_admin_response *resp, int status);
 /** Copy s into buf for a log line: at most len-1 bytes, anything but printable ASCII as '?'. */
@@ -58,6 +83,29 @@ void kvg_admin_free_digests(unsigned char (*digests)[ADMIN_DIGEST_LEN], size_t n
  *  holds the 401 (or 500) to send. */
 bool kvg_admin_authorize(admin_ctx *c);
 
+/** Parse the request body as one JSON object (duplicate keys rejected, nesting bounded) into
+ *  arena. An empty body is {} when empty_ok, an error otherwise. Returns the object, or NULL
+ *  after answering 400 (500 when out of memory) through kvg_admin_fail. */
+const kvg_json *kvg_admin_parse_body(admin_ctx *c, kvg_arena *arena, bool empty_ok);
+/** True when v is a JSON string without NUL characters; otherwise writes
+ *  "<field>: must be a string" (or the NUL complaint) to msg. */
+bool kvg_admin_c_string(const kvg_json *v, const char *field, char *msg, size_t msg_len);
+/** True when v is an integer 0..UINT32_MAX written without fraction or exponent. */
+bool kvg_admin_get_u32(const kvg_json *v, uint32_t *out);
+/** True when key (of length len, from a parsed object) is exactly lit. */
+bool kvg_admin_key_is(const char *key, size_t len, const char *lit);
+
+/** Write the whole state (tenants, admin workers, policy) to the state file; the caller holds
+ *  change_lock. 0 when there is no state file; otherwise 0 or a negative code, with the reason
+ *  in why. */
+int kvg_admin_save_state(kvg_admin *admin, char *why, size_t why_len);
+/** Save after a change that was applied: on failure answer 500 ("the change is applied but
+ *  could not be saved: ...") and log an error. True when saved (or nothing to save). */
+bool kvg_admin_commit(admin_ctx *c);
+/** Write the audit line of a change attempt from c (action, target, detail) and the response
+ *  status: to the audit log when set, and at info level. */
+void kvg_admin_audit(admin_ctx *c);
+
 /* Route handlers: the method is already checked. name is validated, NUL-terminated. */
 void kvg_admin_healthz(admin_ctx *c);
 void kvg_admin_readyz(admin_ctx *c);
@@ -67,5 +115,13 @@ void kvg_admin_worker_get(admin_ctx *c, const char *name);
 void kvg_admin_worker_put(admin_ctx *c, const char *name);
 void kvg_admin_worker_delete(admin_ctx *c, const char *name);
 void kvg_admin_worker_drain(admin_ctx *c, const char *name);
+void kvg_admin_tenants_list(admin_ctx *c);
+void kvg_admin_tenant_get(admin_ctx *c, const char *id);
+void kvg_admin_tenant_put(admin_ctx *c, const char *id);
+void kvg_admin_tenant_delete(admin_ctx *c, const char *id);
+void kvg_admin_key_create(admin_ctx *c, const char *id);
+void kvg_admin_key_delete(admin_ctx *c, const char *id, const char *key_id);
+void kvg_admin_policy_get(admin_ctx *c);
+void kvg_admin_policy_put(admin_ctx *c);
 
 #endif

@@ -61,6 +61,8 @@ void kvg_admin_metrics(admin_ctx *c)
     resp->content_type = CT_METRICS;
     kvg_buf_reset(&resp->body);
     kvg_registry_write_metrics(admin->reg, &resp->body);
+    if (admin->tenants)
+        kvg_tenants_write_metrics(admin->tenants, admin->tenant_label_cap, &resp->body);
     for (size_t i = 0; i < n; i++)
         writers[i].fn(&resp->body, writers[i].ud);
 }

@@ -1,15 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* /admin/v1/workers routes: list, show, define (PUT), remove and drain workers, with strict
- * validation of the JSON body and one audit log line per change. */
+ * validation of the JSON body; every change is saved before the answer. */
 #include "admin_int.h"
 
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-
-#define BODY_DEPTH_MAX 16
-#define BODY_ARENA_MAX (16u * 1024 * 1024)
 
 static void put_worker(kvg_buf *b, const kvg_worker *w)
 {
@@ -29,9 +26,10 @@ static void put_worker(kvg_buf *b, const kvg_worker *w)
     }
     kvg_buf_printf(
         b,
-        "],\"kv_blocks\":%lu,\"max_inflight\":%lu,\"source\":\"%s\",\"health\":\"%s\","
-        "\"draining\":%s,\"inflight\":%lu}",
+        "],\"kv_blocks\":%lu,\"max_inflight\":%lu,\"cache_salt\":%s,\"source\":\"%s\","
+        "\"health\":\"%s\",\"draining\":%s,\"inflight\":%lu}",
         (unsigned long)kvg_worker_kv_blocks(w), (unsigned long)kvg_worker_max_inflight(w),
+        kvg_worker_injects_salt(w) ? "true" : "false",
         kvg_worker_source_str(kvg_worker_source_of(w)),
         kvg_worker_health_str(kvg_worker_health_get(w)), kvg_worker_draining(w) ? "true" : "false",
         (unsigned long)kvg_worker_inflight(w));
@@ -46,7 +44,7 @@ static void respond_worker(admin_ctx *c, const char *name, int status)
         kvg_admin_json(c->resp, status);
         put_worker(&c->resp->body, w);
     } else {
-        kvg_admin_error(c->resp, 404, "worker \"%s\" not found", name);
+        kvg_admin_fail(c, 404, "worker \"%s\" not found", name);
     }
     kvg_worker_set_unref(set);
 }
@@ -71,46 +69,20 @@ void kvg_admin_worker_get(admin_ctx *c, const char *name)
     respond_worker(c, name, 200);
 }
 
-/* A JSON string usable as a C string; writes the complaint about field otherwise. */
-static bool c_string(const kvg_json *v, const char *field, char *msg, size_t msg_len)
-{
-    if (v->type != KVG_JSON_STRING) {
-        snprintf(msg, msg_len, "%s: must be a string", field);
-        return false;
-    }
-    if (strlen(v->u.str.ptr) != v->u.str.len) {
-        snprintf(msg, msg_len, "%s: must not contain NUL characters", field);
-        return false;
-    }
-    return true;
-}
-
-static bool get_u32(const kvg_json *v, uint32_t *out)
-{
-    if (v->type != KVG_JSON_NUMBER || !v->u.num.is_int || v->u.num.ival < 0 ||
-        v->u.num.ival > (int64_t)UINT32_MAX)
-        return false;
-    *out = (uint32_t)v->u.num.ival;
-    return true;
-}
-
 /* Fill def from the body; on error writes the message naming the field and returns false. */
 static bool parse_def(const kvg_json *root, const char *name, kvg_worker_def *def,
                       const char **models, char *msg, size_t msg_len)
 {
-    if (root->type != KVG_JSON_OBJECT) {
-        snprintf(msg, msg_len, "body: must be a JSON object");
-        return false;
-    }
     *def = (kvg_worker_def){.name = name};
     for (size_t i = 0; i < root->u.obj.count; i++) {
         const char *key = root->u.obj.keys[i];
+        size_t klen = root->u.obj.key_lens[i];
         const kvg_json *v = root->u.obj.values[i];
-        if (strcmp(key, "url") == 0 && root->u.obj.key_lens[i] == 3) {
-            if (!c_string(v, "url", msg, msg_len))
+        if (kvg_admin_key_is(key, klen, "url")) {
+            if (!kvg_admin_c_string(v, "url", msg, msg_len))
                 return false;
             def->url = v->u.str.ptr;
-        } else if (strcmp(key, "models") == 0 && root->u.obj.key_lens[i] == 6) {
+        } else if (kvg_admin_key_is(key, klen, "models")) {
             if (v->type != KVG_JSON_ARRAY) {
                 snprintf(msg, msg_len, "models: must be an array of strings");
                 return false;
@@ -122,27 +94,33 @@ static bool parse_def(const kvg_json *root, const char *name, kvg_worker_def *de
             for (size_t k = 0; k < v->u.arr.count; k++) {
                 char field[32];
                 snprintf(field, sizeof(field), "models[%zu]", k);
-                if (!c_string(v->u.arr.items[k], field, msg, msg_len))
+                if (!kvg_admin_c_string(v->u.arr.items[k], field, msg, msg_len))
                     return false;
                 models[k] = v->u.arr.items[k]->u.str.ptr;
             }
             def->models = models;
             def->nmodels = v->u.arr.count;
-        } else if (strcmp(key, "kv_blocks") == 0 && root->u.obj.key_lens[i] == 9) {
-            if (!get_u32(v, &def->kv_blocks)) {
+        } else if (kvg_admin_key_is(key, klen, "kv_blocks")) {
+            if (!kvg_admin_get_u32(v, &def->kv_blocks)) {
                 snprintf(msg, msg_len, "kv_blocks: must be an integer in 0..%lu",
                          (unsigned long)UINT32_MAX);
                 return false;
             }
-        } else if (strcmp(key, "max_inflight") == 0 && root->u.obj.key_lens[i] == 12) {
-            if (!get_u32(v, &def->max_inflight)) {
+        } else if (kvg_admin_key_is(key, klen, "max_inflight")) {
+            if (!kvg_admin_get_u32(v, &def->max_inflight)) {
                 snprintf(msg, msg_len, "max_inflight: must be an integer in 0..%lu",
                          (unsigned long)UINT32_MAX);
                 return false;
             }
-        } else if (strcmp(key, "name") == 0 && root->u.obj.key_lens[i] == 4) {
+        } else if (kvg_admin_key_is(key, klen, "cache_salt")) {
+            if (v->type != KVG_JSON_TRUE && v->type != KVG_JSON_FALSE) {
+                snprintf(msg, msg_len, "cache_salt: must be true or false");
+                return false;
+            }
+            def->no_cache_salt = v->type == KVG_JSON_FALSE;
+        } else if (kvg_admin_key_is(key, klen, "name")) {
             /* Accepted so a GET result can be sent back, but the path names the worker. */
-            if (!c_string(v, "name", msg, msg_len))
+            if (!kvg_admin_c_string(v, "name", msg, msg_len))
                 return false;
             if (strcmp(v->u.str.ptr, name) != 0) {
                 snprintf(msg, msg_len, "name: must match the name in the path");
@@ -160,66 +138,36 @@ static bool parse_def(const kvg_json *root, const char *name, kvg_worker_def *de
     return true;
 }
 
-static void audit_rejected(admin_ctx *c, const char *action, const char *name, int status,
-                           const char *why)
-{
-    char safe[160];
-    kvg_log_info("admin: remote=%s %s worker %s rejected (%d): %s", c->remote, action, name, status,
-                 kvg_admin_log_safe(why, safe, sizeof(safe)));
-}
-
 void kvg_admin_worker_put(admin_ctx *c, const char *name)
 {
-    const kvg_admin_request *req = c->req;
     char msg[256];
-    int status = 400;
     kvg_arena arena;
     kvg_arena_init(&arena, 0);
-    arena.limit = BODY_ARENA_MAX;
-
-    kvg_json *root;
-    kvg_json_error jerr = {0};
-    kvg_json_limits lim = {.max_depth = BODY_DEPTH_MAX, .reject_duplicate_keys = true};
-    const char *body = req->body ? req->body : "";
-    int rc = kvg_json_parse(body, req->body_len, &arena, &lim, &root, &jerr);
-    if (rc == -ENOMEM) {
-        status = 500;
-        snprintf(msg, sizeof(msg), "out of memory parsing the body");
-        goto reject;
-    }
-    if (rc < 0) {
-        if (req->body_len == 0)
-            snprintf(msg, sizeof(msg), "body: must be a JSON object");
-        else
-            snprintf(msg, sizeof(msg), "body: invalid JSON at byte %zu: %s", jerr.offset,
-                     jerr.message);
-        goto reject;
-    }
+    const kvg_json *root = kvg_admin_parse_body(c, &arena, false);
+    if (!root)
+        goto out;
     kvg_worker_def def;
     const char *models[KVG_WORKER_MODELS_MAX];
-    if (!parse_def(root, name, &def, models, msg, sizeof(msg)))
-        goto reject;
+    if (!parse_def(root, name, &def, models, msg, sizeof(msg))) {
+        kvg_admin_fail(c, 400, "%s", msg);
+        goto out;
+    }
 
+    /* Changes are serialised (change_lock), so nothing else defines it in between. */
     kvg_worker_set *before = kvg_registry_acquire(c->admin->reg);
     bool existed = kvg_worker_set_find(before, name) != NULL;
     kvg_worker_set_unref(before);
 
-    rc = kvg_registry_put(c->admin->reg, &def, KVG_WORKER_SOURCE_ADMIN, msg, sizeof(msg));
+    int rc = kvg_registry_put(c->admin->reg, &def, KVG_WORKER_SOURCE_ADMIN, msg, sizeof(msg));
     if (rc < 0) {
-        status = rc == -ENOMEM ? 500 : rc == KVG_ELIMIT ? 409 : 400;
-        goto reject;
+        kvg_admin_fail(c, rc == -ENOMEM ? 500 : rc == KVG_ELIMIT ? 409 : 400, "%s", msg);
+        goto out;
     }
-    kvg_log_info("admin: remote=%s put worker %s url=%s models=%zu kv_blocks=%lu "
-                 "max_inflight=%lu (%s)",
-                 c->remote, name, def.url, def.nmodels, (unsigned long)def.kv_blocks,
-                 (unsigned long)def.max_inflight, existed ? "updated" : "created");
+    if (!kvg_admin_commit(c))
+        goto out;
+    kvg_admin_detail(c, "%s url=%s", existed ? "replaced" : "created", def.url);
     respond_worker(c, name, existed ? 200 : 201);
-    kvg_arena_done(&arena);
-    return;
-
-reject:
-    audit_rejected(c, "put", name, status, msg);
-    kvg_admin_error(c->resp, status, "%s", msg);
+out:
     kvg_arena_done(&arena);
 }
 
@@ -227,15 +175,16 @@ void kvg_admin_worker_delete(admin_ctx *c, const char *name)
 {
     int rc = kvg_registry_remove(c->admin->reg, name);
     if (rc == KVG_ENOTFOUND) {
-        kvg_admin_error(c->resp, 404, "worker \"%s\" not found", name);
+        kvg_admin_fail(c, 404, "worker \"%s\" not found", name);
         return;
     }
     if (rc < 0) {
-        audit_rejected(c, "delete", name, 500, kvg_strerror(rc));
-        kvg_admin_error(c->resp, 500, "could not remove worker: %s", kvg_strerror(rc));
+        kvg_admin_fail(c, 500, "could not remove worker: %s", kvg_strerror(rc));
         return;
     }
-    kvg_log_info("admin: remote=%s delete worker %s", c->remote, name);
+    if (!kvg_admin_commit(c))
+        return;
+    kvg_admin_detail(c, "deleted");
     kvg_admin_json(c->resp, 204);
 }
 
@@ -243,14 +192,15 @@ void kvg_admin_worker_drain(admin_ctx *c, const char *name)
 {
     int rc = kvg_registry_drain(c->admin->reg, name);
     if (rc == KVG_ENOTFOUND) {
-        kvg_admin_error(c->resp, 404, "worker \"%s\" not found", name);
+        kvg_admin_fail(c, 404, "worker \"%s\" not found", name);
         return;
     }
     if (rc < 0) {
-        audit_rejected(c, "drain", name, 500, kvg_strerror(rc));
-        kvg_admin_error(c->resp, 500, "could not drain worker: %s", kvg_strerror(rc));
+        kvg_admin_fail(c, 500, "could not drain worker: %s", kvg_strerror(rc));
         return;
     }
-    kvg_log_info("admin: remote=%s drain worker %s", c->remote, name);
+    if (!kvg_admin_commit(c))
+        return;
+    kvg_admin_detail(c, "draining");
     respond_worker(c, name, 200);
 }

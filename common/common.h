@@ -202,6 +202,9 @@ int kvg_random_bytes(void *buf, size_t len);
 /** Write v in decimal to buf (>= 20 bytes, not NUL-terminated); returns the length. For hot
  *  paths where printf's cost shows in profiles. */
 size_t kvg_fmt_u64(char *buf, uint64_t v);
+/** base64url (RFC 4648 section 5) of len bytes without padding, NUL-terminated in out, which
+ *  has room for 4 * ceil(len / 3) + 1 bytes; returns the length. */
+size_t kvg_base64url(const uint8_t *in, size_t len, char *out);
 /** Write v as 16 lowercase hex digits to buf (not NUL-terminated). */
 void kvg_fmt_hex64(char *buf, uint64_t v);
 /** Case-insensitive ASCII comparison of a counted string with a C string. */

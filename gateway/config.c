@@ -310,6 +310,11 @@ static int load_workers(cfg_ctx *c, kvg_config *cfg, const kvg_json *v)
             } else if (strcmp(k, "max_inflight") == 0) {
                 if (get_u32(c, val, full, 0, 1000000, &cw->max_inflight) < 0)
                     return KVG_ECONFIG;
+            } else if (strcmp(k, "cache_salt") == 0) {
+                bool inject;
+                if (get_bool(c, val, full, &inject) < 0)
+                    return KVG_ECONFIG;
+                cw->no_cache_salt = !inject;
             } else {
                 return bad(c, full, "unknown key");
             }
@@ -531,9 +536,10 @@ void kvg_config_usage(FILE *out)
             "      --admin-listen HOST:PORT  admin listener (default 127.0.0.1:9090)\n"
             "      --state DIR            state directory (default ./kvgate-state)\n"
             "      --threads N            event-loop threads (default: one per core)\n"
-            "      --worker NAME=URL[,model=M]...[,kv_blocks=N][,max_inflight=N]\n"
+            "      --worker NAME=URL[,model=M]...[,kv_blocks=N][,max_inflight=N][,cache_salt=off]\n"
             "                             add a worker, e.g. w1=http://127.0.0.1:8001,model=m\n"
-            "                             (repeatable; without model= it serves every model)\n"
+            "                             (repeatable; without model= it serves every model;\n"
+            "                             cache_salt=off for engines without that field)\n"
             "      --auth keys|open       require API keys (default) or serve anyone (one\n"
             "                             tenant; only for single-tenant deployments)\n"
             "      --access-log PATH      JSON access log: a file, '-' for stdout, 'off'\n"
@@ -581,8 +587,9 @@ static const struct option long_opts[] = {
     {NULL, 0, NULL, 0},
 };
 
-/* --worker NAME=URL[,model=M]...[,kv_blocks=N][,max_inflight=N]: a whole worker definition on
- * the command line, so a config file is never needed. URLs never contain commas. */
+/* --worker NAME=URL[,model=M]...[,kv_blocks=N][,max_inflight=N][,cache_salt=on|off]: a whole
+ * worker definition on the command line, so a config file is never needed. URLs never contain
+ * commas. */
 static int add_flag_worker(kvg_config *cfg, const char *arg, char *err, size_t err_len)
 {
     const char *eq = strchr(arg, '=');
@@ -638,11 +645,15 @@ static int add_flag_worker(kvg_config *cfg, const char *arg, char *err, size_t e
         } else if (klen == 12 && memcmp(item, "max_inflight", 12) == 0 &&
                    kvg_parse_u64(val, vlen, &n) == 0 && n >= 1 && n <= 1000000) {
             w->max_inflight = (uint32_t)n;
+        } else if (klen == 10 && memcmp(item, "cache_salt", 10) == 0 &&
+                   ((vlen == 2 && memcmp(val, "on", 2) == 0) ||
+                    (vlen == 3 && memcmp(val, "off", 3) == 0))) {
+            w->no_cache_salt = vlen == 3;
         } else {
-            snprintf(
-                err, err_len,
-                "--worker %s: bad option '%.*s' (want model=NAME, kv_blocks=N, max_inflight=N)",
-                w->name, (int)len, item);
+            snprintf(err, err_len,
+                     "--worker %s: bad option '%.*s' (want model=NAME, kv_blocks=N, "
+                     "max_inflight=N, cache_salt=on|off)",
+                     w->name, (int)len, item);
             return KVG_ECONFIG;
         }
     }
@@ -803,6 +814,7 @@ int kvg_config_validate(const kvg_config *cfg, char *err, size_t err_len)
             .nmodels = w->nmodels,
             .kv_blocks = w->kv_blocks,
             .max_inflight = w->max_inflight,
+            .no_cache_salt = w->no_cache_salt,
         };
         char msg[200];
         if (kvg_worker_def_validate(&def, msg, sizeof(msg)) < 0) {
@@ -833,6 +845,7 @@ kvg_worker_def *kvg_config_worker_defs(const kvg_config *cfg)
             .nmodels = w->nmodels,
             .kv_blocks = w->kv_blocks,
             .max_inflight = w->max_inflight,
+            .no_cache_salt = w->no_cache_salt,
         };
     }
     return defs;

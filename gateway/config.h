@@ -58,6 +58,7 @@ typedef struct kvg_config_worker {
     size_t nmodels;
     uint32_t kv_blocks;
     uint32_t max_inflight;
+    bool no_cache_salt; /* "cache_salt": false, or cache_salt=off: inject no scope salt */
 } kvg_config_worker;
 
 typedef struct kvg_config {

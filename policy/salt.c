@@ -11,32 +11,6 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
-/* RFC 4648 section 5, without padding. out has room for 4 * ceil(len / 3) + 1 bytes. */
-static size_t base64url(const uint8_t *in, size_t len, char *out)
-{
-    static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    size_t o = 0, i = 0;
-    for (; i + 3 <= len; i += 3) {
-        uint32_t v = (uint32_t)in[i] << 16 | (uint32_t)in[i + 1] << 8 | in[i + 2];
-        out[o++] = abc[v >> 18 & 63];
-        out[o++] = abc[v >> 12 & 63];
-        out[o++] = abc[v >> 6 & 63];
-        out[o++] = abc[v & 63];
-    }
-    if (len - i == 1) {
-        uint32_t v = (uint32_t)in[i] << 16;
-        out[o++] = abc[v >> 18 & 63];
-        out[o++] = abc[v >> 12 & 63];
-    } else if (len - i == 2) {
-        uint32_t v = (uint32_t)in[i] << 16 | (uint32_t)in[i + 1] << 8;
-        out[o++] = abc[v >> 18 & 63];
-        out[o++] = abc[v >> 12 & 63];
-        out[o++] = abc[v >> 6 & 63];
-    }
-    out[o] = '\0';
-    return o;
-}
-
 int kvg_policy_scope_salt(const uint8_t *secret, size_t secret_len, const char *scope, char *out)
 {
     static const uint8_t empty[1];
@@ -53,7 +27,7 @@ int kvg_policy_scope_salt(const uint8_t *secret, size_t secret_len, const char *
         OPENSSL_cleanse(mac, sizeof(mac));
         return KVG_ETLS;
     }
-    base64url(mac, 32, out);
+    kvg_base64url(mac, 32, out);
     OPENSSL_cleanse(mac, sizeof(mac));
     return 0;
 }

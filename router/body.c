@@ -23,7 +23,9 @@
  * Removing a member must take exactly one comma with it. A member preceded by a kept member
  * takes the separator before it (from the end of the kept value up to its own end); a member
  * with no kept member before it takes the separator after it (skipped when the next key
- * starts). Whatever the placement and however many there are, the result is valid JSON.
+ * starts). Whatever the placement and however many there are, the result is valid JSON. The
+ * salt goes after the last kept member, or where the first removed one was: rewriting an
+ * output again gives the same bytes.
  *
  * Issue 4 extends this pass: the values of prompt, messages, input and tools get scanners of
  * their own in scan_member() that emit the canonical prefix stream while they validate.
@@ -707,8 +709,12 @@ static void add_salt(rewrite *rw, const unsigned char *close, const char *salt)
         }
         kvg_buf_append(rw->out, ",\"cache_salt\":", 14);
     } else {
-        emit(rw, rw->flush, close);
-        rw->flush = close;
+        /* In the place of the first removed member, if any, so that rewriting an output
+         * gives the same bytes again. */
+        if (!rw->info.cache_salts_removed) {
+            emit(rw, rw->flush, close);
+            rw->flush = close;
+        }
         kvg_buf_append(rw->out, "\"cache_salt\":", 13);
     }
     kvg_buf_json_string(rw->out, salt, strlen(salt));

@@ -48,6 +48,8 @@ typedef struct kvg_worker_def {
     size_t nmodels;
     uint32_t kv_blocks;    /* engine KV capacity in blocks; 0 = unknown */
     uint32_t max_inflight; /* requests in flight this gateway sends it; 0 = registry default */
+    bool no_cache_salt;    /* the engine has no "cache_salt" request field: inject none (see
+                              kvg_worker_injects_salt); false, the default, injects */
 } kvg_worker_def;
 
 typedef struct kvg_registry_config {
@@ -73,9 +75,9 @@ int kvg_worker_def_validate(const kvg_worker_def *def, char *msg, size_t msg_len
 
 /** Add or replace a worker; a new snapshot is published. Replacing with an identical
  *  definition keeps the worker object (and its health and counters); a changed definition
- *  creates a fresh worker that starts up. Either way the worker is no longer draining
- *  (unless an ADMIN worker of that name hides this CONFIG one). Thread-safe (serialised
- *  internally). Returns 0, KVG_EPARSE (bad definition, see msg), KVG_ELIMIT (the source
+ *  (any field, no_cache_salt included) creates a fresh worker that starts up. Either way the worker
+ * is no longer draining (unless an ADMIN worker of that name hides this CONFIG one). Thread-safe
+ * (serialised internally). Returns 0, KVG_EPARSE (bad definition, see msg), KVG_ELIMIT (the source
  *  already has KVG_REGISTRY_WORKERS_MAX workers) or -ENOMEM. */
 int kvg_registry_put(kvg_registry *reg, const kvg_worker_def *def, kvg_worker_source source,
                      char *msg, size_t msg_len);
@@ -91,6 +93,23 @@ int kvg_registry_drain(kvg_registry *reg, const char *name);
  *  (more than KVG_REGISTRY_WORKERS_MAX) or -ENOMEM. */
 int kvg_registry_replace_config(kvg_registry *reg, const kvg_worker_def *defs, size_t n, char *msg,
                                 size_t msg_len);
+
+/** Append the ADMIN-sourced worker definitions as a JSON array, sorted by name, one object per
+ *  worker: {"name","url","models":[...],"kv_blocks","max_inflight","cache_salt":bool}, every
+ *  field present; max_inflight as defined (0 = the registry default, which may change), not the
+ *  effective limit. For the state file; kvg_registry_admin_from_json reads it back. On memory
+ *  failure out is marked failed. Thread-safe. */
+void kvg_registry_admin_to_json(kvg_registry *reg, kvg_buf *out);
+/** Replace every ADMIN-sourced worker by the definitions in arr, a JSON array as written by
+ *  kvg_registry_admin_to_json ("name" and "url" required; "models" default [], "kv_blocks" and
+ *  "max_inflight" integers in 0..4294967295 default 0, "cache_salt" boolean default true).
+ *  Unknown, repeated or mistyped fields, bad values and duplicate names are errors. All or
+ *  nothing, published as one snapshot; CONFIG workers are untouched (and hidden by ADMIN ones
+ *  of the same name); workers whose definition is unchanged keep their state. Returns 0,
+ *  KVG_EPARSE with msg naming the worker and the field ('worker "w1": kv_blocks: ...',
+ *  'workers[3]: name: ...'), KVG_ELIMIT (more than KVG_REGISTRY_WORKERS_MAX), -EINVAL (arr
+ *  NULL) or -ENOMEM. */
+int kvg_registry_admin_from_json(kvg_registry *reg, const kvg_json *arr, char *msg, size_t msg_len);
 
 /** Generation number, incremented by every published change. A relaxed atomic read: threads
  *  poll it to notice a new snapshot cheaply. */
@@ -131,6 +150,12 @@ bool kvg_worker_serves(const kvg_worker *w, const char *model);
 uint32_t kvg_worker_kv_blocks(const kvg_worker *w);
 uint32_t kvg_worker_max_inflight(const kvg_worker *w);
 kvg_worker_source kvg_worker_source_of(const kvg_worker *w);
+/** True when requests forwarded to this worker carry the scope salt as "cache_salt" (the
+ *  default); false for a worker defined with no_cache_salt, for engines that reject or ignore
+ *  the field. Either way the gateway removes every client-supplied cache_salt (pass salt NULL
+ *  to kvg_body_rewrite for such a worker). When false the engine itself will share its cached
+ *  prefixes across tenants: isolation on that worker rests on routing alone. */
+bool kvg_worker_injects_salt(const kvg_worker *w);
 
 kvg_worker_health kvg_worker_health_get(const kvg_worker *w);
 bool kvg_worker_draining(const kvg_worker *w);

@@ -35,8 +35,10 @@ typedef struct worker_spec {
     const char **models;
     size_t nmodels;
     uint32_t kv_blocks;
-    uint32_t max_inflight; /* effective: the registry default is already applied */
+    uint32_t max_inflight;         /* effective: the registry default is already applied */
+    uint32_t max_inflight_defined; /* as defined: 0 = the registry default (for the state file) */
     uint16_t port;
+    bool no_cache_salt;
 } worker_spec;
 
 /* Counts of a latency histogram; buckets are per bucket (not cumulative) so recording touches
@@ -84,7 +86,8 @@ int kvg_router_spec_new(const kvg_worker_def *def, uint32_t default_max_inflight
                         size_t msg_len, worker_spec **out);
 worker_spec *kvg_router_spec_ref(worker_spec *spec);
 void kvg_router_spec_unref(worker_spec *spec);
-/** True when two specs describe the same worker (same name, URL, models, capacity, limit). */
+/** True when two specs describe the same worker (same name, URL, models, capacity, limit and
+ *  cache_salt switch). */
 bool kvg_router_spec_equal(const worker_spec *a, const worker_spec *b);
 
 /** Create a worker with one reference; takes the caller's reference to spec (dropped on

@@ -322,7 +322,9 @@ int kvg_router_spec_new(const kvg_worker_def *def, uint32_t default_max_inflight
     s->nmodels = def->nmodels;
     s->kv_blocks = def->kv_blocks;
     s->max_inflight = def->max_inflight ? def->max_inflight : default_max_inflight;
+    s->max_inflight_defined = def->max_inflight;
     s->port = pu.port;
+    s->no_cache_salt = def->no_cache_salt;
     *out = s;
     return 0;
 }
@@ -343,7 +345,7 @@ bool kvg_router_spec_equal(const worker_spec *a, const worker_spec *b)
 {
     if (strcmp(a->name, b->name) != 0 || strcmp(a->url, b->url) != 0 ||
         a->kv_blocks != b->kv_blocks || a->max_inflight != b->max_inflight ||
-        a->nmodels != b->nmodels)
+        a->nmodels != b->nmodels || a->no_cache_salt != b->no_cache_salt)
         return false;
     for (size_t i = 0; i < a->nmodels; i++)
         if (strcmp(a->models[i], b->models[i]) != 0)
@@ -465,6 +467,11 @@ uint32_t kvg_worker_kv_blocks(const kvg_worker *w)
 uint32_t kvg_worker_max_inflight(const kvg_worker *w)
 {
     return w->spec->max_inflight;
+}
+
+bool kvg_worker_injects_salt(const kvg_worker *w)
+{
+    return !w->spec->no_cache_salt;
 }
 
 kvg_worker_source kvg_worker_source_of(const kvg_worker *w)

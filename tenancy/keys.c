@@ -43,33 +43,6 @@ int kvg_tenancy_sha256(const void *data, size_t len, uint8_t out[KVG_KEY_DIGEST_
 
 /* ---- generation ------------------------------------------------------------------------------ */
 
-/* RFC 4648 section 5 without padding; out has room for 4 * ceil(len / 3) + 1 bytes. policy/
- * has the same encoder for salts; it is too small to be worth a shared interface. */
-static size_t base64url(const uint8_t *in, size_t len, char *out)
-{
-    static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    size_t o = 0, i = 0;
-    for (; i + 3 <= len; i += 3) {
-        uint32_t v = (uint32_t)in[i] << 16 | (uint32_t)in[i + 1] << 8 | in[i + 2];
-        out[o++] = abc[v >> 18 & 63];
-        out[o++] = abc[v >> 12 & 63];
-        out[o++] = abc[v >> 6 & 63];
-        out[o++] = abc[v & 63];
-    }
-    if (len - i == 1) {
-        uint32_t v = (uint32_t)in[i] << 16;
-        out[o++] = abc[v >> 18 & 63];
-        out[o++] = abc[v >> 12 & 63];
-    } else if (len - i == 2) {
-        uint32_t v = (uint32_t)in[i] << 16 | (uint32_t)in[i + 1] << 8;
-        out[o++] = abc[v >> 18 & 63];
-        out[o++] = abc[v >> 12 & 63];
-        out[o++] = abc[v >> 6 & 63];
-    }
-    out[o] = '\0';
-    return o;
-}
-
 /* "kvg-" + base64url(32 random bytes): 47 characters. */
 static int make_key(char key[KVG_KEY_LEN + 1])
 {
@@ -78,7 +51,7 @@ static int make_key(char key[KVG_KEY_LEN + 1])
     if (rc < 0)
         return rc;
     memcpy(key, KVG_KEY_PREFIX, strlen(KVG_KEY_PREFIX));
-    base64url(raw, sizeof(raw), key + strlen(KVG_KEY_PREFIX));
+    kvg_base64url(raw, sizeof(raw), key + strlen(KVG_KEY_PREFIX));
     OPENSSL_cleanse(raw, sizeof(raw));
     return 0;
 }

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Fuzz target: admin API requests (method, path, authorization and JSON body all from the
- * input) against a live registry; every request must get a well-formed response. */
+ * input) against a live registry, tenant store and policy state (no state file, no audit
+ * file); every request must get a well-formed response. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,6 +10,8 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static kvg_registry *reg;
+static kvg_tenants *tenants;
+static kvg_policy_state *policy;
 static kvg_admin *admin;
 
 /* Take the next '\n'-terminated field from the input. */
@@ -27,8 +30,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         kvg_log_set_level(KVG_LOG_ERROR);
         kvg_registry_config rc = {.nthreads = 1};
         static const char *const tokens[] = {"fuzz-token-0123456789"};
-        kvg_admin_config ac = {.tokens = tokens, .ntokens = 1};
-        if (kvg_registry_new(&rc, &reg) < 0 || kvg_admin_new(&ac, reg, &admin) < 0)
+        if (kvg_registry_new(&rc, &reg) < 0 || kvg_tenants_new(&tenants) < 0 ||
+            kvg_policy_state_new(&policy) < 0)
+            abort();
+        kvg_admin_config ac = {
+            .tokens = tokens, .ntokens = 1, .tenants = tenants, .policy = policy};
+        if (kvg_admin_new(&ac, reg, &admin) < 0)
             abort();
     }
     const uint8_t *p = data, *end = data + size;

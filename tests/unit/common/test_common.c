@@ -214,6 +214,23 @@ static void test_fmt_and_arena_reset(void **state)
     kvg_arena_done(&a);
 }
 
+static void test_base64url(void **state)
+{
+    (void)state;
+    /* RFC 4648 section 10 vectors, without padding, and the two url-safe characters. */
+    static const char *const in[] = {"", "f", "fo", "foo", "foob", "fooba", "foobar"};
+    static const char *const want[] = {"", "Zg", "Zm8", "Zm9v", "Zm9vYg", "Zm9vYmE", "Zm9vYmFy"};
+    char out[16];
+    for (size_t i = 0; i < KVG_ARRAY_LEN(in); i++) {
+        size_t n = kvg_base64url((const uint8_t *)in[i], strlen(in[i]), out);
+        assert_string_equal(out, want[i]);
+        assert_int_equal(n, strlen(want[i]));
+    }
+    const uint8_t odd[] = {0xfb, 0xff};
+    kvg_base64url(odd, 2, out);
+    assert_string_equal(out, "-_8");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -225,6 +242,7 @@ int main(void)
         cmocka_unit_test(test_buf_json_string),
         cmocka_unit_test(test_hostport),
         cmocka_unit_test(test_fmt_and_arena_reset),
+        cmocka_unit_test(test_base64url),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -117,20 +117,14 @@ static void check_semantics(const char *body, size_t len, const char *salt)
         fail_msg("body %.*s\n got  %s\n want %s", (int)len, body, got.data, want.data);
     assert_int_equal(r.info.cache_salts_removed, removed);
 
-    /* Idempotence: the output rewritten with the same salt is the output. */
-    if (salt) {
-        result again;
-        run(&again, r.out.data, r.out.len, salt);
-        assert_int_equal(again.rc, 0);
-        assert_int_equal(again.info.cache_salts_removed, 1);
-        canonical(again.out.data, again.out.len, &got);
-        kvg_buf_reset(&got);
-        kvg_buf_reset(&want);
-        canonical(again.out.data, again.out.len, &got);
-        canonical(r.out.data, r.out.len, &want);
-        assert_string_equal(got.data, want.data);
-        done(&again);
-    }
+    /* Idempotence: the output rewritten with the same salt is the same bytes. */
+    result again;
+    run(&again, r.out.data, r.out.len, salt);
+    assert_int_equal(again.rc, 0);
+    assert_int_equal(again.info.cache_salts_removed, salt ? 1 : 0);
+    if (again.out.len != r.out.len || memcmp(again.out.data, r.out.data, r.out.len) != 0)
+        fail_msg("not idempotent: %s\n -> %s", r.out.data, again.out.data);
+    done(&again);
     kvg_buf_done(&got);
     kvg_buf_done(&want);
     done(&r);
@@ -153,7 +147,7 @@ static const placement placements[] = {
     {"{ \"a\" : 1 }", "{ \"a\" : 1,\"cache_salt\":% }", "{ \"a\" : 1 }", 0},
     /* only */
     {"{\"cache_salt\":\"x\"}", "{\"cache_salt\":%}", "{}", 1},
-    {"{ \"cache_salt\" : \"x\" }", "{  \"cache_salt\":%}", "{  }", 1},
+    {"{ \"cache_salt\" : \"x\" }", "{ \"cache_salt\":% }", "{  }", 1},
     /* first, middle, last */
     {"{\"cache_salt\":\"x\",\"a\":1}", "{\"a\":1,\"cache_salt\":%}", "{\"a\":1}", 1},
     {"{\"a\":1,\"cache_salt\":\"x\",\"b\":2}", "{\"a\":1,\"b\":2,\"cache_salt\":%}",

@@ -996,6 +996,262 @@ static void test_concurrent_stress(void **state)
     kvg_registry_free(st.reg);
 }
 
+/* ---- the cache_salt switch ------------------------------------------------------------------ */
+
+static void test_cache_salt_switch(void **state)
+{
+    (void)state;
+    kvg_registry *reg = new_registry(1);
+    /* zero-initialised definitions inject, as before the switch existed */
+    kvg_worker_def d = {.name = "w", .url = "http://h:1"};
+    assert_int_equal(kvg_registry_put(reg, &d, KVG_WORKER_SOURCE_ADMIN, NULL, 0), 0);
+    kvg_worker_set *s1 = kvg_registry_acquire(reg);
+    kvg_worker *w1 = kvg_worker_set_find(s1, "w");
+    assert_true(kvg_worker_injects_salt(w1));
+
+    /* the same definition again keeps the worker */
+    assert_int_equal(kvg_registry_put(reg, &d, KVG_WORKER_SOURCE_ADMIN, NULL, 0), 0);
+    kvg_worker_set *s2 = kvg_registry_acquire(reg);
+    assert_ptr_equal(kvg_worker_set_find(s2, "w"), w1);
+
+    /* a changed switch is a changed definition: a fresh worker */
+    d.no_cache_salt = true;
+    assert_int_equal(kvg_registry_put(reg, &d, KVG_WORKER_SOURCE_ADMIN, NULL, 0), 0);
+    kvg_worker_set *s3 = kvg_registry_acquire(reg);
+    kvg_worker *w3 = kvg_worker_set_find(s3, "w");
+    assert_ptr_not_equal(w3, w1);
+    assert_false(kvg_worker_injects_salt(w3));
+    assert_true(kvg_worker_retired(w1));
+    assert_true(kvg_worker_injects_salt(w1)); /* old snapshots keep what they had */
+
+    /* and back */
+    d.no_cache_salt = false;
+    assert_int_equal(kvg_registry_put(reg, &d, KVG_WORKER_SOURCE_ADMIN, NULL, 0), 0);
+    kvg_worker_set *s4 = kvg_registry_acquire(reg);
+    assert_ptr_not_equal(kvg_worker_set_find(s4, "w"), w3);
+    assert_true(kvg_worker_injects_salt(kvg_worker_set_find(s4, "w")));
+
+    /* config workers carry it too */
+    kvg_worker_def cfg[] = {{.name = "c", .url = "http://h:2", .no_cache_salt = true}};
+    assert_int_equal(kvg_registry_replace_config(reg, cfg, 1, NULL, 0), 0);
+    kvg_worker_set *s5 = kvg_registry_acquire(reg);
+    assert_false(kvg_worker_injects_salt(kvg_worker_set_find(s5, "c")));
+
+    kvg_worker_set_unref(s1);
+    kvg_worker_set_unref(s2);
+    kvg_worker_set_unref(s3);
+    kvg_worker_set_unref(s4);
+    kvg_worker_set_unref(s5);
+    kvg_registry_free(reg);
+}
+
+/* ---- the admin layer as JSON ---------------------------------------------------------------- */
+
+static char *admin_json(kvg_registry *reg)
+{
+    kvg_buf b;
+    kvg_buf_init(&b);
+    kvg_registry_admin_to_json(reg, &b);
+    assert_false(b.failed);
+    return kvg_buf_steal(&b, NULL);
+}
+
+/* Parse text (a test literal) and load it as the admin layer. */
+static int load_admin(kvg_registry *reg, const char *text, char *msg, size_t len)
+{
+    kvg_arena a;
+    kvg_json *v;
+    kvg_arena_init(&a, 0);
+    assert_int_equal(kvg_json_parse(text, strlen(text), &a, NULL, &v, NULL), 0);
+    int rc = kvg_registry_admin_from_json(reg, v, msg, len);
+    kvg_arena_done(&a);
+    return rc;
+}
+
+static void test_admin_json_round_trip(void **state)
+{
+    (void)state;
+    kvg_registry *reg = new_registry(1);
+    char *empty = admin_json(reg);
+    assert_string_equal(empty, "[]");
+    free(empty);
+
+    kvg_worker_def cfg[] = {
+        {.name = "cfg", .url = "http://c:1"},
+        {.name = "shadow", .url = "http://c:2"},
+    };
+    assert_int_equal(kvg_registry_replace_config(reg, cfg, 2, NULL, 0), 0);
+    const char *models[] = {"llama \"3\"", "m\\2"};
+    kvg_worker_def a1 = {.name = "a1",
+                         .url = "http://[::1]:8001/",
+                         .models = models,
+                         .nmodels = 2,
+                         .kv_blocks = 4294967295u,
+                         .max_inflight = 7,
+                         .no_cache_salt = true};
+    kvg_worker_def shadow = {.name = "shadow", .url = "http://admin:2"};
+    assert_int_equal(kvg_registry_put(reg, &a1, KVG_WORKER_SOURCE_ADMIN, NULL, 0), 0);
+    assert_int_equal(kvg_registry_put(reg, &shadow, KVG_WORKER_SOURCE_ADMIN, NULL, 0), 0);
+
+    /* only the admin layer, sorted, every field, max_inflight as defined */
+    char *text = admin_json(reg);
+    assert_string_equal(text, "[\n{\"name\":\"a1\",\"url\":\"http://[::1]:8001/\",\"models\":"
+                              "[\"llama \\\"3\\\"\",\"m\\\\2\"],\"kv_blocks\":4294967295,"
+                              "\"max_inflight\":7,\"cache_salt\":false},\n"
+                              "{\"name\":\"shadow\",\"url\":\"http://admin:2\",\"models\":[],"
+                              "\"kv_blocks\":0,\"max_inflight\":0,\"cache_salt\":true}\n]");
+
+    /* into a fresh registry with the same config: the same workers, the same JSON */
+    kvg_registry *reg2 = new_registry(1);
+    assert_int_equal(kvg_registry_replace_config(reg2, cfg, 2, NULL, 0), 0);
+    char msg[256];
+    uint64_t g = kvg_registry_generation(reg2);
+    assert_int_equal(load_admin(reg2, text, msg, sizeof(msg)), 0);
+    assert_int_equal(kvg_registry_generation(reg2), g + 1); /* one publish */
+    char *text2 = admin_json(reg2);
+    assert_string_equal(text2, text);
+    kvg_worker_set *s = kvg_registry_acquire(reg2);
+    assert_int_equal(kvg_worker_set_count(s), 3);
+    kvg_worker *w = kvg_worker_set_find(s, "a1");
+    assert_int_equal(kvg_worker_source_of(w), KVG_WORKER_SOURCE_ADMIN);
+    assert_false(kvg_worker_injects_salt(w));
+    assert_int_equal(kvg_worker_kv_blocks(w), 4294967295u);
+    assert_int_equal(kvg_worker_max_inflight(w), 7);
+    assert_int_equal(kvg_worker_model_count(w), 2);
+    assert_string_equal(kvg_worker_model(w, 0), "llama \"3\"");
+    assert_string_equal(kvg_worker_url(kvg_worker_set_find(s, "shadow")), "http://admin:2");
+    assert_int_equal(kvg_worker_max_inflight(kvg_worker_set_find(s, "shadow")), 1024);
+    kvg_worker *c = kvg_worker_set_find(s, "cfg");
+    assert_int_equal(kvg_worker_source_of(c), KVG_WORKER_SOURCE_CONFIG);
+    assert_true(kvg_worker_injects_salt(c));
+
+    /* loading the same again keeps every worker object; a smaller array removes the rest
+     * and brings the hidden config worker back; config workers stay */
+    assert_int_equal(load_admin(reg2, text, msg, sizeof(msg)), 0);
+    kvg_worker_set *s2 = kvg_registry_acquire(reg2);
+    assert_ptr_equal(kvg_worker_set_find(s2, "a1"), w);
+    assert_ptr_equal(kvg_worker_set_find(s2, "cfg"), c);
+    assert_int_equal(
+        load_admin(reg2, "[{\"url\":\"http://x:9\",\"name\":\"new\"}]", msg, sizeof(msg)), 0);
+    kvg_worker_set *s3 = kvg_registry_acquire(reg2);
+    assert_int_equal(kvg_worker_set_count(s3), 3);
+    assert_null(kvg_worker_set_find(s3, "a1"));
+    assert_true(kvg_worker_retired(w));
+    assert_ptr_equal(kvg_worker_set_find(s3, "cfg"), c);
+    kvg_worker *sh = kvg_worker_set_find(s3, "shadow");
+    assert_string_equal(kvg_worker_url(sh), "http://c:2");
+    assert_int_equal(kvg_worker_source_of(sh), KVG_WORKER_SOURCE_CONFIG);
+    kvg_worker *nw = kvg_worker_set_find(s3, "new");
+    assert_true(kvg_worker_injects_salt(nw)); /* cache_salt defaults to true */
+    assert_int_equal(kvg_worker_max_inflight(nw), 1024);
+    assert_int_equal(load_admin(reg2, "[]", msg, sizeof(msg)), 0);
+    kvg_worker_set *s4 = kvg_registry_acquire(reg2);
+    assert_int_equal(kvg_worker_set_count(s4), 2);
+    char *none = admin_json(reg2);
+    assert_string_equal(none, "[]");
+
+    free(none);
+    kvg_worker_set_unref(s);
+    kvg_worker_set_unref(s2);
+    kvg_worker_set_unref(s3);
+    kvg_worker_set_unref(s4);
+    free(text2);
+    free(text);
+    kvg_registry_free(reg2);
+    kvg_registry_free(reg);
+}
+
+typedef struct admin_json_case {
+    const char *json;
+    int rc;
+    const char *msg;
+} admin_json_case;
+
+static void test_admin_json_rejects(void **state)
+{
+    (void)state;
+    static const admin_json_case cases[] = {
+        {"{}", KVG_EPARSE, "must be an array of worker objects"},
+        {"[1]", KVG_EPARSE, "workers[0]: must be an object"},
+        {"[{\"url\":\"http://h:1\"}]", KVG_EPARSE, "workers[0]: name: required"},
+        {"[{\"name\":\"w\"}]", KVG_EPARSE, "worker \"w\": url: required"},
+        {"[{\"name\":\"w\",\"url\":\"ftp://h:1\"}]", KVG_EPARSE,
+         "worker \"w\": url: must look like"},
+        {"[{\"name\":\"a/b\",\"url\":\"http://h:1\"}]", KVG_EPARSE,
+         "workers[0]: name: invalid character '/'"},
+        {"[{\"name\":\"w\",\"url\":\"http://h:1\",\"gpu\":1}]", KVG_EPARSE,
+         "worker \"w\": gpu: unknown field"},
+        {"[{\"name\":\"w\",\"url\":\"http://h:1\",\"url\":\"http://h:2\"}]", KVG_EPARSE,
+         "worker \"w\": url: appears more than once"},
+        {"[{\"name\":1,\"url\":\"http://h:1\"}]", KVG_EPARSE, "workers[0]: name: must be a string"},
+        {"[{\"name\":\"w\\u0000x\",\"url\":\"http://h:1\"}]", KVG_EPARSE,
+         "workers[0]: name: must be a string without NUL"},
+        {"[{\"name\":\"w\",\"url\":\"http://h:1\",\"models\":\"m\"}]", KVG_EPARSE,
+         "worker \"w\": models: must be an array of strings"},
+        {"[{\"name\":\"w\",\"url\":\"http://h:1\",\"models\":[\"m\",2]}]", KVG_EPARSE,
+         "worker \"w\": models[1]: must be a string"},
+        {"[{\"name\":\"w\",\"url\":\"http://h:1\",\"models\":[\"m\",\"m\"]}]", KVG_EPARSE,
+         "worker \"w\": models[1]: duplicate of models[0]"},
+        {"[{\"name\":\"w\",\"url\":\"http://h:1\",\"kv_blocks\":-1}]", KVG_EPARSE,
+         "worker \"w\": kv_blocks: must be an integer in 0..4294967295"},
+        {"[{\"name\":\"w\",\"url\":\"http://h:1\",\"kv_blocks\":4294967296}]", KVG_EPARSE,
+         "worker \"w\": kv_blocks: must be an integer"},
+        {"[{\"name\":\"w\",\"url\":\"http://h:1\",\"max_inflight\":1.5}]", KVG_EPARSE,
+         "worker \"w\": max_inflight: must be an integer"},
+        {"[{\"name\":\"w\",\"url\":\"http://h:1\",\"max_inflight\":\"8\"}]", KVG_EPARSE,
+         "worker \"w\": max_inflight: must be an integer"},
+        {"[{\"name\":\"w\",\"url\":\"http://h:1\",\"cache_salt\":\"off\"}]", KVG_EPARSE,
+         "worker \"w\": cache_salt: must be true or false"},
+        {"[{\"name\":\"w\",\"url\":\"http://h:1\",\"cache_salt\":null}]", KVG_EPARSE,
+         "worker \"w\": cache_salt: must be true or false"},
+        {"[{\"name\":\"w\",\"url\":\"http://h:1\"},{\"name\":\"w\",\"url\":\"http://h:2\"}]",
+         KVG_EPARSE, "worker \"w\": defined more than once"},
+        {"[{\"name\":\"ok\",\"url\":\"http://h:1\"},{\"name\":\"bad\",\"url\":\"http://h\"}]",
+         KVG_EPARSE, "worker \"bad\": url: missing port"},
+    };
+    kvg_registry *reg = new_registry(1);
+    kvg_worker_def cfg[] = {{.name = "cfg", .url = "http://c:1"}};
+    assert_int_equal(kvg_registry_replace_config(reg, cfg, 1, NULL, 0), 0);
+    assert_int_equal(put(reg, "keep", "http://h:9", KVG_WORKER_SOURCE_ADMIN), 0);
+    char *before = admin_json(reg);
+    uint64_t g = kvg_registry_generation(reg);
+    for (size_t i = 0; i < KVG_ARRAY_LEN(cases); i++) {
+        char msg[256] = "";
+        int rc = load_admin(reg, cases[i].json, msg, sizeof(msg));
+        if (rc != cases[i].rc || strncmp(msg, cases[i].msg, strlen(cases[i].msg)) != 0)
+            fail_msg("case %zu %s: got %d '%s', want %d '%s'", i, cases[i].json, rc, msg,
+                     cases[i].rc, cases[i].msg);
+        /* nothing changed */
+        assert_int_equal(kvg_registry_generation(reg), g);
+        char *after = admin_json(reg);
+        assert_string_equal(after, before);
+        free(after);
+    }
+    assert_int_equal(kvg_registry_admin_from_json(reg, NULL, NULL, 0), -EINVAL);
+    /* an unknown field with a hostile name is shown bounded and printable */
+    char msg[256];
+    assert_int_equal(load_admin(reg,
+                                "[{\"name\":\"w\",\"url\":\"http://h:1\",\"\\n\\u0000\\\"x"
+                                "yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy\":1}]",
+                                msg, sizeof(msg)),
+                     KVG_EPARSE);
+    assert_string_equal(msg, "worker \"w\": ???xyyyyyyyyyyyyyyyyyyyyyyyyyyyy...: unknown field");
+
+    /* too many */
+    kvg_buf b;
+    kvg_buf_init(&b);
+    kvg_buf_putc(&b, '[');
+    for (int i = 0; i <= KVG_REGISTRY_WORKERS_MAX; i++)
+        kvg_buf_printf(&b, "%s{\"name\":\"w%d\",\"url\":\"http://h:1\"}", i ? "," : "", i);
+    kvg_buf_putc(&b, ']');
+    assert_int_equal(load_admin(reg, b.data, msg, sizeof(msg)), KVG_ELIMIT);
+    assert_string_equal(msg, "too many workers (at most 4096)");
+    kvg_buf_done(&b);
+    assert_int_equal(kvg_registry_generation(reg), g);
+    free(before);
+    kvg_registry_free(reg);
+}
+
 /* ---- allocation failures -------------------------------------------------------------------- */
 
 /* Run op with the n-th allocation failing, for n = 0, 1, ... until it runs clean. Each failing
@@ -1081,9 +1337,27 @@ static int op_drain(kvg_registry *reg, char *msg, size_t len)
     return kvg_registry_drain(reg, "a1");
 }
 
+static int op_admin_from_json(kvg_registry *reg, char *msg, size_t len)
+{
+    const char *text = "[{\"name\":\"a1\",\"url\":\"http://h:3\"},"
+                       "{\"name\":\"c1\",\"url\":\"http://h:8\",\"models\":[\"m\",\"n\"],"
+                       "\"cache_salt\":false},{\"name\":\"z\",\"url\":\"http://h:9\"}]";
+    kvg_arena a;
+    kvg_json *v;
+    kvg_arena_init(&a, 0);
+    /* A failure in the parse counts too: it fails with -ENOMEM and changes nothing. */
+    int rc = kvg_json_parse(text, strlen(text), &a, NULL, &v, NULL);
+    if (rc == 0)
+        rc = kvg_registry_admin_from_json(reg, v, msg, len);
+    kvg_arena_done(&a);
+    return rc;
+}
+
 static void test_alloc_failures(void **state)
 {
     (void)state;
+    check_alloc_failures(op_admin_from_json, NULL);
+    check_alloc_failures(op_admin_from_json, op_setup);
     check_alloc_failures(op_put_new, NULL);
     check_alloc_failures(op_put_new, op_setup);
     check_alloc_failures(op_put_replace, op_setup);
@@ -1115,6 +1389,12 @@ static void test_alloc_failures(void **state)
     assert_true(fail_alloc_off());
     assert_true(b.failed);
     kvg_buf_done(&b);
+    kvg_buf_init(&b);
+    fail_alloc_nth(0);
+    kvg_registry_admin_to_json(reg, &b);
+    assert_true(fail_alloc_off());
+    assert_true(b.failed);
+    kvg_buf_done(&b);
     kvg_registry_free(reg);
 }
 
@@ -1133,6 +1413,9 @@ int main(void)
         cmocka_unit_test(test_health),
         cmocka_unit_test(test_inflight_and_slots),
         cmocka_unit_test(test_metrics_format),
+        cmocka_unit_test(test_cache_salt_switch),
+        cmocka_unit_test(test_admin_json_round_trip),
+        cmocka_unit_test(test_admin_json_rejects),
         cmocka_unit_test(test_concurrent_stress),
         cmocka_unit_test(test_alloc_failures),
     };

@@ -1,0 +1,190 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The state file: every admin change saved atomically before its answer, and restored at
+ * start-up (tenants with their key digests, admin-defined workers, policy settings). */
+#include "admin_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <openssl/crypto.h>
+
+#define STATE_VERSION 1
+/* 100000 tenants with 16 keys each stay well below this. */
+#define STATE_FILE_MAX (1024u * 1024 * 1024)
+#define STATE_DEPTH_MAX 32
+
+int kvg_admin_save_state(kvg_admin *admin, char *why, size_t why_len)
+{
+    if (!admin->state_path)
+        return 0;
+    kvg_buf b;
+    kvg_buf_init(&b);
+    kvg_buf_printf(&b, "{\"version\":%d", STATE_VERSION);
+    if (admin->tenants) {
+        kvg_buf_puts(&b, ",\"tenants\":");
+        kvg_tenants_to_json(admin->tenants, &b);
+    }
+    kvg_buf_puts(&b, ",\"workers\":");
+    kvg_registry_admin_to_json(admin->reg, &b);
+    if (admin->policy) {
+        kvg_policy_config cfg;
+        kvg_policy_state_get(admin->policy, &cfg);
+        kvg_buf_puts(&b, ",\"policy\":");
+        kvg_policy_config_to_json(&cfg, &b);
+    }
+    kvg_buf_puts(&b, "}\n");
+    int rc = b.failed ? -ENOMEM : kvg_state_write_file(admin->state_path, b.data, b.len, 0600);
+    if (rc < 0)
+        snprintf(why, why_len, "%s: %s", admin->state_path, kvg_strerror(rc));
+    kvg_buf_done(&b);
+    return rc;
+}
+
+bool kvg_admin_commit(admin_ctx *c)
+{
+    char why[256];
+    if (kvg_admin_save_state(c->admin, why, sizeof(why)) == 0)
+        return true;
+    kvg_log_error("admin: %s applied but not saved: %s", c->action ? c->action : "change", why);
+    kvg_admin_fail(c, 500, "the change is applied but could not be saved: %s", why);
+    return false;
+}
+
+/* The sections of a state file, found before anything is applied. */
+typedef struct sections {
+    const kvg_json *tenants, *workers, *policy;
+} sections;
+
+static int find_sections(const kvg_json *root, sections *s, char *msg, size_t msg_len)
+{
+    bool version = false;
+    *s = (sections){0};
+    if (root->type != KVG_JSON_OBJECT) {
+        snprintf(msg, msg_len, "must be a JSON object");
+        return KVG_EPARSE;
+    }
+    for (size_t i = 0; i < root->u.obj.count; i++) {
+        const char *key = root->u.obj.keys[i];
+        size_t klen = root->u.obj.key_lens[i];
+        const kvg_json *v = root->u.obj.values[i];
+        if (kvg_admin_key_is(key, klen, "version")) {
+            if (v->type != KVG_JSON_NUMBER || !v->u.num.is_int || v->u.num.ival != STATE_VERSION) {
+                snprintf(msg, msg_len, "version: must be %d (this kvgate reads version %d)",
+                         STATE_VERSION, STATE_VERSION);
+                return KVG_EPARSE;
+            }
+            version = true;
+        } else if (kvg_admin_key_is(key, klen, "tenants")) {
+            s->tenants = v;
+        } else if (kvg_admin_key_is(key, klen, "workers")) {
+            s->workers = v;
+        } else if (kvg_admin_key_is(key, klen, "policy")) {
+            s->policy = v;
+        } else {
+            snprintf(msg, msg_len, "unknown field \"%.64s\"", key);
+            return KVG_EPARSE;
+        }
+    }
+    if (!version) {
+        snprintf(msg, msg_len, "version: required");
+        return KVG_EPARSE;
+    }
+    if (s->tenants && s->tenants->type != KVG_JSON_ARRAY) {
+        snprintf(msg, msg_len, "tenants: must be an array");
+        return KVG_EPARSE;
+    }
+    if (s->workers && s->workers->type != KVG_JSON_ARRAY) {
+        snprintf(msg, msg_len, "workers: must be an array");
+        return KVG_EPARSE;
+    }
+    if (s->policy && s->policy->type != KVG_JSON_OBJECT) {
+        snprintf(msg, msg_len, "policy: must be an object");
+        return KVG_EPARSE;
+    }
+    return 0;
+}
+
+/* Apply the sections; the policy is checked first (on a copy) since it is the cheapest. */
+static int apply(kvg_admin *admin, const sections *s, char *msg, size_t msg_len)
+{
+    char why[256] = "";
+    int rc;
+    kvg_policy_config cfg;
+    if (s->policy && admin->policy) {
+        kvg_policy_state_get(admin->policy, &cfg);
+        rc = kvg_policy_config_apply_json(&cfg, s->policy, why, sizeof(why));
+        if (rc < 0) {
+            snprintf(msg, msg_len, "policy: %s", why);
+            return rc;
+        }
+    }
+    if (s->tenants && admin->tenants) {
+        rc = kvg_tenants_from_json(admin->tenants, s->tenants, why, sizeof(why));
+        if (rc < 0) {
+            snprintf(msg, msg_len, "tenants: %s", rc == -ENOMEM ? kvg_strerror(rc) : why);
+            return rc;
+        }
+    }
+    if (s->workers) {
+        rc = kvg_registry_admin_from_json(admin->reg, s->workers, why, sizeof(why));
+        if (rc < 0) {
+            snprintf(msg, msg_len, "workers: %s", rc == -ENOMEM ? kvg_strerror(rc) : why);
+            return rc;
+        }
+    }
+    if (s->policy && admin->policy)
+        kvg_policy_state_set(admin->policy, &cfg);
+    return 0;
+}
+
+int kvg_admin_load_state(kvg_admin *admin, char *msg, size_t msg_len)
+{
+    char why[320] = "";
+    if (!admin->state_path)
+        return 0;
+    pthread_mutex_lock(&admin->change_lock);
+    kvg_buf text;
+    kvg_buf_init(&text);
+    kvg_arena arena;
+    kvg_arena_init(&arena, 0);
+    int rc = kvg_state_read_file(admin->state_path, STATE_FILE_MAX, &text);
+    if (rc == -ENOENT) {
+        rc = 0; /* first start */
+        goto out;
+    }
+    if (rc < 0) {
+        snprintf(why, sizeof(why), "cannot read it: %s", kvg_strerror(rc));
+        goto out;
+    }
+    kvg_json *root;
+    kvg_json_error jerr = {0};
+    kvg_json_limits lim = {.max_depth = STATE_DEPTH_MAX, .reject_duplicate_keys = true};
+    rc = kvg_json_parse(text.len ? text.data : "", text.len, &arena, &lim, &root, &jerr);
+    if (rc == -ENOMEM) {
+        snprintf(why, sizeof(why), "%s", kvg_strerror(rc));
+        goto out;
+    }
+    if (rc < 0) {
+        rc = KVG_EPARSE;
+        snprintf(why, sizeof(why), "invalid JSON at byte %zu: %s", jerr.offset, jerr.message);
+        goto out;
+    }
+    sections s;
+    rc = find_sections(root, &s, why, sizeof(why));
+    if (rc == 0)
+        rc = apply(admin, &s, why, sizeof(why));
+
+out:
+    pthread_mutex_unlock(&admin->change_lock);
+    if (rc < 0)
+        snprintf(msg, msg_len, "state file %s: %s", admin->state_path, why);
+    else if (text.len)
+        kvg_log_info("admin: restored the state from %s", admin->state_path);
+    /* The file holds key digests: not secrets, but no reason to leave them around either. */
+    if (text.data)
+        OPENSSL_cleanse(text.data, text.cap);
+    kvg_buf_done(&text);
+    kvg_arena_done(&arena);
+    return rc;
+}
