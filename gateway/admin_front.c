@@ -24,6 +24,9 @@ static void handle(kvg_exchange *x)
                                 strlen(resp.www_authenticate));
     if (resp.allow)
         kvg_exchange_add_header(x, "allow", 5, resp.allow, strlen(resp.allow));
+    if (resp.cache_control) /* "no-store" on tenant and key answers: a key is shown once */
+        kvg_exchange_add_header(x, "cache-control", 13, resp.cache_control,
+                                strlen(resp.cache_control));
     if (resp.status == 204 || resp.status == 304)
         kvg_exchange_respond(x, resp.status, 0), kvg_exchange_end(x);
     else

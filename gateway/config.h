@@ -62,11 +62,11 @@ typedef struct kvg_config_worker {
 } kvg_config_worker;
 
 typedef struct kvg_config {
-    char *path; /* the config file, or NULL when running on defaults */
-    bool auth_open;       /* "auth": "open": no API keys (a single-tenant deployment) */
-    char *secret;         /* server secret (or KVGATE_SECRET; else generated in the state dir) */
-    char *state_file;     /* NULL: <state_dir>/state.json */
-    char *audit_log;      /* NULL: <state_dir>/audit.log; "off" for none */
+    char *path;       /* the config file, or NULL when running on defaults */
+    bool auth_open;   /* "auth": "open": no API keys (a single-tenant deployment) */
+    char *secret;     /* server secret (or KVGATE_SECRET; else generated in the state dir) */
+    char *state_file; /* NULL: <state_dir>/state.json */
+    char *audit_log;  /* NULL: <state_dir>/audit.log; "off" for none */
     uint32_t tenant_metrics_max; /* tenants with a metrics label of their own */
     kvg_listener_config listeners[KVG_MAX_LISTENERS];
     size_t nlisteners;

@@ -25,11 +25,11 @@ typedef struct proxy_req {
     kvg_upstream *up;
     int status; /* status passed to the client */
     uint64_t ttfb_ns;
-    kvg_tenant *tenant;         /* referenced; NULL in open mode */
-    bool admitted;              /* holds one of the tenant's in-flight slots */
+    kvg_tenant *tenant; /* referenced; NULL in open mode */
+    bool admitted;      /* holds one of the tenant's in-flight slots */
     kvg_body_info info;
-    struct evbuffer *salted;    /* the body with the scope's cache_salt (and no client salt) */
-    struct evbuffer *unsalted;  /* the body without any cache_salt, for workers that take none */
+    struct evbuffer *salted;   /* the body with the scope's cache_salt (and no client salt) */
+    struct evbuffer *unsalted; /* the body without any cache_salt, for workers that take none */
     char salt[KVG_SALT_LEN + 1];
 } proxy_req;
 

@@ -82,15 +82,15 @@ struct kvg_thread {
     size_t nlisteners;
     kvg_link conns; /* open front connections */
     size_t nconns;
-    kvg_link pools;          /* upstream pools of this thread */
-    kvg_worker_set *workers; /* snapshot this thread routes with */
-    kvg_tenant_set *tenants; /* snapshot this thread authenticates with */
+    kvg_link pools;           /* upstream pools of this thread */
+    kvg_worker_set *workers;  /* snapshot this thread routes with */
+    kvg_tenant_set *tenants;  /* snapshot this thread authenticates with */
     kvg_policy_config policy; /* copy of the operator's settings */
     uint64_t policy_gen;
     bool policy_loaded;
-    uint64_t rng;            /* xorshift state for request ids */
-    kvg_buf scratch;         /* reused to compose heads without an allocation per request */
-    bool draining;           /* shutdown: no new requests, close when idle */
+    uint64_t rng;    /* xorshift state for request ids */
+    kvg_buf scratch; /* reused to compose heads without an allocation per request */
+    bool draining;   /* shutdown: no new requests, close when idle */
     bool stopped;
 };
 
@@ -102,7 +102,7 @@ struct kvg_gateway {
     kvg_admin *admin;
     uint8_t secret[64]; /* the server secret: scope salts are HMACs under it */
     size_t secret_len;
-    bool auth_open;     /* single-tenant mode: no keys (set explicitly by the operator) */
+    bool auth_open; /* single-tenant mode: no keys (set explicitly by the operator) */
     kvg_listener listeners[KVG_MAX_LISTENERS];
     size_t nlisteners;
     kvg_listener admin_listeners[KVG_MAX_LISTENERS];

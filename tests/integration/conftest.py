@@ -180,6 +180,7 @@ def simworker(process_factory):
 # ---- kvgate (the gateway) -------------------------------------------------------------------------
 
 ADMIN_TOKEN = "integration-admin-token-0123456789"
+TEST_SECRET = "integration-secret-0123456789abcdef0123456789"
 
 
 class Gateway:
@@ -390,6 +391,7 @@ def kvgate(tmp_path, request):
             argv += ["-c", str(config_path)]
         argv += list(args)
         environment = {"KVGATE_ADMIN_TOKEN": token} if token else {}
+        environment["KVGATE_SECRET"] = TEST_SECRET  # so tests can compute the salts
         environment.update(env or {})
         log = open(log_path, "wb")
         try:

@@ -4,6 +4,7 @@ socket (to see chunk boundaries, truncation and exact bytes), a raw HTTP/2 clien
 (one connection, many streams, resets, no hidden pooling), and a tiny fake upstream for what
 kvgate-simworker cannot do (echo request headers, send hop-by-hop headers, reset, stream an
 endless body)."""
+import hashlib
 import json
 import socket
 import threading
@@ -491,3 +492,26 @@ def dead_port():
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+# ---- what a worker receives -----------------------------------------------------------------------
+
+TEST_SECRET = "integration-secret-0123456789abcdef0123456789"  # the kvgate fixture's KVGATE_SECRET
+
+
+def salt_of(scope, secret=TEST_SECRET):
+    """The cache salt kvgate injects for a sharing scope: HMAC-SHA256(secret, scope),
+    base64url without padding ("global" in open mode, "tenant:<id>", "group:<name>")."""
+    import base64
+    import hmac
+    mac = hmac.new(secret.encode(), scope.encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+
+
+def forwarded(body: bytes, scope="global") -> bytes:
+    """The bytes a worker gets for a client body without cache_salt: the same bytes with the
+    scope's cache_salt added as the last member (kvgate copies everything else unchanged)."""
+    assert body.rstrip().endswith(b"}") and b"cache_salt" not in body
+    head = body.rstrip()[:-1]
+    sep = b"" if head.rstrip().endswith(b"{") else b","
+    return head + sep + b'"cache_salt":"' + salt_of(scope).encode() + b'"}'

@@ -118,7 +118,7 @@ def test_workers_api_changes_routing_without_restart(simworker, kvgate):
     assert r.status_code == 201, r.text
     created = r.json()
     assert created == {"name": b.name, "url": b.url, "models": [], "kv_blocks": 128,
-                       "max_inflight": 1024, "source": "admin", "health": "up",
+                       "max_inflight": 1024, "cache_salt": True, "source": "admin", "health": "up",
                        "draining": False, "inflight": 0}
     assert set(routed(gw)) == {a.name, b.name}
     listed = admin.get("/admin/v1/workers").json()["workers"]

@@ -14,7 +14,7 @@ import subprocess
 import httpx
 import pytest
 
-from gwhelpers import (CHAT, COMPL, H2Client, RawHTTP, assert_openai_error, H2Stream, http, http1,
+from gwhelpers import (forwarded, CHAT, COMPL, H2Client, RawHTTP, assert_openai_error, H2Stream, http, http1,
                        json_response, request_bytes, worker_cfg)
 
 BODY = {"model": "sim-model", "prompt": "hello there", "max_tokens": 2}
@@ -379,8 +379,9 @@ def test_hop_by_hop_headers_dropped_both_ways(kvgate, fake_upstream):
     assert got["x-request-id"] == "rid-1"
     assert got["x-forwarded-for"] == "10.1.1.1, 127.0.0.1"
     assert got["x-forwarded-proto"] == "http"
-    assert int(got["content-length"]) == len(req["body"]) == len(json.dumps(BODY))
-    assert json.loads(req["body"]) == BODY
+    sent = forwarded(json.dumps(BODY).encode())
+    assert int(got["content-length"]) == len(req["body"]) == len(sent)
+    assert req["body"] == sent
 
 
 def test_models_is_the_union_of_workers_models(simworker, kvgate):
@@ -498,7 +499,8 @@ def test_large_bodies_reach_the_worker_intact(kvgate, fake_upstream):
     up = fake_upstream(echo, name="echo")
     gw = kvgate(up)
     body = json.dumps({"prompt": os.urandom(5 << 19).hex()}).encode()  # 5 MiB
-    want = {"len": len(body), "sha": hashlib.sha256(body).hexdigest()}
+    sent = forwarded(body)  # the same bytes plus the injected cache_salt
+    want = {"len": len(sent), "sha": hashlib.sha256(sent).hexdigest()}
     r = http.post(gw.url + COMPL, content=body)
     assert r.status_code == 200 and r.json() == want
     # HTTP/2 past the initial windows: the gateway must keep opening them as it reads.
