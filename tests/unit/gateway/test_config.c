@@ -60,8 +60,11 @@ static void test_full_file(void **state)
              " \"threads\": 3, \"log_level\": \"debug\", \"worker_header\": false,"
              " \"limits\": {\"body_bytes\": 4096, \"streams_per_conn\": 7},"
              " \"upstream\": {\"retries\": 0}, \"health\": {\"path\": \"/ready\", \"fall\": 1},"
+             " \"auth\": \"open\", \"secret\": \"0123456789abcdef0123456789abcdef!\","
+             " \"state_file\": \"/tmp/s.json\", \"audit_log\": \"off\","
+             " \"tenant_metrics_max\": 7,"
              " \"workers\": [{\"name\": \"a\", \"url\": \"http://127.0.0.1:1\","
-             " \"models\": [\"m1\", \"m2\"], \"kv_blocks\": 10}]}",
+             " \"models\": [\"m1\", \"m2\"], \"kv_blocks\": 10, \"cache_salt\": false}]}",
              err, sizeof(err));
     assert_int_equal(rc, 0);
     assert_int_equal(cfg.nlisteners, 2);
@@ -81,6 +84,12 @@ static void test_full_file(void **state)
     assert_int_equal(cfg.nworkers, 1);
     assert_int_equal(cfg.workers[0].nmodels, 2);
     assert_int_equal(cfg.workers[0].kv_blocks, 10);
+    assert_true(cfg.workers[0].no_cache_salt);
+    assert_true(cfg.auth_open);
+    assert_string_equal(cfg.secret, "0123456789abcdef0123456789abcdef!");
+    assert_string_equal(cfg.state_file, "/tmp/s.json");
+    assert_string_equal(cfg.audit_log, "off");
+    assert_int_equal(cfg.tenant_metrics_max, 7);
     assert_int_equal(kvg_config_validate(&cfg, err, sizeof(err)), 0);
     kvg_config_done(&cfg);
 }
@@ -106,6 +115,10 @@ static void test_errors_name_the_key(void **state)
         {"{\"log_level\": \"loud\"}", "log_level"},
         {"{\"threads\": 1, \"threads\": 2}", "duplicate key"},
         {"[1]", "must be a JSON object"},
+        {"{\"auth\": \"none\"}", "auth: must be"},
+        {"{\"secret\": \"short\"}", "secret: must be at least 32"},
+        {"{\"workers\": [{\"name\": \"a\", \"url\": \"u\", \"cache_salt\": 1}]}",
+         "workers[0].cache_salt"},
         {"{\"a\":", "invalid JSON"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -173,6 +186,21 @@ static void test_flags(void **state)
     assert_int_equal(cfg.workers[0].kv_blocks, 64);
     assert_int_equal(cfg.workers[0].max_inflight, 9);
     assert_string_equal(cfg.access_log, "off");
+    assert_false(cfg.auth_open); /* keys unless the operator says otherwise */
+    kvg_config_done(&cfg);
+
+    kvg_config_init(&cfg);
+    char *open_args[] = {
+        "kvgate", "--auth", "open", "--worker", "w1=http://127.0.0.1:5,cache_salt=off", NULL};
+    assert_int_equal(kvg_config_parse_args(&cfg, 5, open_args, &action, err, sizeof(err)), 0);
+    assert_true(cfg.auth_open);
+    assert_true(cfg.workers[0].no_cache_salt);
+    kvg_config_done(&cfg);
+
+    kvg_config_init(&cfg);
+    char *bad_auth[] = {"kvgate", "--auth", "maybe", NULL};
+    assert_int_equal(kvg_config_parse_args(&cfg, 3, bad_auth, &action, err, sizeof(err)),
+                     KVG_ECONFIG);
     kvg_config_done(&cfg);
 
     kvg_config_init(&cfg);
