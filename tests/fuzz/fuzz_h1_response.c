@@ -11,6 +11,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static const char request[] =
         "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+        "authorization: Bearer " HARNESS_KEY "\r\n"
         "content-type: application/json\r\ncontent-length: 55\r\n\r\n"
         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\"}]}";
     harness_init();

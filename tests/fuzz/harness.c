@@ -17,6 +17,8 @@
 #include <event2/bufferevent.h>
 #include <event2/listener.h>
 
+#include <openssl/sha.h>
+
 #include "server.h"
 
 static kvg_gateway gw;
@@ -96,6 +98,21 @@ void harness_init(void)
     gw.nthreads = 1;
     kvg_registry_config rcfg = {.nthreads = 2};
     if (kvg_registry_new(&rcfg, &gw.registry) < 0)
+        abort();
+    /* Keys mode with one tenant whose key the corpus uses, so inputs get past authentication
+     * (and inputs without it exercise the 401 path). */
+    if (kvg_tenants_new(&gw.tenants) < 0 || kvg_policy_state_new(&gw.policy) < 0)
+        abort();
+    static const char secret[] = "fuzz-secret-0123456789abcdef0123456789";
+    memcpy(gw.secret, secret, sizeof(secret) - 1);
+    gw.secret_len = sizeof(secret) - 1;
+    kvg_tenant_def tdef = {.id = "fuzz", .sharing = KVG_SHARING_ISOLATED};
+    bool created;
+    if (kvg_tenants_put(gw.tenants, &tdef, &created, NULL, 0) < 0)
+        abort();
+    kvg_key_info key = {.id = "kfuzz00000000000"}; /* "k" + 15 of [a-z0-9] */
+    SHA256((const unsigned char *)HARNESS_KEY, strlen(HARNESS_KEY), key.digest);
+    if (kvg_tenants_key_restore(gw.tenants, "fuzz", &key) < 0)
         abort();
     gw.threads = calloc(1, sizeof(kvg_thread));
     thread = &gw.threads[0];

@@ -7,6 +7,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The API key of the harness's tenant; corpus requests carry it as a bearer token. */
+#define HARNESS_KEY "kvg-fuzzfuzzfuzzfuzzfuzzfuzzfuzzfuzzfuzzfuzzfuz"
+
 /** Set up the gateway once (idempotent). */
 void harness_init(void);
 /** Set what the fake worker answers to every request (copied). */
