@@ -13,7 +13,9 @@
 typedef enum kvg_policy_kind {
     KVG_POLICY_LEAST_LOADED = 0, /* fewest requests in flight, ties by round robin */
     KVG_POLICY_ROUND_ROBIN,
-    KVG_POLICY_RANDOM, /* a permutation drawn from the rotation counter */
+    KVG_POLICY_RANDOM,      /* a permutation drawn from the rotation counter */
+    KVG_POLICY_COST,        /* lowest predicted time to first token under the load bound */
+    KVG_POLICY_PREFIX_ONLY, /* most matched blocks; cold prefixes by rendezvous; no load rule */
     KVG_POLICY_KIND_COUNT,
 } kvg_policy_kind;
 
@@ -21,27 +23,41 @@ const char *kvg_policy_kind_str(kvg_policy_kind k);
 /** Parse a policy name; 0 or KVG_EPARSE (-10000). */
 int kvg_policy_kind_parse(const char *name, kvg_policy_kind *out);
 
-/* One eligible worker as the policy sees it. */
+/* One eligible worker as the policy sees it. Fields after inflight are 0 when unknown. */
 typedef struct kvg_policy_candidate {
     uint32_t index;    /* caller's identifier, returned in the ranking */
-    uint32_t inflight; /* requests in flight to it */
+    uint32_t inflight; /* requests in flight to it (this gateway) */
+    uint32_t matched;  /* leading blocks of the request it holds (prefix index) */
+    uint64_t id_hash;  /* stable hash of the worker's name: its rendezvous identity */
+    uint32_t waiting;  /* the engine's vllm:num_requests_waiting, scraped; 0 = unknown */
+    float kv_usage;    /* the engine's vllm:kv_cache_usage_perc in [0, 1], scraped; 0 = unknown */
 } kvg_policy_candidate;
 
-/** Rank candidates best first, in place. rotation is a counter the caller advances once per
- *  decision (for example an atomic per-gateway counter): it rotates ties, and is the whole
- *  order for round robin. Deterministic: the same inputs give the same order. */
+/** Rank candidates best first, in place, by load alone (least_loaded, round_robin, random; the
+ *  prefix-aware kinds rank as least_loaded here). rotation is a counter the caller advances
+ *  once per decision (for example an atomic per-gateway counter): it rotates ties, and is the
+ *  whole order for round robin. Deterministic: the same inputs give the same order. */
 void kvg_policy_rank(kvg_policy_kind kind, kvg_policy_candidate *cands, size_t n,
                      uint64_t rotation);
 
 /* ---- the operator's policy settings ---------------------------------------------------------- */
 
-/* What PUT /admin/v1/policy sets. More fields (cost weights, block size, load bound) come with
- * prefix-aware routing; readers copy the whole struct. */
+/* What PUT /admin/v1/policy sets (docs/admin-api.md has the defaults and their reasons).
+ * Readers copy the whole struct. */
 typedef struct kvg_policy_config {
     kvg_policy_kind kind;
+    uint32_t block_bytes;  /* canonical text bytes per block key (default 64, ~16 tokens) */
+    uint32_t block_tokens; /* token ids per block key for token prompts (default 16) */
+    uint32_t max_blocks;   /* block keys per request at most: the rest is not matched (4096) */
+    uint32_t cold_blocks;  /* leading blocks whose key places a cold prefix (rendezvous; 4) */
+    double load_factor;    /* bounded load: no worker above (1 + load_factor) x mean (0.25) */
+    double prefill_cost_per_block;   /* predicted us to prefill one missing block (200) */
+    double queue_cost_per_request;   /* predicted us each request in flight adds (5000) */
+    double waiting_cost_per_request; /* us per request waiting in the engine, scraped (5000) */
+    double kv_usage_cost;            /* us at a full engine KV cache, scraped (0: off) */
 } kvg_policy_config;
 
-/** Defaults: least_loaded. */
+/** Defaults: cost, with the values above. */
 void kvg_policy_config_init(kvg_policy_config *cfg);
 /** Apply a JSON object over cfg: fields present replace, fields omitted keep their value;
  *  unknown fields, wrong types and bad values fail with a message naming the field and leave
@@ -61,6 +77,48 @@ void kvg_policy_state_get(kvg_policy_state *st, kvg_policy_config *out);
 void kvg_policy_state_set(kvg_policy_state *st, const kvg_policy_config *cfg);
 /** Incremented by every set: readers cache a copy and refresh when it moves. */
 uint64_t kvg_policy_state_generation(const kvg_policy_state *st);
+
+/* ---- prefix-aware choice ----------------------------------------------------------------------- */
+
+/* The request as the choice sees it. */
+typedef struct kvg_policy_request {
+    uint32_t blocks;   /* full blocks (block keys) of the request, after max_blocks */
+    uint64_t cold_key; /* key of block min(cold_blocks, blocks) - 1; unused when blocks is 0 */
+} kvg_policy_request;
+
+/* Why the first candidate won. */
+typedef enum kvg_policy_reason {
+    KVG_POLICY_REASON_LOAD = 0, /* load-only policy, or a request without a full block */
+    KVG_POLICY_REASON_HIT,      /* a worker holds a prefix: lowest cost (cost) or most blocks */
+    KVG_POLICY_REASON_COLD,     /* no worker holds any block: rendezvous on cold_key */
+    KVG_POLICY_REASON_COUNT,
+} kvg_policy_reason;
+
+const char *kvg_policy_reason_str(kvg_policy_reason r);
+
+/* Every term of one candidate's score, for /admin/v1/route/explain. */
+typedef struct kvg_policy_terms {
+    uint32_t index;        /* the candidate's caller identifier */
+    double prefill_cost;   /* prefill_cost_per_block x (blocks - matched) */
+    double queue_cost;     /* queue_cost_per_request x inflight + waiting + kv_usage terms */
+    double total;          /* prefill_cost + queue_cost */
+    bool over_bound;       /* inflight + 1 > the bounded-load limit */
+    uint64_t rendezvous;   /* rendezvous score of (cold_key, id_hash) */
+} kvg_policy_terms;
+
+/** Rank candidates best first, in place, under cfg->kind (every kind, load-only ones included,
+ *  which ignore req). cost: candidates within the load bound first, by lowest total cost; when
+ *  no candidate holds a block, by highest rendezvous score on req->cold_key; over-bound
+ *  candidates after, the same way. prefix_only: most matched first, cold by rendezvous, no
+ *  bound. Ties break by rendezvous score, so replicas agree. The bound is
+ *  ceil((1 + load_factor) x (sum of inflight + 1) / n). terms, when not NULL, receives n
+ *  entries in the ranked order; *reason (may be NULL) says why the first one won. Pure and
+ *  deterministic. */
+void kvg_policy_choose(const kvg_policy_config *cfg, const kvg_policy_request *req,
+                       kvg_policy_candidate *cands, size_t n, uint64_t rotation,
+                       kvg_policy_terms *terms, kvg_policy_reason *reason);
+/** The rendezvous score of a key for a worker identity (a 64-bit mix of both). */
+uint64_t kvg_policy_rendezvous(uint64_t key, uint64_t id_hash);
 
 /* ---- rate limits --------------------------------------------------------------------------- */
 

@@ -190,6 +190,27 @@ void kvg_registry_write_metrics(kvg_registry *reg, kvg_buf *out);
 
 /* ---- request bodies -------------------------------------------------------------------------- */
 
+/* Which OpenAI API a body is for: it decides where the prompt is (see docs/canonical.md). */
+typedef enum kvg_body_api {
+    KVG_BODY_API_OTHER = 0,   /* no prefix stream is produced (embeddings, unknown paths) */
+    KVG_BODY_API_COMPLETIONS, /* /v1/completions: "prompt" */
+    KVG_BODY_API_CHAT,        /* /v1/chat/completions: "messages", "tools" */
+    KVG_BODY_API_COUNT,
+} kvg_body_api;
+
+const char *kvg_body_api_str(kvg_body_api api);
+
+/* The canonical prefix stream of a request (docs/canonical.md): what block keys are cut from.
+ * Text for string prompts and chats, token ids when the prompt is given as ids. Both empty
+ * when the body has no prompt (or the API is KVG_BODY_API_OTHER). */
+typedef struct kvg_prefix_stream {
+    bool is_tokens;
+    const unsigned char *text; /* !is_tokens: canonical bytes (arena), text_len of them */
+    size_t text_len;
+    const uint32_t *tokens; /* is_tokens: token ids (arena), ntokens of them */
+    size_t ntokens;
+} kvg_prefix_stream;
+
 /* What the gateway needs to know about an OpenAI request body, found in the same single pass
  * that rewrites it. */
 typedef struct kvg_body_info {
@@ -198,6 +219,7 @@ typedef struct kvg_body_info {
     bool stream;                  /* top-level "stream": true */
     uint64_t prompt_bytes;        /* raw JSON bytes of "prompt", "messages", "input" and "tools" */
     unsigned cache_salts_removed; /* top-level "cache_salt" members dropped */
+    kvg_prefix_stream prefix;     /* filled by kvg_body_scan for completions and chat */
 } kvg_body_info;
 
 /** Validate a request body (exactly one JSON object; strict RFC 8259: UTF-8, no trailing
@@ -216,5 +238,66 @@ typedef struct kvg_body_info {
  * be NULL) has the byte offset and a message, and what was appended to out is unspecified. */
 int kvg_body_rewrite(const char *body, size_t len, const char *salt, kvg_arena *arena, kvg_buf *out,
                      kvg_body_info *info, kvg_json_error *err);
+
+/** kvg_body_rewrite, plus - in the same pass - the canonical prefix stream of a completions or
+ *  chat body into info->prefix (docs/canonical.md) and the type checks that needs: "prompt"
+ *  (string, array of strings, array of token ids, array of token-id arrays), "messages" (array
+ *  of objects with a string "role" and "content" a string, null or an array of parts),
+ *  "tools" (array). A type error is KVG_ETYPE with a message starting with the field path
+ *  ("prompt: ", "messages[2].content: ", "messages[0].content[1].type: "). For
+ *  KVG_BODY_API_OTHER it is exactly kvg_body_rewrite. */
+int kvg_body_scan(const char *body, size_t len, kvg_body_api api, const char *salt,
+                  kvg_arena *arena, kvg_buf *out, kvg_body_info *info, kvg_json_error *err);
+
+/* ---- the prefix index (embedded backend) ------------------------------------------------------ */
+
+/* For each worker, which block keys it is believed to hold, with each worker's KV capacity
+ * modelled by LRU eviction. Safe for every gateway thread at once. */
+typedef struct kvg_prefix_index kvg_prefix_index;
+
+typedef struct kvg_index_config {
+    uint64_t max_entries;      /* (worker, key) entries in the whole index; 0 = 1 << 24 */
+    uint32_t default_capacity; /* blocks for a worker whose capacity is 0 (unknown); 0 = 65536 */
+} kvg_index_config;
+
+/* A worker as the index knows it. */
+typedef struct kvg_index_worker {
+    uint64_t id;       /* kvg_worker_id: a worker replaced by a new definition starts empty */
+    const char *name;  /* for metrics; copied */
+    uint32_t capacity; /* blocks it can hold; 0 = the default */
+} kvg_index_worker;
+
+/** Create an empty index; cfg NULL for defaults. 0, -ENOMEM, -EINVAL. */
+int kvg_index_new(const kvg_index_config *cfg, kvg_prefix_index **out);
+/** Free the index. NULL is a no-op. */
+void kvg_index_free(kvg_prefix_index *idx);
+/** Make the index's worker list exactly ws: workers not listed lose every entry; listed ones
+ *  keep theirs (a lowered capacity evicts down to it at once). Thread-safe. 0 or -ENOMEM. */
+int kvg_index_set_workers(kvg_prefix_index *idx, const kvg_index_worker *ws, size_t n);
+/** For each of the nworkers worker ids, the number of leading keys (keys[0], keys[1], ...
+ *  without a gap) that worker holds, into matched[]. Unknown ids match 0. Read-only: it does
+ *  not refresh recency. Thread-safe. */
+void kvg_index_match(kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
+                     const uint64_t *worker_ids, size_t nworkers, uint32_t *matched);
+/** Record that the worker now holds keys[0..nkeys): each becomes its most recently used entry,
+ *  keys[0] the most recent of all (engines evict a sequence's tail before its head); the
+ *  least recently used entries beyond the worker's capacity are evicted. 0, KVG_ENOTFOUND
+ *  (unknown worker), -ENOMEM. Thread-safe. */
+int kvg_index_record(kvg_prefix_index *idx, uint64_t worker_id, const uint64_t *keys, size_t nkeys);
+
+typedef struct kvg_index_stats {
+    uint64_t entries;   /* (worker, key) entries held */
+    uint64_t capacity;  /* sum of the workers' capacities, capped by max_entries */
+    uint64_t evictions; /* entries evicted for capacity, since start */
+    uint64_t inserts;   /* entries added, since start */
+    uint32_t workers;
+} kvg_index_stats;
+
+void kvg_index_stats_get(kvg_prefix_index *idx, kvg_index_stats *out);
+/** Entries held by one worker; 0 for an unknown id. */
+uint64_t kvg_index_worker_entries(kvg_prefix_index *idx, uint64_t worker_id);
+/** Append kvgate_index_entries, kvgate_index_capacity_entries, kvgate_index_evictions_total,
+ *  kvgate_index_inserts_total and kvgate_index_worker_entries{worker} with HELP and TYPE. */
+void kvg_index_write_metrics(kvg_prefix_index *idx, kvg_buf *out);
 
 #endif
