@@ -11,6 +11,8 @@ static const char *const kind_names[KVG_POLICY_KIND_COUNT] = {
     [KVG_POLICY_LEAST_LOADED] = "least_loaded",
     [KVG_POLICY_ROUND_ROBIN] = "round_robin",
     [KVG_POLICY_RANDOM] = "random",
+    [KVG_POLICY_COST] = "cost",
+    [KVG_POLICY_PREFIX_ONLY] = "prefix_only",
 };
 
 const char *kvg_policy_kind_str(kvg_policy_kind k)

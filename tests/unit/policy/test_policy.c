@@ -20,7 +20,7 @@
 static void test_least_loaded(void **state)
 {
     (void)state;
-    kvg_policy_candidate c[] = {{0, 5}, {1, 2}, {2, 9}, {3, 2}};
+    kvg_policy_candidate c[] = {{.index = 0, .inflight = 5}, {.index = 1, .inflight = 2}, {.index = 2, .inflight = 9}, {.index = 3, .inflight = 2}};
     kvg_policy_rank(KVG_POLICY_LEAST_LOADED, c, 4, 0);
     assert_int_equal(c[0].index, 1);
     assert_int_equal(c[1].index, 3);
@@ -34,7 +34,7 @@ static void test_ties_rotate(void **state)
     (void)state;
     unsigned picks[4] = {0};
     for (uint64_t r = 0; r < 400; r++) {
-        kvg_policy_candidate c[] = {{0, 1}, {1, 1}, {2, 1}, {3, 7}};
+        kvg_policy_candidate c[] = {{.index = 0, .inflight = 1}, {.index = 1, .inflight = 1}, {.index = 2, .inflight = 1}, {.index = 3, .inflight = 7}};
         kvg_policy_rank(KVG_POLICY_LEAST_LOADED, c, 4, r);
         picks[c[0].index]++;
     }
@@ -46,7 +46,7 @@ static void test_round_robin(void **state)
 {
     (void)state;
     for (uint64_t r = 0; r < 8; r++) {
-        kvg_policy_candidate c[] = {{0, 9}, {1, 0}, {2, 4}};
+        kvg_policy_candidate c[] = {{.index = 0, .inflight = 9}, {.index = 1, .inflight = 0}, {.index = 2, .inflight = 4}};
         kvg_policy_rank(KVG_POLICY_ROUND_ROBIN, c, 3, r);
         assert_int_equal(c[0].index, r % 3);
         assert_int_equal(c[1].index, (r + 1) % 3);
@@ -64,7 +64,7 @@ static void test_many(void **state)
     (void)state;
     kvg_policy_candidate c[200];
     for (uint32_t i = 0; i < 200; i++)
-        c[i] = (kvg_policy_candidate){i, 0};
+        c[i] = (kvg_policy_candidate){.index = i, .inflight = 0};
     kvg_policy_rank(KVG_POLICY_ROUND_ROBIN, c, 200, 130);
     for (uint32_t i = 0; i < 200; i++)
         assert_int_equal(c[i].index, (i + 130) % 200);
@@ -82,7 +82,7 @@ static void test_random_permutation(void **state)
     for (uint64_t r = 0; r < 2000; r++) {
         kvg_policy_candidate c[N];
         for (uint32_t i = 0; i < N; i++)
-            c[i] = (kvg_policy_candidate){i, i % 3};
+            c[i] = (kvg_policy_candidate){.index = i, .inflight = i % 3};
         kvg_policy_rank(KVG_POLICY_RANDOM, c, N, r);
         /* a permutation: every index exactly once, loads travel with their index */
         bool seen[N] = {false};
@@ -100,7 +100,7 @@ static void test_random_permutation(void **state)
         /* deterministic: the same rotation gives the same order */
         kvg_policy_candidate d[N];
         for (uint32_t i = 0; i < N; i++)
-            d[i] = (kvg_policy_candidate){i, i % 3};
+            d[i] = (kvg_policy_candidate){.index = i, .inflight = i % 3};
         kvg_policy_rank(KVG_POLICY_RANDOM, d, N, r);
         assert_memory_equal(c, d, sizeof(c));
     }
@@ -109,7 +109,7 @@ static void test_random_permutation(void **state)
     for (uint32_t i = 0; i < N; i++)
         assert_true(first[i] > 10);
 
-    kvg_policy_candidate one[1] = {{7, 0}};
+    kvg_policy_candidate one[1] = {{.index = 7, .inflight = 0}};
     kvg_policy_rank(KVG_POLICY_RANDOM, one, 1, 12345);
     assert_int_equal(one[0].index, 7);
     kvg_policy_rank(KVG_POLICY_RANDOM, NULL, 0, 1);
