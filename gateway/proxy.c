@@ -456,7 +456,8 @@ static void on_body(kvg_exchange *x)
         serving++;
         if (kvg_worker_health_get(w) != KVG_WORKER_UP || kvg_worker_draining(w))
             continue;
-        cands[ncand++] = (kvg_policy_candidate){.index = (uint32_t)i, .inflight = kvg_worker_inflight(w)};
+        cands[ncand++] =
+            (kvg_policy_candidate){.index = (uint32_t)i, .inflight = kvg_worker_inflight(w)};
     }
     if (serving == 0) {
         if (model && n > 0) {

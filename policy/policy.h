@@ -78,7 +78,8 @@ void kvg_policy_state_set(kvg_policy_state *st, const kvg_policy_config *cfg);
 /** Incremented by every set: readers cache a copy and refresh when it moves. */
 uint64_t kvg_policy_state_generation(const kvg_policy_state *st);
 
-/* ---- prefix-aware choice ----------------------------------------------------------------------- */
+/* ---- prefix-aware choice -----------------------------------------------------------------------
+ */
 
 /* The request as the choice sees it. */
 typedef struct kvg_policy_request {
@@ -98,12 +99,12 @@ const char *kvg_policy_reason_str(kvg_policy_reason r);
 
 /* Every term of one candidate's score, for /admin/v1/route/explain. */
 typedef struct kvg_policy_terms {
-    uint32_t index;        /* the candidate's caller identifier */
-    double prefill_cost;   /* prefill_cost_per_block x (blocks - matched) */
-    double queue_cost;     /* queue_cost_per_request x inflight + waiting + kv_usage terms */
-    double total;          /* prefill_cost + queue_cost */
-    bool over_bound;       /* inflight + 1 > the bounded-load limit */
-    uint64_t rendezvous;   /* rendezvous score of (cold_key, id_hash) */
+    uint32_t index;      /* the candidate's caller identifier */
+    double prefill_cost; /* prefill_cost_per_block x (blocks - matched) */
+    double queue_cost;   /* queue_cost_per_request x inflight + waiting + kv_usage terms */
+    double total;        /* prefill_cost + queue_cost */
+    bool over_bound;     /* inflight + 1 > the bounded-load limit */
+    uint64_t rendezvous; /* rendezvous score of (cold_key, id_hash) */
 } kvg_policy_terms;
 
 /** Rank candidates best first, in place, under cfg->kind (every kind, load-only ones included,

@@ -249,7 +249,8 @@ int kvg_body_rewrite(const char *body, size_t len, const char *salt, kvg_arena *
 int kvg_body_scan(const char *body, size_t len, kvg_body_api api, const char *salt,
                   kvg_arena *arena, kvg_buf *out, kvg_body_info *info, kvg_json_error *err);
 
-/* ---- the prefix index (embedded backend) ------------------------------------------------------ */
+/* ---- the prefix index (embedded backend) ------------------------------------------------------
+ */
 
 /* For each worker, which block keys it is believed to hold, with each worker's KV capacity
  * modelled by LRU eviction. Safe for every gateway thread at once. */

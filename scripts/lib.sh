@@ -7,7 +7,7 @@ KVGATE_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 KVGATE_PACKAGES=(
   build-essential meson ninja-build pkg-config clang libclang-rt-14-dev
   libevent-dev libnghttp2-dev libssl-dev libxxhash-dev libhiredis-dev libcmocka-dev
-  libhttp-parser-dev
+  libhttp-parser-dev python3-xxhash
   curl openssl procps nghttp2-client python3 python3-pytest python3-h2 python3-httpx python3-redis
   redis-server
 )

@@ -20,7 +20,10 @@
 static void test_least_loaded(void **state)
 {
     (void)state;
-    kvg_policy_candidate c[] = {{.index = 0, .inflight = 5}, {.index = 1, .inflight = 2}, {.index = 2, .inflight = 9}, {.index = 3, .inflight = 2}};
+    kvg_policy_candidate c[] = {{.index = 0, .inflight = 5},
+                                {.index = 1, .inflight = 2},
+                                {.index = 2, .inflight = 9},
+                                {.index = 3, .inflight = 2}};
     kvg_policy_rank(KVG_POLICY_LEAST_LOADED, c, 4, 0);
     assert_int_equal(c[0].index, 1);
     assert_int_equal(c[1].index, 3);
@@ -34,7 +37,10 @@ static void test_ties_rotate(void **state)
     (void)state;
     unsigned picks[4] = {0};
     for (uint64_t r = 0; r < 400; r++) {
-        kvg_policy_candidate c[] = {{.index = 0, .inflight = 1}, {.index = 1, .inflight = 1}, {.index = 2, .inflight = 1}, {.index = 3, .inflight = 7}};
+        kvg_policy_candidate c[] = {{.index = 0, .inflight = 1},
+                                    {.index = 1, .inflight = 1},
+                                    {.index = 2, .inflight = 1},
+                                    {.index = 3, .inflight = 7}};
         kvg_policy_rank(KVG_POLICY_LEAST_LOADED, c, 4, r);
         picks[c[0].index]++;
     }
@@ -46,7 +52,8 @@ static void test_round_robin(void **state)
 {
     (void)state;
     for (uint64_t r = 0; r < 8; r++) {
-        kvg_policy_candidate c[] = {{.index = 0, .inflight = 9}, {.index = 1, .inflight = 0}, {.index = 2, .inflight = 4}};
+        kvg_policy_candidate c[] = {
+            {.index = 0, .inflight = 9}, {.index = 1, .inflight = 0}, {.index = 2, .inflight = 4}};
         kvg_policy_rank(KVG_POLICY_ROUND_ROBIN, c, 3, r);
         assert_int_equal(c[0].index, r % 3);
         assert_int_equal(c[1].index, (r + 1) % 3);
