@@ -56,8 +56,7 @@ static bool job_valid(const kvg_hash_job *j)
     if ((unsigned)j->unit >= KVG_HASH_UNIT_COUNT || j->block_size == 0 ||
         j->block_size > KVG_HASH_BLOCK_MAX)
         return false;
-    if ((j->salt_len && !j->salt) || (j->model_len && !j->model) ||
-        (j->adapter_len && !j->adapter))
+    if ((j->salt_len && !j->salt) || (j->model_len && !j->model) || (j->adapter_len && !j->adapter))
         return false;
     if (j->salt_len > UINT32_MAX || j->model_len > UINT32_MAX || j->adapter_len > UINT32_MAX)
         return false;

@@ -249,6 +249,29 @@ int kvg_body_rewrite(const char *body, size_t len, const char *salt, kvg_arena *
 int kvg_body_scan(const char *body, size_t len, kvg_body_api api, const char *salt,
                   kvg_arena *arena, kvg_buf *out, kvg_body_info *info, kvg_json_error *err);
 
+/* ---- the engine's usage report ------------------------------------------------------------- */
+
+typedef enum kvg_usage_field {
+    KVG_USAGE_PROMPT_TOKENS = 0, /* usage.prompt_tokens */
+    KVG_USAGE_CACHED_TOKENS,     /* usage.prompt_tokens_details.cached_tokens */
+    KVG_USAGE_FIELD_COUNT,
+} kvg_usage_field;
+
+/* An incremental reader of the two numbers in a response (body or SSE stream) passing through.
+ * Embedded; no allocation. */
+typedef struct kvg_usage_scan {
+    int64_t value[KVG_USAGE_FIELD_COUNT]; /* last value seen; -1 = none */
+    uint64_t acc;
+    uint8_t matched[KVG_USAGE_FIELD_COUNT];
+    uint8_t state, field, ndigits;
+} kvg_usage_scan;
+
+void kvg_usage_scan_init(kvg_usage_scan *s);
+/** Feed the next bytes of the response. Looks for "prompt_tokens" and "cached_tokens" keys with
+ *  integer values anywhere in the bytes, across chunk boundaries; the last occurrence of each
+ *  wins (a stream's final usage chunk). Never fails; garbage leaves the values as they were. */
+void kvg_usage_scan_feed(kvg_usage_scan *s, const char *data, size_t len);
+
 /* ---- the prefix index (embedded backend) ------------------------------------------------------
  */
 

@@ -78,8 +78,7 @@ static void test_vector_salted(void **state)
     for (int i = 0; i < 4; i++)
         memcpy(text + 45 * i, "The quick brown fox jumps over the lazy dog. ", 45);
     uint64_t keys[8];
-    kvg_hash_job j =
-        text_job("kvgate-test-salt", "demo-model", "lora-1", text, 180, 64, keys, 8);
+    kvg_hash_job j = text_job("kvgate-test-salt", "demo-model", "lora-1", text, 180, 64, keys, 8);
     assert_int_equal(kvg_hash_batch(&j, 1), 0);
     assert_int_equal(kvg_hash_root(&j), 0xe95d2b28f5c4f602ull);
     assert_int_equal(j.nkeys, 2);
@@ -112,7 +111,8 @@ static void test_chaining(void **state)
     }
     const char *variants[][3] = {{"t", "m", ""}, {"s", "n", ""}, {"s", "m", "x"}, {"", "sm", ""}};
     for (size_t v = 0; v < sizeof(variants) / sizeof(variants[0]); v++) {
-        kvg_hash_job jb = text_job(variants[v][0], variants[v][1], variants[v][2], a, 256, 64, kb, 4);
+        kvg_hash_job jb =
+            text_job(variants[v][0], variants[v][1], variants[v][2], a, 256, 64, kb, 4);
         assert_int_equal(kvg_hash_batch(&jb, 1), 0);
         for (int i = 0; i < 4; i++)
             assert_int_not_equal(ka[i], kb[i]);
@@ -172,8 +172,8 @@ static void test_limits_and_batches(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_vector_plain),      cmocka_unit_test(test_vector_tokens),
-        cmocka_unit_test(test_vector_salted),     cmocka_unit_test(test_chaining),
+        cmocka_unit_test(test_vector_plain),       cmocka_unit_test(test_vector_tokens),
+        cmocka_unit_test(test_vector_salted),      cmocka_unit_test(test_chaining),
         cmocka_unit_test(test_limits_and_batches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,106 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Unit tests for the usage reader: whole bodies, SSE streams, every split point, and bytes
+ * that look like usage but are not. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "router.h"
+
+static void scan_all(const char *s, int64_t *prompt, int64_t *cached)
+{
+    kvg_usage_scan u;
+    kvg_usage_scan_init(&u);
+    kvg_usage_scan_feed(&u, s, strlen(s));
+    *prompt = u.value[KVG_USAGE_PROMPT_TOKENS];
+    *cached = u.value[KVG_USAGE_CACHED_TOKENS];
+}
+
+/* Every split into two chunks, and byte by byte, gives the same values as one feed. */
+static void check_splits(const char *s, int64_t prompt, int64_t cached)
+{
+    size_t n = strlen(s);
+    for (size_t cut = 0; cut <= n; cut++) {
+        kvg_usage_scan u;
+        kvg_usage_scan_init(&u);
+        kvg_usage_scan_feed(&u, s, cut);
+        kvg_usage_scan_feed(&u, s + cut, n - cut);
+        assert_int_equal(u.value[KVG_USAGE_PROMPT_TOKENS], prompt);
+        assert_int_equal(u.value[KVG_USAGE_CACHED_TOKENS], cached);
+    }
+    kvg_usage_scan u;
+    kvg_usage_scan_init(&u);
+    for (size_t i = 0; i < n; i++)
+        kvg_usage_scan_feed(&u, s + i, 1);
+    assert_int_equal(u.value[KVG_USAGE_PROMPT_TOKENS], prompt);
+    assert_int_equal(u.value[KVG_USAGE_CACHED_TOKENS], cached);
+}
+
+static void test_body(void **state)
+{
+    (void)state;
+    const char *body =
+        "{\"id\":\"cmpl-1\",\"object\":\"chat.completion\",\"choices\":[{\"index\":0,"
+        "\"message\":{\"role\":\"assistant\",\"content\":\" the of\"}}],\"usage\":{"
+        "\"prompt_tokens\":1234,\"total_tokens\":1250,\"completion_tokens\":16,"
+        "\"prompt_tokens_details\":{\"cached_tokens\":1216}}}";
+    int64_t p, c;
+    scan_all(body, &p, &c);
+    assert_int_equal(p, 1234);
+    assert_int_equal(c, 1216);
+    check_splits(body, 1234, 1216);
+    /* Whitespace around the colon, as pretty printers write it. */
+    check_splits("{\"usage\": {\"prompt_tokens\" :\n 7, \"prompt_tokens_details\": "
+                 "{ \"cached_tokens\":\t0 } } }",
+                 7, 0);
+}
+
+static void test_stream(void **state)
+{
+    (void)state;
+    const char *sse =
+        "data: {\"choices\":[{\"delta\":{\"content\":\" the\"}}],\"usage\":null}\n\n"
+        "data: {\"choices\":[{\"delta\":{\"content\":\" of\"}}],\"usage\":null}\n\n"
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"completion_tokens\":2,"
+        "\"prompt_tokens_details\":{\"cached_tokens\":32}}}\n\n"
+        "data: [DONE]\n\n";
+    check_splits(sse, 40, 32);
+    /* Continuous usage stats: every chunk has usage; the last wins. */
+    check_splits("data: {\"usage\":{\"prompt_tokens\":40,\"prompt_tokens_details\":"
+                 "{\"cached_tokens\":16}}}\n\ndata: {\"usage\":{\"prompt_tokens\":40,"
+                 "\"prompt_tokens_details\":{\"cached_tokens\":32}}}\n\n",
+                 40, 32);
+}
+
+static void test_not_usage(void **state)
+{
+    (void)state;
+    /* No report, null (prefix caching off), strings, near-miss keys. */
+    check_splits("{\"choices\":[]}", -1, -1);
+    check_splits("{\"usage\":{\"prompt_tokens\":12,\"prompt_tokens_details\":null}}", 12, -1);
+    check_splits("{\"usage\":{\"prompt_tokens\":12,\"prompt_tokens_details\":"
+                 "{\"cached_tokens\":null}}}",
+                 12, -1);
+    check_splits("{\"content\":\"prompt_tokens cached_tokens: 5\",\"x\":\"\\\"cached_tokens\"}",
+                 -1, -1);
+    check_splits("{\"prompt_tokens_total\":3,\"xprompt_tokens\":4,\"cached_tokens\":\"9\"}", -1,
+                 -1);
+    check_splits("{\"\"prompt_tokens\":5}", 5, -1);
+    check_splits("{\"prompt_tokens\":-5,\"cached_tokens\":1e3,\"x\":1.5}", -1, -1);
+    /* A number too long to be a token count is ignored; the reader carries on after it. */
+    check_splits("{\"prompt_tokens\":1234567890123456789012,\"cached_tokens\":3}", -1, 3);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_body),
+        cmocka_unit_test(test_stream),
+        cmocka_unit_test(test_not_usage),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
