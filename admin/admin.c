@@ -17,6 +17,7 @@
 #define WORKERS_PATH "/admin/v1/workers"
 #define TENANTS_PATH "/admin/v1/tenants"
 #define POLICY_PATH "/admin/v1/policy"
+#define EXPLAIN_PATH "/admin/v1/route/explain"
 #define TENANT_LABEL_CAP_DEFAULT 100
 
 /* ---- responses ------------------------------------------------------------------------------ */
@@ -109,7 +110,7 @@ void kvg_admin_response_done(kvg_admin_response *resp)
 int kvg_admin_new(const kvg_admin_config *cfg, kvg_registry *reg, kvg_admin **out)
 {
     int rc;
-    if (!cfg || !reg || !out)
+    if (!cfg || !reg || !out || cfg->secret_len > sizeof(((kvg_admin *)0)->secret))
         return -EINVAL;
     kvg_admin *admin = calloc(1, sizeof(*admin));
     if (!admin)
@@ -119,6 +120,10 @@ int kvg_admin_new(const kvg_admin_config *cfg, kvg_registry *reg, kvg_admin **ou
     admin->policy = cfg->policy;
     admin->tenant_label_cap =
         cfg->tenant_label_cap ? cfg->tenant_label_cap : TENANT_LABEL_CAP_DEFAULT;
+    admin->router = cfg->router;
+    if (cfg->secret_len)
+        memcpy(admin->secret, cfg->secret, cfg->secret_len);
+    admin->secret_len = cfg->secret_len;
     rc = kvg_admin_digest_tokens(cfg->tokens, cfg->ntokens, &admin->digests);
     if (rc < 0)
         goto fail_admin;
@@ -161,6 +166,7 @@ void kvg_admin_free(kvg_admin *admin)
 {
     if (!admin)
         return;
+    OPENSSL_cleanse(admin->secret, sizeof(admin->secret));
     kvg_admin_free_digests(admin->digests, admin->ndigests);
     pthread_mutex_destroy(&admin->change_lock);
     pthread_mutex_destroy(&admin->lock);
@@ -222,6 +228,7 @@ typedef enum route {
     ROUTE_TENANT_KEYS,
     ROUTE_TENANT_KEY,
     ROUTE_POLICY,
+    ROUTE_EXPLAIN,
     ROUTE_COUNT,
 } route;
 
@@ -238,6 +245,7 @@ static const char *const route_allow[ROUTE_COUNT] = {
     [ROUTE_TENANT_KEYS] = "POST",
     [ROUTE_TENANT_KEY] = "DELETE",
     [ROUTE_POLICY] = "GET, PUT",
+    [ROUTE_EXPLAIN] = "POST",
 };
 
 /* A piece of the path between slashes. */
@@ -291,6 +299,8 @@ static route match(const char *p, size_t len, seg segs[2])
         return ROUTE_TENANTS;
     if (path_is(p, len, POLICY_PATH))
         return ROUTE_POLICY;
+    if (path_is(p, len, EXPLAIN_PATH))
+        return ROUTE_EXPLAIN;
     if (has_prefix(p, len, workers, sizeof(workers) - 1)) {
         if (!split(p + sizeof(workers) - 1, end, s, 2, &n))
             return ROUTE_NONE;
@@ -326,6 +336,7 @@ static bool method_allowed(route r, const char *method)
                strcmp(method, "DELETE") == 0;
     case ROUTE_WORKER_DRAIN:
     case ROUTE_TENANT_KEYS:
+    case ROUTE_EXPLAIN:
         return strcmp(method, "POST") == 0;
     case ROUTE_TENANT_KEY:
         return strcmp(method, "DELETE") == 0;
@@ -413,6 +424,9 @@ static void dispatch(admin_ctx *c, route r, const char *name, const char *key_id
             kvg_admin_policy_get(c);
         else
             kvg_admin_policy_put(c);
+        break;
+    case ROUTE_EXPLAIN:
+        kvg_admin_route_explain(c);
         break;
     default:
         kvg_admin_fail(c, 404, "not found");
@@ -510,7 +524,8 @@ static void handle(admin_ctx *c)
     seg segs[2] = {{"", 0}, {"", 0}};
     route r = plen > PATH_MAX_LEN ? ROUTE_NONE : match(req->path, plen, segs);
     /* Without a tenant store or policy state, those paths do not exist. */
-    if ((is_tenant_route(r) && !admin->tenants) || (r == ROUTE_POLICY && !admin->policy))
+    if ((is_tenant_route(r) && !admin->tenants) || (r == ROUTE_POLICY && !admin->policy) ||
+        (r == ROUTE_EXPLAIN && (!admin->router || !admin->policy)))
         r = ROUTE_NONE;
 
     /* Probes answer anyone: orchestrators call them without credentials. */

@@ -36,6 +36,12 @@ typedef struct kvg_admin_config {
     const char *audit_path;
     /* Tenants with a label of their own in /metrics; the rest count as "other". 0 = 100. */
     size_t tenant_label_cap;
+    /* The router (borrowed; must outlive the admin): its index and decision series join
+     * /metrics, and POST /admin/v1/route/explain asks it. NULL: explain answers 404. */
+    kvg_router *router;
+    /* The server secret (borrowed), for the scope salt of an explained request. */
+    const uint8_t *secret;
+    size_t secret_len;
 } kvg_admin_config;
 
 typedef struct kvg_admin_request {

@@ -29,6 +29,9 @@ struct kvg_admin {
     char *state_path;         /* NULL: changes are not persisted */
     char *audit_path;         /* NULL: audit lines only in the error log */
     size_t tenant_label_cap;
+    kvg_router *router; /* NULL: no route explain */
+    uint8_t secret[64]; /* copy of the server secret, for explained scope salts */
+    size_t secret_len;
     /* Serialises changes, from the change to its state-file write and audit line, so that a
      * slower change never writes an older state over a newer one. Taken before lock. */
     pthread_mutex_t change_lock;
@@ -67,6 +70,8 @@ typedef struct admin_ctx {
 void kvg_admin_error(kvg_admin_response *resp, int status, const char *fmt, ...) KVG_PRINTF(3, 4);
 /** kvg_admin_error for a request: also keeps the message as the audit line's detail. */
 void kvg_admin_fail(admin_ctx *c, int status, const char *fmt, ...) KVG_PRINTF(3, 4);
+/** POST /admin/v1/route/explain (explain.c). */
+void kvg_admin_route_explain(admin_ctx *c);
 /** Set the audit line's detail of a successful change. */
 void kvg_admin_detail(admin_ctx *c, const char *fmt, ...) KVG_PRINTF(2, 3);
 /** Start a JSON response with the given status (body empty). */

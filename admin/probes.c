@@ -63,6 +63,16 @@ void kvg_admin_metrics(admin_ctx *c)
     kvg_registry_write_metrics(admin->reg, &resp->body);
     if (admin->tenants)
         kvg_tenants_write_metrics(admin->tenants, admin->tenant_label_cap, &resp->body);
+    if (admin->router)
+        kvg_router_write_metrics(admin->router, &resp->body);
+    if (admin->policy) {
+        kvg_policy_config pc;
+        kvg_policy_state_get(admin->policy, &pc);
+        kvg_buf_printf(&resp->body,
+                       "# HELP kvgate_policy_info The routing policy in force (value 1).\n"
+                       "# TYPE kvgate_policy_info gauge\nkvgate_policy_info{policy=\"%s\"} 1\n",
+                       kvg_policy_kind_str(pc.kind));
+    }
     for (size_t i = 0; i < n; i++)
         writers[i].fn(&resp->body, writers[i].ud);
 }

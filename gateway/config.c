@@ -396,6 +396,10 @@ static int apply_json(cfg_ctx *c, kvg_config *cfg, const kvg_json *root)
                 rc = bad(c, k, "must be at least 32 characters");
             if (rc == 0)
                 rc = set_str(&cfg->secret, s);
+        } else if (strcmp(k, "index_max_entries") == 0) {
+            rc = get_u32(c, v, k, 0, 1u << 30, &cfg->index_max_entries);
+        } else if (strcmp(k, "index_default_capacity") == 0) {
+            rc = get_u32(c, v, k, 0, 1u << 30, &cfg->index_default_capacity);
         } else if (strcmp(k, "tenant_metrics_max") == 0) {
             rc = get_u32(c, v, k, 0, 100000, &cfg->tenant_metrics_max);
         } else if (strcmp(k, "threads") == 0) {

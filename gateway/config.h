@@ -67,7 +67,9 @@ typedef struct kvg_config {
     char *secret;     /* server secret (or KVGATE_SECRET; else generated in the state dir) */
     char *state_file; /* NULL: <state_dir>/state.json */
     char *audit_log;  /* NULL: <state_dir>/audit.log; "off" for none */
-    uint32_t tenant_metrics_max; /* tenants with a metrics label of their own */
+    uint32_t tenant_metrics_max;     /* tenants with a metrics label of their own */
+    uint32_t index_max_entries;      /* prefix index entries at most; 0 = the index default */
+    uint32_t index_default_capacity; /* index blocks for a worker without kv_blocks; 0 = default */
     kvg_listener_config listeners[KVG_MAX_LISTENERS];
     size_t nlisteners;
     kvg_listener_config admin_listeners[KVG_MAX_LISTENERS];

@@ -355,6 +355,13 @@ int main(int argc, char **argv)
         rc = kvg_policy_state_new(&gw->policy);
     if (rc == 0)
         rc = server_secret(gw);
+    if (rc == 0) {
+        kvg_index_config icfg = {
+            .max_entries = gw->cfg.index_max_entries,
+            .default_capacity = gw->cfg.index_default_capacity,
+        };
+        rc = kvg_router_new(&icfg, &gw->router);
+    }
     if (rc < 0) {
         kvg_log_error("cannot set up tenancy: %s", kvg_strerror(rc));
         free(token);
@@ -375,6 +382,9 @@ int main(int argc, char **argv)
         .state_path = gw->cfg.state_file ? gw->cfg.state_file : state_path,
         .audit_path = strcmp(audit, "off") == 0 ? NULL : audit,
         .tenant_label_cap = gw->cfg.tenant_metrics_max,
+        .router = gw->router,
+        .secret = gw->secret,
+        .secret_len = gw->secret_len,
     };
     rc = kvg_admin_new(&acfg, gw->registry, &gw->admin);
     free(token);
@@ -492,6 +502,7 @@ out_threads:
 out_admin:
     kvg_admin_free(gw->admin);
 out_registry:
+    kvg_router_free(gw->router);
     kvg_policy_state_free(gw->policy);
     kvg_tenants_free(gw->tenants);
     kvg_registry_free(gw->registry);

@@ -28,6 +28,11 @@ typedef struct proxy_req {
     kvg_tenant *tenant; /* referenced; NULL in open mode */
     bool admitted;      /* holds one of the tenant's in-flight slots */
     kvg_body_info info;
+    kvg_body_api api;         /* completions, chat or other: where the prompt is */
+    kvg_route_decision route; /* valid once routed */
+    bool routed;
+    uint32_t attempt_matched;  /* blocks the current worker was predicted to hold */
+    kvg_usage_scan usage;      /* the engine's usage report, read from a 200 response */
     struct evbuffer *salted;   /* the body with the scope's cache_salt (and no client salt) */
     struct evbuffer *unsalted; /* the body without any cache_salt, for workers that take none */
     char salt[KVG_SALT_LEN + 1];
@@ -79,6 +84,19 @@ static void release_worker(proxy_req *r)
     }
 }
 
+/* Compare the prediction with what the engine reported, for a completed 200 answer. */
+static void record_usage(proxy_req *r)
+{
+    if (!r->routed || r->api == KVG_BODY_API_OTHER)
+        return;
+    int64_t prompt = r->usage.value[KVG_USAGE_PROMPT_TOKENS];
+    int64_t cached = r->usage.value[KVG_USAGE_CACHED_TOKENS];
+    uint64_t predicted = kvg_route_predicted_tokens(&r->route, r->attempt_matched, prompt);
+    kvg_worker_record_usage(r->worker, predicted, prompt, cached);
+    if (r->tenant)
+        kvg_tenant_record_usage(r->tenant, predicted, prompt, cached);
+}
+
 static void finish(proxy_req *r, int status)
 {
     kvg_exchange *x = r->x;
@@ -86,6 +104,8 @@ static void finish(proxy_req *r, int status)
     if (r->worker) {
         uint64_t now = kvg_now_ns();
         kvg_worker_record(r->worker, status, now - x->start_ns, r->ttfb_ns);
+        if (status == 200 && r->status == 200)
+            record_usage(r);
     }
     for (size_t i = 0; i < r->ncands; i++)
         kvg_worker_unref(r->cands[i]);
@@ -165,12 +185,18 @@ static void up_head(void *ud, int status, const kvg_header *hdrs, size_t n, int6
     kvg_exchange_add_header(x, "x-request-id", 12, x->request_id, strlen(x->request_id));
     r->status = status;
     r->ttfb_ns = kvg_now_ns() - x->start_ns;
+    /* The engine took the request: it holds the prompt's blocks from now on (it computes them
+     * before its first token). */
+    if (status == 200 && r->routed)
+        kvg_router_record(x->thread->gw->router, r->worker, &r->route);
     kvg_exchange_respond(x, status, content_length);
 }
 
 static void up_data(void *ud, const char *data, size_t len)
 {
     proxy_req *r = ud;
+    if (r->status == 200 && r->api != KVG_BODY_API_OTHER)
+        kvg_usage_scan_feed(&r->usage, data, len);
     kvg_exchange_write(r->x, data, len);
     /* Backpressure: a slow client stops us reading the worker, which stops the worker. */
     if (r->up && kvg_exchange_output_full(r->x))
@@ -312,6 +338,7 @@ static void try_next(proxy_req *r)
         }
         r->worker = w;
         r->inflight_held = true;
+        r->attempt_matched = r->routed ? r->route.cands[r->next - 1].matched : 0;
         x->worker_name = kvg_arena_strdup(&x->arena, kvg_worker_name(w));
         struct evbuffer *body = body_for(r, w);
         if (!body) {
@@ -353,7 +380,8 @@ static void free_buf_data(const void *data, size_t len, void *arg)
 
 /* Rewrite the client's body for salt (NULL: no salt) into a new evbuffer that owns the bytes.
  * Returns NULL with the error in *rc and err. */
-static struct evbuffer *rewrite(proxy_req *r, const char *salt, int *rc, kvg_json_error *err)
+static struct evbuffer *rewrite(proxy_req *r, kvg_body_api api, const char *salt, int *rc,
+                                kvg_json_error *err)
 {
     kvg_exchange *x = r->x;
     size_t len = evbuffer_get_length(x->body);
@@ -361,7 +389,7 @@ static struct evbuffer *rewrite(proxy_req *r, const char *salt, int *rc, kvg_jso
     kvg_buf out;
     kvg_buf_init(&out);
     kvg_buf_reserve(&out, len + KVG_SALT_LEN + 32);
-    *rc = kvg_body_rewrite(data ? data : "", len, salt, &x->arena, &out, &r->info, err);
+    *rc = kvg_body_scan(data ? data : "", len, api, salt, &x->arena, &out, &r->info, err);
     if (*rc < 0 || out.failed) {
         if (*rc == 0)
             *rc = -ENOMEM;
@@ -391,7 +419,7 @@ static struct evbuffer *body_for(proxy_req *r, kvg_worker *w)
         int rc;
         kvg_json_error err;
         kvg_body_info keep = r->info;
-        r->unsalted = rewrite(r, NULL, &rc, &err);
+        r->unsalted = rewrite(r, KVG_BODY_API_OTHER, NULL, &rc, &err);
         r->info = keep;
     }
     return r->unsalted;
@@ -409,7 +437,9 @@ static void on_body(kvg_exchange *x)
     }
     int rc;
     kvg_json_error err = {0};
-    r->salted = rewrite(r, r->salt, &rc, &err);
+    uint64_t parse_start = kvg_now_ns();
+    r->salted = rewrite(r, r->api, r->salt, &rc, &err);
+    uint64_t parse_ns = kvg_now_ns() - parse_start;
     if (!r->salted) {
         if (rc == -ENOMEM)
             kvg_exchange_send_error(x, 500, "internal_error", "out of memory");
@@ -446,21 +476,20 @@ static void on_body(kvg_exchange *x)
         r->admitted = true;
     }
     kvg_worker_set *set = kvg_thread_workers(x->thread);
-    size_t n = kvg_worker_set_count(set);
-    kvg_policy_candidate cands[PROXY_MAX_CANDIDATES];
-    size_t ncand = 0, serving = 0;
-    for (size_t i = 0; i < n && ncand < PROXY_MAX_CANDIDATES; i++) {
-        kvg_worker *w = kvg_worker_set_at(set, i);
-        if (!kvg_worker_serves(w, model))
-            continue;
-        serving++;
-        if (kvg_worker_health_get(w) != KVG_WORKER_UP || kvg_worker_draining(w))
-            continue;
-        cands[ncand++] =
-            (kvg_policy_candidate){.index = (uint32_t)i, .inflight = kvg_worker_inflight(w)};
+    kvg_route_request rq = {
+        .body = &r->info,
+        .salt = r->salt,
+        .policy = kvg_thread_policy(x->thread),
+        .rotation = atomic_fetch_add_explicit(&gw->rotation, 1, memory_order_relaxed),
+        .clock_ns = kvg_now_ns,
+    };
+    if (kvg_router_decide(gw->router, set, &rq, &x->arena, &r->route) < 0) {
+        fail(r, 500, "internal_error", "out of memory");
+        return;
     }
-    if (serving == 0) {
-        if (model && n > 0) {
+    r->route.stage_ns[KVG_ROUTE_STAGE_PARSE] = parse_ns;
+    if (r->route.serving == 0) {
+        if (model && kvg_worker_set_count(set) > 0) {
             kvg_exchange_send_error(x, 404, "not_found_error", "The model `%s` does not exist.",
                                     model);
             finish(r, 404);
@@ -469,10 +498,12 @@ static void on_body(kvg_exchange *x)
         }
         return;
     }
-    uint64_t rotation = atomic_fetch_add_explicit(&gw->rotation, 1, memory_order_relaxed);
-    kvg_policy_rank(kvg_thread_policy(x->thread)->kind, cands, ncand, rotation);
-    for (size_t i = 0; i < ncand; i++)
-        r->cands[r->ncands++] = kvg_worker_ref(kvg_worker_set_at(set, cands[i].index));
+    kvg_router_count(gw->router, &r->route);
+    r->routed = true;
+    /* References for the attempts we may make: the best few are all a retry budget needs. */
+    size_t take = KVG_MIN(r->route.ncands, (size_t)PROXY_MAX_CANDIDATES);
+    for (size_t i = 0; i < take; i++)
+        r->cands[r->ncands++] = kvg_worker_ref(r->route.cands[i].worker);
     try_next(r);
 }
 
@@ -575,6 +606,10 @@ static void on_head(kvg_exchange *x)
         return;
     }
     r->x = x;
+    r->api = route == ROUTE_COMPLETIONS ? KVG_BODY_API_COMPLETIONS
+             : route == ROUTE_CHAT      ? KVG_BODY_API_CHAT
+                                        : KVG_BODY_API_OTHER;
+    kvg_usage_scan_init(&r->usage);
     /* Authenticate before reading a byte of the body: an unknown caller costs nothing more. */
     if (!x->thread->gw->auth_open) {
         r->tenant = authenticate(x);

@@ -70,6 +70,26 @@ static uint64_t retries_value(const kvg_worker *w)
     return atomic_load_explicit(&((kvg_worker *)w)->retries, memory_order_relaxed);
 }
 
+static uint64_t usage_predicted_value(const kvg_worker *w)
+{
+    return atomic_load_explicit(&((kvg_worker *)w)->usage_predicted, memory_order_relaxed);
+}
+
+static uint64_t usage_cached_value(const kvg_worker *w)
+{
+    return atomic_load_explicit(&((kvg_worker *)w)->usage_cached, memory_order_relaxed);
+}
+
+static uint64_t usage_prompt_value(const kvg_worker *w)
+{
+    return atomic_load_explicit(&((kvg_worker *)w)->usage_prompt, memory_order_relaxed);
+}
+
+static uint64_t usage_unreported_value(const kvg_worker *w)
+{
+    return atomic_load_explicit(&((kvg_worker *)w)->usage_unreported, memory_order_relaxed);
+}
+
 static void put_histogram(kvg_buf *out, const kvg_worker_set *set, const char *name,
                           const char *help, size_t offset)
 {
@@ -141,6 +161,31 @@ void kvg_registry_write_metrics(kvg_registry *reg, kvg_buf *out)
                "Requests retried on another worker after a connect failure or a reset before "
                "any response byte from this one.",
                retries_value);
+
+    put_simple(out, set, "kvgate_prefix_predicted_tokens_total", "counter",
+               "Prompt tokens the prefix index predicted the worker had cached, over the "
+               "requests whose response reported usage.",
+               usage_predicted_value);
+    put_simple(out, set, "kvgate_prefix_cached_tokens_total", "counter",
+               "Prompt tokens the worker reported cached "
+               "(usage.prompt_tokens_details.cached_tokens).",
+               usage_cached_value);
+    put_simple(out, set, "kvgate_prefix_prompt_tokens_total", "counter",
+               "Prompt tokens the worker reported (usage.prompt_tokens).", usage_prompt_value);
+    put_simple(out, set, "kvgate_prefix_unreported_total", "counter",
+               "Answered requests whose response carried no usage with cached tokens.",
+               usage_unreported_value);
+    put_header(out, "kvgate_prefix_predictions_total", "counter",
+               "Requests by how the predicted prefix hit compared with the worker's report.");
+    for (size_t i = 0; i < set->count; i++) {
+        kvg_worker *w = set->workers[i];
+        for (int o = 0; o < KVG_USAGE_OUTCOME_COUNT; o++) {
+            put_series(out, "kvgate_prefix_predictions_total", w);
+            kvg_buf_printf(out, ",outcome=\"%s\"} %llu\n", kvg_usage_outcome_str(o),
+                           (unsigned long long)atomic_load_explicit(&w->usage_outcomes[o],
+                                                                    memory_order_relaxed));
+        }
+    }
 
     kvg_worker_set_unref(set);
 }

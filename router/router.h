@@ -10,6 +10,8 @@
 #include <stdint.h>
 
 #include "common.h"
+#include "gpu_hash.h"
+#include "policy.h"
 
 typedef struct kvg_registry kvg_registry;
 typedef struct kvg_worker kvg_worker;
@@ -175,6 +177,27 @@ void kvg_worker_inflight_release(kvg_worker *w);
 /** Count one finished request: HTTP status sent to the client (0 when the client went away
  *  before a status), total duration and time to first response byte (0 if none). */
 void kvg_worker_record(kvg_worker *w, int status, uint64_t duration_ns, uint64_t ttfb_ns);
+/* How one request's prediction compared with the engine's report. */
+typedef enum kvg_usage_outcome {
+    KVG_USAGE_HIT_PREDICTED = 0,  /* predicted cached tokens, and the engine had some */
+    KVG_USAGE_HIT_UNPREDICTED,    /* predicted none, the engine had some */
+    KVG_USAGE_MISS_PREDICTED_HIT, /* predicted some, the engine had none */
+    KVG_USAGE_MISS_PREDICTED,     /* predicted none, and none */
+    KVG_USAGE_OUTCOME_COUNT,
+} kvg_usage_outcome;
+
+const char *kvg_usage_outcome_str(kvg_usage_outcome o);
+kvg_usage_outcome kvg_usage_outcome_of(uint64_t predicted_tokens, uint64_t cached_tokens);
+
+/** Count one answered request's prefix prediction against the engine's usage report: tokens the
+ *  router predicted cached, and the prompt and cached tokens the engine reported (-1 when the
+ *  response carried no such number: counted as unreported, nothing else). */
+void kvg_worker_record_usage(kvg_worker *w, uint64_t predicted_tokens, int64_t prompt_tokens,
+                             int64_t cached_tokens);
+/** XXH3-64 of the worker's name: its identity for rendezvous hashing (the same on every
+ *  gateway replica). */
+uint64_t kvg_worker_name_hash(const kvg_worker *w);
+
 /** Count one retry away from this worker (connect failure or reset before a response). */
 void kvg_worker_record_retry(kvg_worker *w);
 
@@ -323,5 +346,79 @@ uint64_t kvg_index_worker_entries(kvg_prefix_index *idx, uint64_t worker_id);
 /** Append kvgate_index_entries, kvgate_index_capacity_entries, kvgate_index_evictions_total,
  *  kvgate_index_inserts_total and kvgate_index_worker_entries{worker} with HELP and TYPE. */
 void kvg_index_write_metrics(kvg_prefix_index *idx, kvg_buf *out);
+
+/* ---- routing decisions ------------------------------------------------------------------------
+ */
+
+/* The router: the prefix index and the decision metrics, shared by every gateway thread. */
+typedef struct kvg_router kvg_router;
+
+/** Create a router with an empty index (cfg NULL: index defaults). 0, -ENOMEM, -EINVAL. */
+int kvg_router_new(const kvg_index_config *cfg, kvg_router **out);
+/** NULL is a no-op. */
+void kvg_router_free(kvg_router *rt);
+kvg_prefix_index *kvg_router_index(kvg_router *rt);
+
+/* Stages of a decision, timed for kvgate_route_decision_seconds{stage}. */
+typedef enum kvg_route_stage {
+    KVG_ROUTE_STAGE_PARSE = 0, /* the body scan (timed by the caller) */
+    KVG_ROUTE_STAGE_HASH,
+    KVG_ROUTE_STAGE_LOOKUP,
+    KVG_ROUTE_STAGE_CHOOSE,
+    KVG_ROUTE_STAGE_TOTAL,
+    KVG_ROUTE_STAGE_COUNT,
+} kvg_route_stage;
+
+const char *kvg_route_stage_str(kvg_route_stage s);
+
+typedef struct kvg_route_request {
+    const kvg_body_info *body;       /* model and prefix stream, from kvg_body_scan */
+    const char *salt;                /* the scope salt; NULL = none */
+    const kvg_policy_config *policy; /* settings (kind, block sizes, weights) */
+    uint64_t rotation;               /* advanced once per decision by the caller */
+    uint64_t (*clock_ns)(void);      /* for stage timings; NULL = none (simulation, tests) */
+} kvg_route_request;
+
+/* One eligible worker, in ranked order. */
+typedef struct kvg_route_candidate {
+    kvg_worker *worker; /* borrowed from the snapshot given to kvg_router_decide */
+    uint32_t matched;   /* leading blocks it holds */
+    uint32_t inflight;  /* as the policy saw it */
+    kvg_policy_terms terms;
+} kvg_route_candidate;
+
+typedef struct kvg_route_decision {
+    kvg_route_candidate *cands; /* eligible workers (serve the model, up, not draining), best
+                                   first; from the arena */
+    size_t ncands;
+    size_t serving; /* workers serving the model, eligible or not */
+    uint64_t *keys; /* the request's block keys (arena), nkeys of them */
+    uint32_t nkeys;
+    kvg_hash_unit unit;
+    uint32_t block_size; /* bytes or tokens per block */
+    size_t stream_units; /* length of the prefix stream, in bytes or tokens */
+    kvg_policy_kind policy;
+    kvg_policy_reason reason;
+    uint64_t stage_ns[KVG_ROUTE_STAGE_COUNT]; /* 0 without a clock; PARSE is the caller's */
+} kvg_route_decision;
+
+/** Decide where a request goes: hash its prefix stream into block keys, look them up in the
+ *  index for every eligible worker of set, and rank them under the policy. Pure apart from
+ *  the index read (and, when set is newer than the index's worker list, bringing that list up
+ *  to date). Nothing is counted: kvg_router_count does that for decisions really taken.
+ *  0 or -ENOMEM (arena); *out written on success. */
+int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_request *req,
+                      kvg_arena *arena, kvg_route_decision *out);
+/** Count a decision in the metrics (stage histograms, blocks, decisions by policy and reason). */
+void kvg_router_count(kvg_router *rt, const kvg_route_decision *d);
+/** The worker answered 200: it now holds the decision's blocks. 0, KVG_ENOTFOUND (the worker
+ *  left the index meanwhile), -ENOMEM. */
+int kvg_router_record(kvg_router *rt, const kvg_worker *w, const kvg_route_decision *d);
+/** Prompt tokens predicted cached on a worker that matched `matched` blocks, in the engine's
+ *  units: prompt_tokens x (matched x block_size / stream_units), at most prompt_tokens. */
+uint64_t kvg_route_predicted_tokens(const kvg_route_decision *d, uint32_t matched,
+                                    int64_t prompt_tokens);
+/** Append the index's and the decisions' Prometheus series. */
+void kvg_router_write_metrics(kvg_router *rt, kvg_buf *out);
 
 #endif

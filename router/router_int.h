@@ -37,6 +37,7 @@ typedef struct worker_spec {
     uint32_t kv_blocks;
     uint32_t max_inflight;         /* effective: the registry default is already applied */
     uint32_t max_inflight_defined; /* as defined: 0 = the registry default (for the state file) */
+    uint64_t name_hash;            /* XXH3-64 of the name: the worker's rendezvous identity */
     uint16_t port;
     bool no_cache_salt;
 } worker_spec;
@@ -68,6 +69,12 @@ struct kvg_worker {
     _Atomic uint64_t codes[WORKER_CODES];
     worker_hist duration;
     worker_hist ttfb;
+    /* Prefix predictions against the engine's usage reports (kvg_worker_record_usage). */
+    _Atomic uint64_t usage_predicted; /* tokens the index predicted cached */
+    _Atomic uint64_t usage_cached;    /* tokens the engine reported cached */
+    _Atomic uint64_t usage_prompt;    /* prompt tokens the engine reported */
+    _Atomic uint64_t usage_unreported;
+    _Atomic uint64_t usage_outcomes[KVG_USAGE_OUTCOME_COUNT];
     void *slots[]; /* nthreads per-thread slots for the gateway */
 };
 

@@ -22,10 +22,10 @@ static const char *const keys[KVG_USAGE_FIELD_COUNT] = {
 };
 
 enum {
-    ST_KEY = 0,  /* matching keys; matched[] says how far each got */
-    ST_COLON,    /* after a whole key: whitespace, then ':' */
-    ST_VALUE,    /* after the colon: whitespace, then the first digit */
-    ST_DIGITS,   /* in the number */
+    ST_KEY = 0, /* matching keys; matched[] says how far each got */
+    ST_COLON,   /* after a whole key: whitespace, then ':' */
+    ST_VALUE,   /* after the colon: whitespace, then the first digit */
+    ST_DIGITS,  /* in the number */
 };
 
 void kvg_usage_scan_init(kvg_usage_scan *s)

@@ -3,6 +3,9 @@
  * and the per-worker request counters, all safe to touch from any thread. */
 #include "router_int.h"
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stdarg.h>
@@ -323,6 +326,7 @@ int kvg_router_spec_new(const kvg_worker_def *def, uint32_t default_max_inflight
     s->kv_blocks = def->kv_blocks;
     s->max_inflight = def->max_inflight ? def->max_inflight : default_max_inflight;
     s->max_inflight_defined = def->max_inflight;
+    s->name_hash = XXH3_64bits(s->name, name_len - 1);
     s->port = pu.port;
     s->no_cache_salt = def->no_cache_salt;
     *out = s;
@@ -571,6 +575,44 @@ void kvg_worker_record(kvg_worker *w, int status, uint64_t duration_ns, uint64_t
     hist_observe(&w->duration, duration_ns);
     if (ttfb_ns)
         hist_observe(&w->ttfb, ttfb_ns);
+}
+
+static const char *const outcome_names[KVG_USAGE_OUTCOME_COUNT] = {
+    [KVG_USAGE_HIT_PREDICTED] = "hit_predicted",
+    [KVG_USAGE_HIT_UNPREDICTED] = "hit_unpredicted",
+    [KVG_USAGE_MISS_PREDICTED_HIT] = "miss_predicted_hit",
+    [KVG_USAGE_MISS_PREDICTED] = "miss_predicted",
+};
+
+const char *kvg_usage_outcome_str(kvg_usage_outcome o)
+{
+    return (unsigned)o < KVG_USAGE_OUTCOME_COUNT ? outcome_names[o] : "?";
+}
+
+kvg_usage_outcome kvg_usage_outcome_of(uint64_t predicted_tokens, uint64_t cached_tokens)
+{
+    if (cached_tokens)
+        return predicted_tokens ? KVG_USAGE_HIT_PREDICTED : KVG_USAGE_HIT_UNPREDICTED;
+    return predicted_tokens ? KVG_USAGE_MISS_PREDICTED_HIT : KVG_USAGE_MISS_PREDICTED;
+}
+
+void kvg_worker_record_usage(kvg_worker *w, uint64_t predicted_tokens, int64_t prompt_tokens,
+                             int64_t cached_tokens)
+{
+    if (prompt_tokens < 0 || cached_tokens < 0) {
+        atomic_fetch_add_explicit(&w->usage_unreported, 1, memory_order_relaxed);
+        return;
+    }
+    atomic_fetch_add_explicit(&w->usage_predicted, predicted_tokens, memory_order_relaxed);
+    atomic_fetch_add_explicit(&w->usage_cached, (uint64_t)cached_tokens, memory_order_relaxed);
+    atomic_fetch_add_explicit(&w->usage_prompt, (uint64_t)prompt_tokens, memory_order_relaxed);
+    kvg_usage_outcome o = kvg_usage_outcome_of(predicted_tokens, (uint64_t)cached_tokens);
+    atomic_fetch_add_explicit(&w->usage_outcomes[o], 1, memory_order_relaxed);
+}
+
+uint64_t kvg_worker_name_hash(const kvg_worker *w)
+{
+    return w->spec->name_hash;
 }
 
 void kvg_worker_record_retry(kvg_worker *w)

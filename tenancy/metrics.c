@@ -14,6 +14,9 @@
  *       reason "rate", "bytes" or "inflight" (all three always present)
  *   kvgate_tenant_prompt_bytes_total{tenant}       counter  prompt bytes of finished requests
  *   kvgate_tenant_inflight{tenant}                 gauge    admitted requests not yet released
+ *   kvgate_tenant_prompt_tokens_total{tenant}      counter  prompt tokens the engines reported
+ *   kvgate_tenant_cached_tokens_total{tenant}      counter  of which cached, as reported
+ *   kvgate_tenant_predicted_tokens_total{tenant}   counter  of which the router predicted cached
  *   kvgate_auth_failures_total{reason}             counter  "missing", "malformed", "unknown"
  * Label cardinality: tenants with an ordinal below label_cap get a label of their own; the rest
  * are summed under tenant="other", which follows the labelled tenants. A tenant whose id is
@@ -32,6 +35,7 @@ typedef struct tenant_counts {
     uint64_t refusals[KVG_ADMIT_RESULT_COUNT];
     uint64_t prompt_bytes;
     uint64_t inflight;
+    uint64_t usage[3]; /* prompt, cached, predicted tokens */
 } tenant_counts;
 
 /* Label values escape backslash, double quote and line feed; nothing else. */
@@ -73,6 +77,9 @@ static void read_counts(const tenant_runtime *rt, tenant_counts *c)
         c->refusals[i] = atomic_load_explicit(&r->refusals[i], memory_order_relaxed);
     c->prompt_bytes = atomic_load_explicit(&r->prompt_bytes, memory_order_relaxed);
     c->inflight = atomic_load_explicit(&r->inflight, memory_order_relaxed);
+    c->usage[0] = atomic_load_explicit(&r->usage_prompt, memory_order_relaxed);
+    c->usage[1] = atomic_load_explicit(&r->usage_cached, memory_order_relaxed);
+    c->usage[2] = atomic_load_explicit(&r->usage_predicted, memory_order_relaxed);
 }
 
 static void add_counts(tenant_counts *sum, const tenant_counts *c)
@@ -83,6 +90,8 @@ static void add_counts(tenant_counts *sum, const tenant_counts *c)
         sum->refusals[i] += c->refusals[i];
     sum->prompt_bytes += c->prompt_bytes;
     sum->inflight += c->inflight;
+    for (size_t i = 0; i < 3; i++)
+        sum->usage[i] += c->usage[i];
 }
 
 typedef enum family {
@@ -90,6 +99,9 @@ typedef enum family {
     FAM_REFUSALS,
     FAM_PROMPT_BYTES,
     FAM_INFLIGHT,
+    FAM_PROMPT_TOKENS,
+    FAM_CACHED_TOKENS,
+    FAM_PREDICTED_TOKENS,
     FAM_COUNT,
 } family;
 
@@ -120,6 +132,17 @@ static void put_counts(kvg_buf *out, family f, const char *tenant, const tenant_
         put_series(out, "kvgate_tenant_inflight", tenant);
         kvg_buf_printf(out, "} %llu\n", (unsigned long long)c->inflight);
         break;
+    case FAM_PROMPT_TOKENS:
+    case FAM_CACHED_TOKENS:
+    case FAM_PREDICTED_TOKENS: {
+        static const char *const names[] = {"kvgate_tenant_prompt_tokens_total",
+                                            "kvgate_tenant_cached_tokens_total",
+                                            "kvgate_tenant_predicted_tokens_total"};
+        size_t k = (size_t)(f - FAM_PROMPT_TOKENS);
+        put_series(out, names[k], tenant);
+        kvg_buf_printf(out, "} %llu\n", (unsigned long long)c->usage[k]);
+        break;
+    }
     case FAM_COUNT:
         break;
     }
@@ -145,6 +168,15 @@ void kvg_tenants_write_metrics(kvg_tenants *ts, size_t label_cap, kvg_buf *out)
                               "Prompt bytes of the tenant's finished requests."},
         [FAM_INFLIGHT] = {"kvgate_tenant_inflight", "gauge",
                           "Requests of the tenant admitted and not yet finished."},
+        [FAM_PROMPT_TOKENS] = {"kvgate_tenant_prompt_tokens_total", "counter",
+                               "Prompt tokens of the tenant's answered requests, as the "
+                               "engines reported them (usage.prompt_tokens)."},
+        [FAM_CACHED_TOKENS] = {"kvgate_tenant_cached_tokens_total", "counter",
+                               "Of those, tokens the engines reported served from their prefix "
+                               "cache (usage.prompt_tokens_details.cached_tokens)."},
+        [FAM_PREDICTED_TOKENS] = {"kvgate_tenant_predicted_tokens_total", "counter",
+                                  "Of those, tokens the router predicted cached on the worker "
+                                  "it chose."},
     };
     kvg_tenant_set *set = kvg_tenants_acquire(ts);
 

@@ -162,6 +162,11 @@ uint32_t kvg_tenant_inflight(const kvg_tenant *t);
 /* Per-tenant counters (metrics). */
 /** Count one finished request of the tenant with the status sent (499: the client left). */
 void kvg_tenant_record(kvg_tenant *t, int status, uint64_t prompt_bytes);
+/** Count the engine's usage report of one answered request of the tenant: prompt and cached
+ *  tokens (-1 when not reported: nothing is counted) and the tokens the router predicted
+ *  cached. */
+void kvg_tenant_record_usage(kvg_tenant *t, uint64_t predicted_tokens, int64_t prompt_tokens,
+                             int64_t cached_tokens);
 /** Count a refusal by the admission check. */
 void kvg_tenant_record_refusal(kvg_tenant *t, kvg_admit_result why);
 /** Count an authentication failure (no tenant is known): reason "missing", "malformed" or

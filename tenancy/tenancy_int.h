@@ -89,6 +89,10 @@ typedef struct tenant_runtime {
     _Atomic uint64_t codes[TENANT_CODE_SLOTS];
     _Atomic uint64_t refusals[KVG_ADMIT_RESULT_COUNT];
     _Atomic uint64_t prompt_bytes;
+    /* The engines' usage reports for the tenant's answered requests. */
+    _Atomic uint64_t usage_prompt;
+    _Atomic uint64_t usage_cached;
+    _Atomic uint64_t usage_predicted;
 } tenant_runtime;
 
 struct kvg_tenant {

@@ -295,6 +295,9 @@ int kvg_tenancy_runtime_new(uint64_t ordinal, tenant_runtime **out)
     for (size_t i = 0; i < KVG_ADMIT_RESULT_COUNT; i++)
         atomic_init(&rt->refusals[i], 0u);
     atomic_init(&rt->prompt_bytes, 0u);
+    atomic_init(&rt->usage_prompt, 0u);
+    atomic_init(&rt->usage_cached, 0u);
+    atomic_init(&rt->usage_predicted, 0u);
     *out = rt;
     return 0;
 }
@@ -499,6 +502,16 @@ void kvg_tenant_record(kvg_tenant *t, int status, uint64_t prompt_bytes)
                               memory_order_relaxed);
     if (prompt_bytes)
         atomic_fetch_add_explicit(&t->rt->prompt_bytes, prompt_bytes, memory_order_relaxed);
+}
+
+void kvg_tenant_record_usage(kvg_tenant *t, uint64_t predicted_tokens, int64_t prompt_tokens,
+                             int64_t cached_tokens)
+{
+    if (prompt_tokens < 0 || cached_tokens < 0)
+        return;
+    atomic_fetch_add_explicit(&t->rt->usage_prompt, (uint64_t)prompt_tokens, memory_order_relaxed);
+    atomic_fetch_add_explicit(&t->rt->usage_cached, (uint64_t)cached_tokens, memory_order_relaxed);
+    atomic_fetch_add_explicit(&t->rt->usage_predicted, predicted_tokens, memory_order_relaxed);
 }
 
 void kvg_tenant_record_refusal(kvg_tenant *t, kvg_admit_result why)

@@ -85,8 +85,8 @@ static void test_not_usage(void **state)
     check_splits("{\"usage\":{\"prompt_tokens\":12,\"prompt_tokens_details\":"
                  "{\"cached_tokens\":null}}}",
                  12, -1);
-    check_splits("{\"content\":\"prompt_tokens cached_tokens: 5\",\"x\":\"\\\"cached_tokens\"}",
-                 -1, -1);
+    check_splits("{\"content\":\"prompt_tokens cached_tokens: 5\",\"x\":\"\\\"cached_tokens\"}", -1,
+                 -1);
     check_splits("{\"prompt_tokens_total\":3,\"xprompt_tokens\":4,\"cached_tokens\":\"9\"}", -1,
                  -1);
     check_splits("{\"\"prompt_tokens\":5}", 5, -1);

@@ -1,0 +1,318 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Routing decisions: block keys from the prefix stream, a lookup in the prefix index for every
+ * eligible worker, the policy's ranking; and the metrics of the decisions taken. */
+#include "router_int.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Decision latency buckets (upper bounds, ns): a decision takes microseconds; the top buckets
+ * catch a pathological body or a stalled lock. */
+#define ROUTE_BUCKETS 15
+static const uint64_t route_bounds_ns[ROUTE_BUCKETS] = {
+    1000,    2500,    5000,     10000,    25000,    50000,     100000,   250000,
+    500000,  1000000, 2500000,  5000000,  10000000, 25000000,  100000000,
+};
+static const char *const route_le[ROUTE_BUCKETS] = {
+    "1e-06",  "2.5e-06", "5e-06", "1e-05", "2.5e-05", "5e-05", "0.0001", "0.00025",
+    "0.0005", "0.001",   "0.0025", "0.005", "0.01",   "0.025", "0.1",
+};
+
+typedef struct route_hist {
+    _Atomic uint64_t buckets[ROUTE_BUCKETS + 1];
+    _Atomic uint64_t sum_ns;
+} route_hist;
+
+struct kvg_router {
+    kvg_prefix_index *index;
+    /* The registry generation whose workers the index lists: a decision that sees a newer
+     * snapshot brings the index up to date (under sync_lock, rarely). */
+    pthread_mutex_t sync_lock;
+    _Atomic uint64_t synced_generation;
+    route_hist stages[KVG_ROUTE_STAGE_COUNT];
+    _Atomic uint64_t blocks_hashed;
+    _Atomic uint64_t blocks_matched;
+    _Atomic uint64_t decisions[KVG_POLICY_KIND_COUNT][KVG_POLICY_REASON_COUNT];
+    _Atomic uint64_t record_failures;
+};
+
+static const char *const stage_names[KVG_ROUTE_STAGE_COUNT] = {
+    [KVG_ROUTE_STAGE_PARSE] = "parse",   [KVG_ROUTE_STAGE_HASH] = "hash",
+    [KVG_ROUTE_STAGE_LOOKUP] = "lookup", [KVG_ROUTE_STAGE_CHOOSE] = "choose",
+    [KVG_ROUTE_STAGE_TOTAL] = "total",
+};
+
+const char *kvg_route_stage_str(kvg_route_stage s)
+{
+    return (unsigned)s < KVG_ROUTE_STAGE_COUNT ? stage_names[s] : "?";
+}
+
+int kvg_router_new(const kvg_index_config *cfg, kvg_router **out)
+{
+    kvg_router *rt = calloc(1, sizeof(*rt));
+    if (!rt)
+        return -ENOMEM;
+    int rc = kvg_index_new(cfg, &rt->index);
+    if (rc < 0)
+        goto fail_rt;
+    rc = -pthread_mutex_init(&rt->sync_lock, NULL);
+    if (rc < 0)
+        goto fail_index;
+    *out = rt;
+    return 0;
+fail_index:
+    kvg_index_free(rt->index);
+fail_rt:
+    free(rt);
+    return rc;
+}
+
+void kvg_router_free(kvg_router *rt)
+{
+    if (!rt)
+        return;
+    pthread_mutex_destroy(&rt->sync_lock);
+    kvg_index_free(rt->index);
+    free(rt);
+}
+
+kvg_prefix_index *kvg_router_index(kvg_router *rt)
+{
+    return rt->index;
+}
+
+/* Give the index the snapshot's workers (ids, names, capacities) when the snapshot is newer
+ * than what it has. A failure (memory) leaves the old list: retried by the next decision. */
+static void sync_index(kvg_router *rt, kvg_worker_set *set)
+{
+    uint64_t gen = kvg_worker_set_generation(set);
+    if (atomic_load_explicit(&rt->synced_generation, memory_order_acquire) >= gen)
+        return;
+    pthread_mutex_lock(&rt->sync_lock);
+    if (atomic_load_explicit(&rt->synced_generation, memory_order_relaxed) < gen) {
+        size_t n = kvg_worker_set_count(set);
+        kvg_index_worker *ws = calloc(n ? n : 1, sizeof(*ws));
+        if (ws) {
+            for (size_t i = 0; i < n; i++) {
+                kvg_worker *w = kvg_worker_set_at(set, i);
+                ws[i] = (kvg_index_worker){kvg_worker_id(w), kvg_worker_name(w),
+                                           kvg_worker_kv_blocks(w)};
+            }
+            if (kvg_index_set_workers(rt->index, ws, n) == 0)
+                atomic_store_explicit(&rt->synced_generation, gen, memory_order_release);
+            free(ws);
+        }
+    }
+    pthread_mutex_unlock(&rt->sync_lock);
+}
+
+static uint64_t lap(const kvg_route_request *req, uint64_t *t)
+{
+    if (!req->clock_ns)
+        return 0;
+    uint64_t now = req->clock_ns();
+    uint64_t d = now - *t;
+    *t = now;
+    return d;
+}
+
+int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_request *req,
+                      kvg_arena *arena, kvg_route_decision *out)
+{
+    const kvg_policy_config *pc = req->policy;
+    const kvg_body_info *body = req->body;
+    kvg_route_decision d;
+    memset(&d, 0, sizeof(d));
+    uint64_t t0 = req->clock_ns ? req->clock_ns() : 0, t = t0;
+    sync_index(rt, set);
+
+    /* Block keys. */
+    const kvg_prefix_stream *ps = &body->prefix;
+    kvg_hash_job job = {
+        .salt = req->salt,
+        .salt_len = req->salt ? strlen(req->salt) : 0,
+        .model = body->model,
+        .model_len = body->model ? body->model_len : 0,
+        .unit = ps->is_tokens ? KVG_HASH_TOKENS : KVG_HASH_BYTES,
+        .data = ps->is_tokens ? (const void *)ps->tokens : (const void *)ps->text,
+        .len = ps->is_tokens ? ps->ntokens : ps->text_len,
+        .block_size = ps->is_tokens ? pc->block_tokens : pc->block_bytes,
+    };
+    size_t full = job.block_size ? job.len / job.block_size : 0;
+    job.max_blocks = (uint32_t)KVG_MIN(full, (size_t)pc->max_blocks);
+    if (job.max_blocks) {
+        job.keys = kvg_arena_alloc(arena, job.max_blocks * sizeof(uint64_t));
+        if (!job.keys)
+            return -ENOMEM;
+    }
+    if (kvg_hash_batch(&job, 1) < 0)
+        job.nkeys = 0; /* a block size out of range: route by load (settings are validated) */
+    d.keys = job.keys;
+    d.nkeys = job.nkeys;
+    d.unit = job.unit;
+    d.block_size = job.block_size;
+    d.stream_units = job.len;
+    d.stage_ns[KVG_ROUTE_STAGE_HASH] = lap(req, &t);
+
+    /* Eligible workers and their matches. */
+    size_t n = kvg_worker_set_count(set);
+    kvg_route_candidate *rc = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*rc));
+    kvg_policy_candidate *pcs = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*pcs));
+    uint64_t *ids = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*ids));
+    uint32_t *matched = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*matched));
+    kvg_policy_terms *terms = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*terms));
+    if (!rc || !pcs || !ids || !matched || !terms)
+        return -ENOMEM;
+    const char *model = body->model;
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        kvg_worker *w = kvg_worker_set_at(set, i);
+        if (!kvg_worker_serves(w, model))
+            continue;
+        d.serving++;
+        if (kvg_worker_health_get(w) != KVG_WORKER_UP || kvg_worker_draining(w))
+            continue;
+        rc[m].worker = w;
+        ids[m] = kvg_worker_id(w);
+        m++;
+    }
+    if (m && d.nkeys)
+        kvg_index_match(rt->index, d.keys, d.nkeys, ids, m, matched);
+    else
+        memset(matched, 0, m * sizeof(*matched));
+    d.stage_ns[KVG_ROUTE_STAGE_LOOKUP] = lap(req, &t);
+
+    /* The choice. */
+    for (size_t i = 0; i < m; i++) {
+        kvg_worker *w = rc[i].worker;
+        pcs[i] = (kvg_policy_candidate){
+            .index = (uint32_t)i,
+            .inflight = kvg_worker_inflight(w),
+            .matched = matched[i],
+            .id_hash = kvg_worker_name_hash(w),
+        };
+    }
+    kvg_policy_request preq = {.blocks = d.nkeys};
+    if (d.nkeys) {
+        uint32_t cold = KVG_MIN(pc->cold_blocks ? pc->cold_blocks : 1, d.nkeys);
+        preq.cold_key = d.keys[cold - 1];
+    }
+    kvg_policy_choose(pc, &preq, pcs, m, req->rotation, terms, &d.reason);
+    d.cands = kvg_arena_alloc(arena, (m ? m : 1) * sizeof(*d.cands));
+    if (!d.cands)
+        return -ENOMEM;
+    for (size_t i = 0; i < m; i++) {
+        const kvg_policy_candidate *c = &pcs[i];
+        d.cands[i] = (kvg_route_candidate){
+            .worker = rc[c->index].worker,
+            .matched = c->matched,
+            .inflight = c->inflight,
+            .terms = terms[i],
+        };
+    }
+    d.ncands = m;
+    d.policy = pc->kind;
+    d.stage_ns[KVG_ROUTE_STAGE_CHOOSE] = lap(req, &t);
+    d.stage_ns[KVG_ROUTE_STAGE_TOTAL] = req->clock_ns ? t - t0 : 0;
+    *out = d;
+    return 0;
+}
+
+static void hist_observe(route_hist *h, uint64_t ns)
+{
+    size_t i = 0;
+    while (i < ROUTE_BUCKETS && ns > route_bounds_ns[i])
+        i++;
+    atomic_fetch_add_explicit(&h->buckets[i], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->sum_ns, ns, memory_order_relaxed);
+}
+
+void kvg_router_count(kvg_router *rt, const kvg_route_decision *d)
+{
+    for (int s = 0; s < KVG_ROUTE_STAGE_COUNT; s++)
+        hist_observe(&rt->stages[s], d->stage_ns[s]);
+    atomic_fetch_add_explicit(&rt->blocks_hashed, d->nkeys, memory_order_relaxed);
+    if (d->ncands)
+        atomic_fetch_add_explicit(&rt->blocks_matched, d->cands[0].matched, memory_order_relaxed);
+    if ((unsigned)d->policy < KVG_POLICY_KIND_COUNT &&
+        (unsigned)d->reason < KVG_POLICY_REASON_COUNT)
+        atomic_fetch_add_explicit(&rt->decisions[d->policy][d->reason], 1, memory_order_relaxed);
+}
+
+int kvg_router_record(kvg_router *rt, const kvg_worker *w, const kvg_route_decision *d)
+{
+    if (!d->nkeys)
+        return 0;
+    int rc = kvg_index_record(rt->index, kvg_worker_id(w), d->keys, d->nkeys);
+    if (rc < 0)
+        atomic_fetch_add_explicit(&rt->record_failures, 1, memory_order_relaxed);
+    return rc;
+}
+
+uint64_t kvg_route_predicted_tokens(const kvg_route_decision *d, uint32_t matched,
+                                    int64_t prompt_tokens)
+{
+    if (prompt_tokens <= 0 || !d->stream_units || !matched)
+        return 0;
+    double units = (double)matched * d->block_size;
+    double frac = units >= (double)d->stream_units ? 1.0 : units / (double)d->stream_units;
+    return (uint64_t)((double)prompt_tokens * frac + 0.5);
+}
+
+static void put_header(kvg_buf *out, const char *name, const char *type, const char *help)
+{
+    kvg_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+void kvg_router_write_metrics(kvg_router *rt, kvg_buf *out)
+{
+    kvg_index_write_metrics(rt->index, out);
+
+    const char *name = "kvgate_route_decision_seconds";
+    put_header(out, name, "histogram",
+               "Time to take a routing decision, by stage: parse (body scan and prefix stream), "
+               "hash (block keys), lookup (prefix index), choose (policy), total (hash to "
+               "choose).");
+    for (int s = 0; s < KVG_ROUTE_STAGE_COUNT; s++) {
+        route_hist *h = &rt->stages[s];
+        uint64_t cum = 0;
+        for (size_t b = 0; b <= ROUTE_BUCKETS; b++) {
+            cum += atomic_load_explicit(&h->buckets[b], memory_order_relaxed);
+            kvg_buf_printf(out, "%s_bucket{stage=\"%s\",le=\"%s\"} %llu\n", name, stage_names[s],
+                           b < ROUTE_BUCKETS ? route_le[b] : "+Inf", (unsigned long long)cum);
+        }
+        uint64_t sum = atomic_load_explicit(&h->sum_ns, memory_order_relaxed);
+        kvg_buf_printf(out, "%s_sum{stage=\"%s\"} %llu.%09llu\n", name, stage_names[s],
+                       (unsigned long long)(sum / 1000000000), (unsigned long long)(sum % 1000000000));
+        kvg_buf_printf(out, "%s_count{stage=\"%s\"} %llu\n", name, stage_names[s],
+                       (unsigned long long)cum);
+    }
+
+    put_header(out, "kvgate_route_blocks_total", "counter",
+               "Block keys of routed requests: hashed (looked up), and matched on the chosen "
+               "worker.");
+    kvg_buf_printf(out, "kvgate_route_blocks_total{kind=\"hashed\"} %llu\n",
+                   (unsigned long long)atomic_load(&rt->blocks_hashed));
+    kvg_buf_printf(out, "kvgate_route_blocks_total{kind=\"matched\"} %llu\n",
+                   (unsigned long long)atomic_load(&rt->blocks_matched));
+
+    put_header(out, "kvgate_route_decisions_total", "counter",
+               "Routing decisions by policy and by why the chosen worker won (hit: it holds a "
+               "prefix; cold: no worker does, rendezvous placement; load: load alone).");
+    for (int k = 0; k < KVG_POLICY_KIND_COUNT; k++)
+        for (int r = 0; r < KVG_POLICY_REASON_COUNT; r++) {
+            uint64_t v = atomic_load_explicit(&rt->decisions[k][r], memory_order_relaxed);
+            if (v)
+                kvg_buf_printf(out, "kvgate_route_decisions_total{policy=\"%s\",reason=\"%s\"} %llu\n",
+                               kvg_policy_kind_str((kvg_policy_kind)k),
+                               kvg_policy_reason_str((kvg_policy_reason)r), (unsigned long long)v);
+        }
+    put_header(out, "kvgate_route_record_failures_total", "counter",
+               "Answered requests whose blocks could not be recorded in the prefix index (the "
+               "worker had left it, or memory ran out).");
+    kvg_buf_printf(out, "kvgate_route_record_failures_total %llu\n",
+                   (unsigned long long)atomic_load(&rt->record_failures));
+}
