@@ -1,0 +1,208 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The routing decision's cost against a memcpy of the same body, in one process: scan and
+ * canonicalise the body (with its rewrite), hash the block keys, look them up for every worker,
+ * rank the workers. Run by bench/route; prints one line per (body size, worker count). */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "policy.h"
+#include "router.h"
+
+static const char *const words[] = {"the",   "router",  "sends", "each",  "request", "to",
+                                     "a",     "worker",  "that",  "holds", "its",     "prefix",
+                                     "cache", "blocks,", "and",   "keeps", "load",    "even."};
+
+/* A chat body whose system message is about size bytes of words, with a couple of escapes. */
+static char *make_body(size_t size, unsigned seed, size_t *len)
+{
+    kvg_buf b;
+    kvg_buf_init(&b);
+    kvg_buf_puts(&b, "{\"model\":\"bench-model\",\"messages\":[{\"role\":\"system\",\"content\":\"");
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+    size_t start = b.len;
+    while (b.len - start < size) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        kvg_buf_puts(&b, words[s % KVG_ARRAY_LEN(words)]);
+        kvg_buf_puts(&b, (s >> 20) % 97 == 0 ? "\\n" : " ");
+    }
+    kvg_buf_puts(&b, "\"},{\"role\":\"user\",\"content\":\"What does the router do?\"}],"
+                     "\"max_tokens\":16,\"stream\":true}");
+    return kvg_buf_steal(&b, len);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median over rounds of the mean per-iteration time of a batch. */
+#define ROUNDS 15
+
+typedef struct bench_ctx {
+    kvg_router *rt;
+    kvg_worker_set *set;
+    kvg_policy_config pc;
+    const char *body;
+    size_t len;
+    kvg_arena arena;
+    kvg_buf out;
+    char *copy;
+    uint64_t sink;
+} bench_ctx;
+
+static void decide_once(bench_ctx *c, uint64_t rotation)
+{
+    kvg_body_info info;
+    kvg_json_error err;
+    kvg_arena_reset(&c->arena);
+    kvg_buf_reset(&c->out);
+    if (kvg_body_scan(c->body, c->len, KVG_BODY_API_CHAT, "0123456789012345678901234567890123456789abc",
+                      &c->arena, &c->out, &info, &err) < 0) {
+        fprintf(stderr, "route_bench: body rejected: %s\n", err.message);
+        exit(1);
+    }
+    kvg_route_request rq = {.body = &info,
+                            .salt = "0123456789012345678901234567890123456789abc",
+                            .policy = &c->pc,
+                            .rotation = rotation};
+    kvg_route_decision d;
+    if (kvg_router_decide(c->rt, c->set, &rq, &c->arena, &d) < 0) {
+        fprintf(stderr, "route_bench: out of memory\n");
+        exit(1);
+    }
+    c->sink += d.ncands ? d.cands[0].matched : 0;
+}
+
+static uint64_t time_decide(bench_ctx *c, unsigned iters)
+{
+    uint64_t t[ROUNDS];
+    for (int r = 0; r < ROUNDS; r++) {
+        uint64_t t0 = kvg_now_ns();
+        for (unsigned i = 0; i < iters; i++)
+            decide_once(c, i);
+        t[r] = (kvg_now_ns() - t0) / iters;
+    }
+    qsort(t, ROUNDS, sizeof(t[0]), cmp_u64);
+    return t[ROUNDS / 2];
+}
+
+static uint64_t time_memcpy(bench_ctx *c, unsigned iters)
+{
+    uint64_t t[ROUNDS];
+    for (int r = 0; r < ROUNDS; r++) {
+        uint64_t t0 = kvg_now_ns();
+        for (unsigned i = 0; i < iters; i++) {
+            memcpy(c->copy, c->body, c->len);
+            __asm__ volatile("" : : "r"(c->copy) : "memory"); /* keep every copy */
+            c->sink += (unsigned char)c->copy[i % c->len];
+        }
+        t[r] = (kvg_now_ns() - t0) / iters;
+    }
+    qsort(t, ROUNDS, sizeof(t[0]), cmp_u64);
+    return t[ROUNDS / 2] ? t[ROUNDS / 2] : 1;
+}
+
+int main(int argc, char **argv)
+{
+    static const size_t sizes[] = {1024, 32 * 1024, 512 * 1024};
+    static const size_t counts[] = {8, 64, 512};
+    bool json = argc > 1 && strcmp(argv[1], "--json") == 0;
+    if (!json)
+        printf("%-8s %-8s %12s %12s %8s %8s  %s\n", "body", "workers", "decision_us", "memcpy_us",
+               "ratio", "blocks", "matched(best)");
+    else
+        printf("[");
+    bool first = true;
+    for (size_t si = 0; si < KVG_ARRAY_LEN(sizes); si++) {
+        for (size_t ci = 0; ci < KVG_ARRAY_LEN(counts); ci++) {
+            bench_ctx c = {0};
+            kvg_policy_config_init(&c.pc);
+            kvg_registry *reg;
+            if (kvg_registry_new(NULL, &reg) < 0 || kvg_router_new(NULL, &c.rt) < 0)
+                return 1;
+            for (size_t w = 0; w < counts[ci]; w++) {
+                char name[32], url[64];
+                snprintf(name, sizeof(name), "w%04zu", w);
+                snprintf(url, sizeof(url), "http://127.0.0.1:%zu", 10000 + w);
+                kvg_worker_def def = {.name = name, .url = url, .kv_blocks = 1u << 20};
+                if (kvg_registry_put(reg, &def, KVG_WORKER_SOURCE_ADMIN, NULL, 0) < 0)
+                    return 1;
+            }
+            c.set = kvg_registry_acquire(reg);
+            kvg_arena_init(&c.arena, 0);
+            kvg_buf_init(&c.out);
+            /* The index as in steady state: every worker holds other requests' prefixes, and
+             * one holds this body's whole prefix (the lookup walks the full chain). */
+            bench_ctx warm = c;
+            for (size_t w = 0; w < counts[ci]; w++) {
+                size_t olen;
+                char *other = make_body(sizes[si], 1000 + (unsigned)w, &olen);
+                warm.body = other;
+                warm.len = olen;
+                kvg_body_info info;
+                kvg_arena_reset(&c.arena);
+                kvg_buf_reset(&c.out);
+                kvg_route_request rq = {.body = &info, .salt = "0123456789012345678901234567890123456789abc", .policy = &c.pc};
+                kvg_route_decision d;
+                if (kvg_body_scan(other, olen, KVG_BODY_API_CHAT, rq.salt, &c.arena, &c.out,
+                                  &info, NULL) < 0 ||
+                    kvg_router_decide(c.rt, c.set, &rq, &c.arena, &d) < 0)
+                    return 1;
+                kvg_router_record(c.rt, kvg_worker_set_at(c.set, w), &d);
+                free(other);
+            }
+            c.body = make_body(sizes[si], 7, &c.len);
+            c.copy = malloc(c.len);
+            {
+                kvg_body_info info;
+                kvg_arena_reset(&c.arena);
+                kvg_buf_reset(&c.out);
+                kvg_route_request rq = {.body = &info, .salt = "0123456789012345678901234567890123456789abc", .policy = &c.pc};
+                kvg_route_decision d;
+                if (kvg_body_scan(c.body, c.len, KVG_BODY_API_CHAT, rq.salt, &c.arena, &c.out,
+                                  &info, NULL) < 0 ||
+                    kvg_router_decide(c.rt, c.set, &rq, &c.arena, &d) < 0)
+                    return 1;
+                kvg_router_record(c.rt, kvg_worker_set_at(c.set, counts[ci] / 2), &d);
+            }
+            /* Batches of about 20 ms. */
+            unsigned iters = (unsigned)KVG_MAX((size_t)3, (size_t)(20e6 / (sizes[si] / 4.0 + 2000.0 * counts[ci] / 8)));
+            decide_once(&c, 0);
+            uint64_t dec = time_decide(&c, iters);
+            uint64_t cpy = time_memcpy(&c, iters * 50);
+            kvg_body_info info;
+            kvg_arena_reset(&c.arena);
+            kvg_buf_reset(&c.out);
+            kvg_body_scan(c.body, c.len, KVG_BODY_API_CHAT, NULL, &c.arena, &c.out, &info, NULL);
+            kvg_route_request rq = {.body = &info, .salt = "0123456789012345678901234567890123456789abc", .policy = &c.pc};
+            kvg_route_decision d;
+            kvg_router_decide(c.rt, c.set, &rq, &c.arena, &d);
+            if (json) {
+                printf("%s{\"body_bytes\":%zu,\"workers\":%zu,\"decision_ns\":%" PRIu64
+                       ",\"memcpy_ns\":%" PRIu64 ",\"ratio\":%.2f,\"blocks\":%u,\"matched\":%u}",
+                       first ? "" : ",", c.len, counts[ci], dec, cpy, (double)dec / (double)cpy,
+                       d.nkeys, d.ncands ? d.cands[0].matched : 0);
+            } else {
+                printf("%-8zu %-8zu %12.2f %12.2f %8.1f %8u  %u\n", c.len, counts[ci],
+                       dec / 1000.0, cpy / 1000.0, (double)dec / (double)cpy, d.nkeys,
+                       d.ncands ? d.cands[0].matched : 0);
+            }
+            fflush(stdout);
+            first = false;
+            free(c.copy);
+            free((void *)c.body);
+            kvg_buf_done(&c.out);
+            kvg_arena_done(&c.arena);
+            kvg_worker_set_unref(c.set);
+            kvg_router_free(c.rt);
+            kvg_registry_free(reg);
+        }
+    }
+    if (json)
+        printf("]\n");
+    return 0;
+}

@@ -1,0 +1,312 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Prefix-aware routing end to end, with kvgate-simworker as the ground truth: requests that
+share an opening go to the worker that holds it and the worker reports the hit; cold prefixes
+are placed by rendezvous (two gateways agree without talking); equivalent bodies route alike;
+tenants' predictions stay apart; the load bound spreads a hot prefix; the index forgets what a
+worker's capacity evicted and what a removed worker held; route/explain shows every term;
+predictions are compared with the engines' reports in /metrics."""
+
+import json
+import random
+import threading
+from collections import Counter
+
+import httpx
+import pytest
+
+from gwhelpers import CHAT, COMPL, assert_openai_error, http
+
+WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
+         "november oscar papa quebec romeo sierra tango uniform victor whiskey xray").split()
+
+
+def text(seed, nbytes):
+    rng = random.Random(seed)
+    out = [f"Document {seed}."]
+    size = len(out[0])
+    while size < nbytes:
+        w = rng.choice(WORDS)
+        out.append(w)
+        size += len(w) + 1
+    return " ".join(out)
+
+
+def chat(model, system, user, **extra):
+    return {"model": model, "max_tokens": 1,
+            "messages": [{"role": "system", "content": system},
+                         {"role": "user", "content": user}], **extra}
+
+
+def send(gw, body, path=CHAT, key=None):
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    r = http.post(gw.url + path, json=body, headers=headers)
+    assert r.status_code == 200, r.text
+    return r.headers["x-kvgate-worker"], r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def explain(gw, request, tenant=None, path=None):
+    body = {"request": request}
+    if tenant is not None:
+        body["tenant"] = tenant
+    if path is not None:
+        body["path"] = path
+    r = gw.admin.post("/admin/v1/route/explain", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def matched_by_worker(ex):
+    return {c["worker"]: c["matched_blocks"] for c in ex["candidates"]}
+
+
+def workers(simworker, n, **flags):
+    flags.setdefault("time_scale", 0)
+    return [simworker(**flags) for _ in range(n)]
+
+
+def test_follow_ups_go_to_the_worker_that_holds_the_prefix(simworker, kvgate):
+    ws = workers(simworker, 4, kv_blocks=4096)
+    gw = kvgate(*ws)
+    model = ws[0].model
+    homes = {}
+    for doc in range(6):
+        system = text(doc, 2000)
+        first, cached = send(gw, chat(model, system, "first question"))
+        assert cached == 0
+        homes[doc] = first
+        for q in range(3):
+            w, cached = send(gw, chat(model, system, f"follow-up {q}"))
+            assert w == first, f"document {doc}: follow-up went to {w}, prefix is on {first}"
+            assert cached > 0
+    # Cold prefixes are spread by rendezvous, not piled on one worker.
+    assert len(set(homes.values())) >= 2, homes
+    m = gw.scrape()
+    assert gw.metric("kvgate_route_decisions_total", m, policy="cost", reason="hit") >= 18
+    assert gw.metric("kvgate_route_decisions_total", m, policy="cost", reason="cold") >= 6
+    assert gw.metric("kvgate_prefix_predictions_total", m, outcome="hit_predicted") >= 18
+    assert gw.metric("kvgate_prefix_cached_tokens_total", m) > 0
+    assert gw.metric("kvgate_prefix_predicted_tokens_total", m) > 0
+    assert gw.metric("kvgate_prefix_prompt_tokens_total", m) >= gw.metric(
+        "kvgate_prefix_cached_tokens_total", m)
+    assert gw.metric("kvgate_index_entries", m) > 0
+    assert gw.metric("kvgate_route_decision_seconds_count", m, stage="total") >= 24
+    assert gw.metric("kvgate_policy_info", m, policy="cost") == 1
+
+
+def test_streaming_usage_is_read_from_the_final_chunk(simworker, kvgate):
+    ws = workers(simworker, 2, kv_blocks=4096)
+    gw = kvgate(*ws)
+    system = text(50, 1500)
+    send(gw, chat(ws[0].model, system, "q0"))
+    body = chat(ws[0].model, system, "q1", stream=True, stream_options={"include_usage": True})
+    with httpx.stream("POST", gw.url + CHAT, json=body, timeout=10) as r:
+        assert r.status_code == 200
+        events = [line for line in r.iter_lines() if line.startswith("data: {")]
+    usage = json.loads(events[-1][6:])["usage"]
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    assert cached > 0
+    m = gw.scrape()
+    # Both requests reported; the streamed one's cached tokens are in the total.
+    assert gw.metric("kvgate_prefix_cached_tokens_total", m) == cached
+    assert gw.metric("kvgate_prefix_unreported_total", m) == 0
+
+
+def test_two_gateways_place_cold_prefixes_alike(simworker, kvgate):
+    ws = workers(simworker, 4, kv_blocks=4096)
+    a, b = kvgate(*ws), kvgate(*ws)
+    agree = 0
+    for doc in range(100, 112):
+        body = chat(ws[0].model, text(doc, 1200), "q")
+        ea, eb = explain(a, body), explain(b, body)
+        assert ea["reason"] == eb["reason"] == "cold"
+        agree += ea["chosen"] == eb["chosen"]
+    assert agree == 12
+
+
+def test_equivalent_bodies_route_alike(simworker, kvgate):
+    ws = workers(simworker, 3, kv_blocks=4096)
+    gw = kvgate(*ws)
+    system = text(7, 1500) + " naïve café \u2603 \"quoted\"\n\ttab"
+    body = chat(ws[0].model, system, "q")
+    home, _ = send(gw, body)
+    # The same request spelled with escapes everywhere, indented, keys reordered.
+    variant = json.dumps({"max_tokens": 1, "messages": body["messages"], "model": body["model"]},
+                         ensure_ascii=True, indent=3)
+    r = http.post(gw.url + CHAT, content=variant, headers={"content-type": "application/json"})
+    assert r.status_code == 200 and r.headers["x-kvgate-worker"] == home
+    assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    e1 = explain(gw, body)
+    e2 = explain(gw, json.loads(variant))
+    assert e1["prefix"] == e2["prefix"] and matched_by_worker(e1) == matched_by_worker(e2)
+    assert matched_by_worker(e1)[home] == e1["prefix"]["blocks"] > 0
+
+
+def test_completions_prompts_route_by_prefix(simworker, kvgate):
+    ws = workers(simworker, 3, kv_blocks=4096)
+    gw = kvgate(*ws)
+    model = ws[0].model
+    prompt = text(9, 2000)
+    home, _ = send(gw, {"model": model, "prompt": prompt + " one", "max_tokens": 1}, COMPL)
+    w, cached = send(gw, {"model": model, "prompt": prompt + " two", "max_tokens": 1}, COMPL)
+    assert w == home and cached > 0
+    # Token ids: their own unit, blocks of block_tokens.
+    ids = list(range(1000, 1100))
+    home, _ = send(gw, {"model": model, "prompt": ids, "max_tokens": 1}, COMPL)
+    w, cached = send(gw, {"model": model, "prompt": ids + [5, 6], "max_tokens": 1}, COMPL)
+    assert w == home and cached > 0
+    ex = explain(gw, {"model": model, "prompt": ids}, path=COMPL)
+    assert ex["prefix"]["unit"] == "tokens" and ex["prefix"]["blocks"] == 100 // 16
+
+
+def test_isolated_tenants_predict_nothing_from_each_other(simworker, kvgate):
+    ws = workers(simworker, 3, kv_blocks=4096)
+    gw = kvgate(*ws, auth="keys")
+    for tid, body in (("a", {"sharing": "isolated"}), ("b", {"sharing": "isolated"}),
+                      ("g1", {"sharing": "global"}), ("g2", {"sharing": "global"})):
+        assert gw.admin.put(f"/admin/v1/tenants/{tid}", json=body).status_code in (200, 201)
+    keys = {t: gw.admin.post(f"/admin/v1/tenants/{t}/keys").json()["key"]
+            for t in ("a", "b", "g1", "g2")}
+    body = chat(ws[0].model, text(11, 2000), "q")
+    home_a, _ = send(gw, body, key=keys["a"])
+    ea, eb = explain(gw, body, tenant="a"), explain(gw, body, tenant="b")
+    assert matched_by_worker(ea)[home_a] > 0
+    assert set(matched_by_worker(eb).values()) == {0}
+    assert ea["scope"] != eb["scope"]
+    home_g, _ = send(gw, body, key=keys["g1"])
+    eg = explain(gw, body, tenant="g2")
+    assert matched_by_worker(eg)[home_g] > 0 and eg["reason"] == "hit"
+    # The tenant's own series.
+    m = gw.scrape()
+    assert gw.metric("kvgate_tenant_prompt_tokens_total", m, tenant="a") > 0
+    assert gw.metric("kvgate_tenant_predicted_tokens_total", m, tenant="a") == 0
+
+
+def test_load_bound_spreads_a_hot_prefix(simworker, kvgate):
+    ws = workers(simworker, 4, kv_blocks=8192, time_scale=1, decode_us_per_token=20000)
+    gw = kvgate(*ws)
+    system = text(21, 2000)
+    send(gw, chat(ws[0].model, system, "warm"))
+    got = Counter()
+    lock = threading.Lock()
+
+    def one(i):
+        w, _ = send(gw, chat(ws[0].model, system, f"q{i}", max_tokens=8))
+        with lock:
+            got[w] += 1
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(got.values()) == 16
+    # All 16 at once: no worker may take more than about (1 + 0.25) x its share plus one.
+    assert len(got) >= 3 and max(got.values()) <= 8, got
+
+
+def test_index_forgets_evicted_and_removed_workers(simworker, kvgate):
+    w1, w2 = workers(simworker, 2, kv_blocks=64)
+    gw = kvgate()
+    for w in (w1, w2):
+        r = gw.admin.put(f"/admin/v1/workers/{w.name}",
+                         json={"url": f"http://127.0.0.1:{w.port}", "kv_blocks": 64})
+        assert r.status_code in (200, 201), r.text
+    # Only w1 takes traffic for now.
+    assert gw.admin.post(f"/admin/v1/workers/{w2.name}/drain").status_code == 200
+    first = chat(w1.model, text(31, 1800), "q")
+    send(gw, first)
+    blocks = explain(gw, first)["prefix"]["blocks"]
+    assert matched_by_worker(explain(gw, first))[w1.name] == blocks
+    for doc in range(32, 36):  # 4 x ~28 blocks through a 64-block capacity
+        send(gw, chat(w1.model, text(doc, 1800), "q"))
+    assert matched_by_worker(explain(gw, first))[w1.name] < blocks
+    m = gw.scrape()
+    assert gw.metric("kvgate_index_evictions_total", m) > 0
+    assert gw.metric("kvgate_index_worker_entries", m, worker=w1.name) <= 64
+    # Removing the worker drops what it held (the next decision syncs the index).
+    assert gw.admin.delete(f"/admin/v1/workers/{w1.name}").status_code in (200, 204)
+    assert gw.admin.put(f"/admin/v1/workers/{w2.name}",
+                        json={"url": f"http://127.0.0.1:{w2.port}", "kv_blocks": 64}).status_code in (200, 201)
+    send(gw, chat(w1.model, "short", "q"))
+    m = gw.scrape()
+    assert gw.metric("kvgate_index_worker_entries", m, worker=w1.name) == 0
+    assert gw.metric("kvgate_index_entries", m) == gw.metric("kvgate_index_worker_entries", m)
+
+
+def test_explain_contract(simworker, kvgate):
+    ws = workers(simworker, 2, kv_blocks=4096)
+    gw = kvgate(*ws)
+    body = chat(ws[0].model, text(41, 1000), "q")
+    ex = explain(gw, body)
+    assert ex["policy"] == "cost" and ex["api"] == "chat" and ex["tenant"] is None
+    assert ex["scope"] == "global" and ex["model"] == ws[0].model
+    assert ex["prefix"]["unit"] == "bytes" and ex["prefix"]["block_size"] == 64
+    assert ex["prefix"]["blocks"] == ex["prefix"]["length"] // 64
+    assert ex["hash_backend"] == "cpu" and ex["serving"] == 2
+    assert ex["chosen"] == ex["candidates"][0]["worker"]
+    for c in ex["candidates"]:
+        assert set(c) == {"worker", "matched_blocks", "inflight", "prefill_cost", "queue_cost",
+                          "total_cost", "over_bound", "rendezvous"}
+        assert c["total_cost"] == pytest.approx(c["prefill_cost"] + c["queue_cost"], abs=1e-3)
+    assert set(ex["timing_us"]) == {"parse", "hash", "lookup", "choose", "total"}
+    # Explaining is not routing: nothing was counted or recorded.
+    m = gw.scrape()
+    assert gw.metric("kvgate_route_decision_seconds_count", m, stage="total") == 0
+    assert gw.metric("kvgate_index_entries", m) == 0
+    # Bad input: 400 naming the field; unknown tenant 404; no token 401; GET 405.
+    for bad, field in (({}, "request"), ({"request": body, "x": 1}, "x"),
+                       ({"request": {"model": "m", "messages": "hi"}}, "request.messages"),
+                       ({"request": body, "path": "/v1/embeddings"}, "path"),
+                       ({"request": body, "tenant": 5}, "tenant")):
+        r = gw.admin.post("/admin/v1/route/explain", json=bad)
+        assert r.status_code == 400, r.text
+        assert field in r.json()["error"]["message"]
+    r = gw.admin.post("/admin/v1/route/explain", json={"request": body, "tenant": "nobody"})
+    assert r.status_code == 404
+    r = http.post(gw.admin_url + "/admin/v1/route/explain", json={"request": body})
+    assert r.status_code == 401
+    assert gw.admin.get("/admin/v1/route/explain").status_code == 405
+
+
+def test_bad_prompt_shapes_are_400_naming_the_field(simworker, kvgate):
+    ws = workers(simworker, 1)
+    gw = kvgate(*ws)
+    model = ws[0].model
+    cases = [
+        (CHAT, {"model": model, "messages": "hello"}, "messages"),
+        (CHAT, {"model": model, "messages": []}, "messages"),
+        (CHAT, {"model": model, "messages": [{"role": 1, "content": "x"}]}, "messages[0].role"),
+        (CHAT, {"model": model, "messages": [{"role": "user", "content": 5}]},
+         "messages[0].content"),
+        (CHAT, {"model": model, "messages": [{"role": "user", "content": "x"}], "tools": {}},
+         "tools"),
+        (COMPL, {"model": model, "prompt": {"text": "x"}}, "prompt"),
+        (COMPL, {"model": model, "prompt": [1, "a"]}, "prompt"),
+        (COMPL, {"model": model, "prompt": [-1]}, "prompt"),
+    ]
+    for path, body, field in cases:
+        r = http.post(gw.url + path, json=body)
+        assert r.status_code == 400, (body, r.text)
+        assert_openai_error(r.content, 400)
+        assert r.json()["error"]["message"].startswith(field), (field, r.text)
+    # None of them reached the worker.
+    assert gw.metric("kvgate_worker_requests_total") == 0
+
+
+def test_policy_can_be_switched_at_run_time(simworker, kvgate):
+    ws = workers(simworker, 3, kv_blocks=4096)
+    gw = kvgate(*ws)
+    pol = gw.admin.get("/admin/v1/policy").json()
+    assert pol["policy"] == "cost" and pol["block_bytes"] == 64
+    r = gw.admin.put("/admin/v1/policy", json={"policy": "round_robin"})
+    assert r.status_code == 200 and r.json()["block_bytes"] == 64
+    system = text(61, 1500)
+    seen = [send(gw, chat(ws[0].model, system, f"q{i}"))[0] for i in range(6)]
+    assert len(set(seen)) == 3  # round robin ignores the prefix
+    m = gw.scrape()
+    assert gw.metric("kvgate_route_decisions_total", m, policy="round_robin") == 6
+    assert gw.metric("kvgate_policy_info", m, policy="round_robin") == 1
+    assert gw.admin.put("/admin/v1/policy", json={"policy": "prefix_only"}).status_code == 200
+    a = send(gw, chat(ws[0].model, system, "x"))[0]
+    b = send(gw, chat(ws[0].model, system, "y"))[0]
+    assert a == b
