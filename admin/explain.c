@@ -169,8 +169,8 @@ void kvg_admin_route_explain(admin_ctx *c)
     kvg_body_info info;
     kvg_json_error err = {0};
     uint64_t t0 = kvg_now_ns();
-    int rc = kvg_body_scan(body.data ? body.data : "", body.len, api, salt, &arena, &out, &info,
-                           &err);
+    int rc =
+        kvg_body_scan(body.data ? body.data : "", body.len, api, salt, &arena, &out, &info, &err);
     uint64_t parse_ns = kvg_now_ns() - t0;
     if (rc < 0 || body.failed || out.failed) {
         if (rc == KVG_ETYPE)

@@ -12,15 +12,16 @@
 #include "router.h"
 
 static const char *const words[] = {"the",   "router",  "sends", "each",  "request", "to",
-                                     "a",     "worker",  "that",  "holds", "its",     "prefix",
-                                     "cache", "blocks,", "and",   "keeps", "load",    "even."};
+                                    "a",     "worker",  "that",  "holds", "its",     "prefix",
+                                    "cache", "blocks,", "and",   "keeps", "load",    "even."};
 
 /* A chat body whose system message is about size bytes of words, with a couple of escapes. */
 static char *make_body(size_t size, unsigned seed, size_t *len)
 {
     kvg_buf b;
     kvg_buf_init(&b);
-    kvg_buf_puts(&b, "{\"model\":\"bench-model\",\"messages\":[{\"role\":\"system\",\"content\":\"");
+    kvg_buf_puts(&b,
+                 "{\"model\":\"bench-model\",\"messages\":[{\"role\":\"system\",\"content\":\"");
     uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
     size_t start = b.len;
     while (b.len - start < size) {
@@ -60,8 +61,9 @@ static void decide_once(bench_ctx *c, uint64_t rotation)
     kvg_json_error err;
     kvg_arena_reset(&c->arena);
     kvg_buf_reset(&c->out);
-    if (kvg_body_scan(c->body, c->len, KVG_BODY_API_CHAT, "0123456789012345678901234567890123456789abc",
-                      &c->arena, &c->out, &info, &err) < 0) {
+    if (kvg_body_scan(c->body, c->len, KVG_BODY_API_CHAT,
+                      "0123456789012345678901234567890123456789abc", &c->arena, &c->out, &info,
+                      &err) < 0) {
         fprintf(stderr, "route_bench: body rejected: %s\n", err.message);
         exit(1);
     }
@@ -146,10 +148,12 @@ int main(int argc, char **argv)
                 kvg_body_info info;
                 kvg_arena_reset(&c.arena);
                 kvg_buf_reset(&c.out);
-                kvg_route_request rq = {.body = &info, .salt = "0123456789012345678901234567890123456789abc", .policy = &c.pc};
+                kvg_route_request rq = {.body = &info,
+                                        .salt = "0123456789012345678901234567890123456789abc",
+                                        .policy = &c.pc};
                 kvg_route_decision d;
-                if (kvg_body_scan(other, olen, KVG_BODY_API_CHAT, rq.salt, &c.arena, &c.out,
-                                  &info, NULL) < 0 ||
+                if (kvg_body_scan(other, olen, KVG_BODY_API_CHAT, rq.salt, &c.arena, &c.out, &info,
+                                  NULL) < 0 ||
                     kvg_router_decide(c.rt, c.set, &rq, &c.arena, &d) < 0)
                     return 1;
                 kvg_router_record(c.rt, kvg_worker_set_at(c.set, w), &d);
@@ -161,7 +165,9 @@ int main(int argc, char **argv)
                 kvg_body_info info;
                 kvg_arena_reset(&c.arena);
                 kvg_buf_reset(&c.out);
-                kvg_route_request rq = {.body = &info, .salt = "0123456789012345678901234567890123456789abc", .policy = &c.pc};
+                kvg_route_request rq = {.body = &info,
+                                        .salt = "0123456789012345678901234567890123456789abc",
+                                        .policy = &c.pc};
                 kvg_route_decision d;
                 if (kvg_body_scan(c.body, c.len, KVG_BODY_API_CHAT, rq.salt, &c.arena, &c.out,
                                   &info, NULL) < 0 ||
@@ -170,7 +176,8 @@ int main(int argc, char **argv)
                 kvg_router_record(c.rt, kvg_worker_set_at(c.set, counts[ci] / 2), &d);
             }
             /* Batches of about 20 ms. */
-            unsigned iters = (unsigned)KVG_MAX((size_t)3, (size_t)(20e6 / (sizes[si] / 4.0 + 2000.0 * counts[ci] / 8)));
+            unsigned iters = (unsigned)KVG_MAX(
+                (size_t)3, (size_t)(20e6 / (sizes[si] / 4.0 + 2000.0 * counts[ci] / 8)));
             decide_once(&c, 0);
             uint64_t dec = time_decide(&c, iters);
             uint64_t cpy = time_memcpy(&c, iters * 50);
@@ -178,7 +185,9 @@ int main(int argc, char **argv)
             kvg_arena_reset(&c.arena);
             kvg_buf_reset(&c.out);
             kvg_body_scan(c.body, c.len, KVG_BODY_API_CHAT, NULL, &c.arena, &c.out, &info, NULL);
-            kvg_route_request rq = {.body = &info, .salt = "0123456789012345678901234567890123456789abc", .policy = &c.pc};
+            kvg_route_request rq = {.body = &info,
+                                    .salt = "0123456789012345678901234567890123456789abc",
+                                    .policy = &c.pc};
             kvg_route_decision d;
             kvg_router_decide(c.rt, c.set, &rq, &c.arena, &d);
             if (json) {
@@ -187,8 +196,8 @@ int main(int argc, char **argv)
                        first ? "" : ",", c.len, counts[ci], dec, cpy, (double)dec / (double)cpy,
                        d.nkeys, d.ncands ? d.cands[0].matched : 0);
             } else {
-                printf("%-8zu %-8zu %12.2f %12.2f %8.1f %8u  %u\n", c.len, counts[ci],
-                       dec / 1000.0, cpy / 1000.0, (double)dec / (double)cpy, d.nkeys,
+                printf("%-8zu %-8zu %12.2f %12.2f %8.1f %8u  %u\n", c.len, counts[ci], dec / 1000.0,
+                       cpy / 1000.0, (double)dec / (double)cpy, d.nkeys,
                        d.ncands ? d.cands[0].matched : 0);
             }
             fflush(stdout);

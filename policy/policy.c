@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Load-based, round-robin and random ranking of candidate workers; the prefix-aware cost policy
- * joins them later. */
+/* Load-based, round-robin and random ranking of candidate workers (the prefix-aware kinds are in
+ * cost.c). */
 #include "policy.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "common.h"
@@ -69,6 +70,54 @@ static void shuffle(kvg_policy_candidate *c, size_t n, uint64_t rotation)
     }
 }
 
+/* Stable sort by inflight. Short lists (workers serving one model, the usual case) take an
+ * insertion sort; long ones (up to thousands of workers) a merge sort through a scratch buffer,
+ * and the insertion sort when that buffer cannot be had: slower, the same order. */
+static void insertion_sort_by_load(kvg_policy_candidate *c, size_t n)
+{
+    for (size_t i = 1; i < n; i++) {
+        kvg_policy_candidate x = c[i];
+        size_t j = i;
+        while (j > 0 && c[j - 1].inflight > x.inflight) {
+            c[j] = c[j - 1];
+            j--;
+        }
+        c[j] = x;
+    }
+}
+
+static void sort_by_load(kvg_policy_candidate *c, size_t n)
+{
+    enum { RUN = 32 };
+    kvg_policy_candidate *tmp = n > RUN ? malloc(n * sizeof(*c)) : NULL;
+    if (!tmp) {
+        insertion_sort_by_load(c, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i += RUN)
+        insertion_sort_by_load(c + i, KVG_MIN(RUN, n - i));
+    /* Bottom-up merges of sorted runs; "<=" takes the left element first on ties: stable. */
+    kvg_policy_candidate *src = c, *dst = tmp;
+    for (size_t w = RUN; w < n; w *= 2) {
+        for (size_t lo = 0; lo < n; lo += 2 * w) {
+            size_t mid = KVG_MIN(lo + w, n), hi = KVG_MIN(lo + 2 * w, n);
+            size_t a = lo, b = mid, o = lo;
+            while (a < mid && b < hi)
+                dst[o++] = src[a].inflight <= src[b].inflight ? src[a++] : src[b++];
+            while (a < mid)
+                dst[o++] = src[a++];
+            while (b < hi)
+                dst[o++] = src[b++];
+        }
+        kvg_policy_candidate *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != c)
+        memcpy(c, src, n * sizeof(*c));
+    free(tmp);
+}
+
 void kvg_policy_rank(kvg_policy_kind kind, kvg_policy_candidate *cands, size_t n, uint64_t rotation)
 {
     if (n == 0)
@@ -81,16 +130,7 @@ void kvg_policy_rank(kvg_policy_kind kind, kvg_policy_candidate *cands, size_t n
         shuffle(cands, n, rotation);
         return;
     }
-    /* Stable insertion sort by load: candidate lists are short (workers serving one model). */
-    for (size_t i = 1; i < n; i++) {
-        kvg_policy_candidate x = cands[i];
-        size_t j = i;
-        while (j > 0 && cands[j - 1].inflight > x.inflight) {
-            cands[j] = cands[j - 1];
-            j--;
-        }
-        cands[j] = x;
-    }
+    sort_by_load(cands, n);
     /* Rotate each run of equal load on its own, so every member of a tie leads equally often. */
     for (size_t i = 0; i < n;) {
         size_t j = i + 1;

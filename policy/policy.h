@@ -78,8 +78,7 @@ void kvg_policy_state_set(kvg_policy_state *st, const kvg_policy_config *cfg);
 /** Incremented by every set: readers cache a copy and refresh when it moves. */
 uint64_t kvg_policy_state_generation(const kvg_policy_state *st);
 
-/* ---- prefix-aware choice -----------------------------------------------------------------------
- */
+/* ---- prefix-aware choice ------------------------------------------------------------------- */
 
 /* The request as the choice sees it. */
 typedef struct kvg_policy_request {
@@ -90,8 +89,10 @@ typedef struct kvg_policy_request {
 /* Why the first candidate won. */
 typedef enum kvg_policy_reason {
     KVG_POLICY_REASON_LOAD = 0, /* load-only policy, or a request without a full block */
-    KVG_POLICY_REASON_HIT,      /* a worker holds a prefix: lowest cost (cost) or most blocks */
-    KVG_POLICY_REASON_COLD,     /* no worker holds any block: rendezvous on cold_key */
+    KVG_POLICY_REASON_HIT,      /* the first holds >= 1 block: lowest cost (cost) or most blocks */
+    KVG_POLICY_REASON_COLD,     /* the first holds no block: it computes the whole prefix. Either
+                                 * no worker holds any (rendezvous on cold_key) or, under cost, the
+                                 * holders cost more (busy or over the bound) than a cold start */
     KVG_POLICY_REASON_COUNT,
 } kvg_policy_reason;
 
@@ -108,17 +109,24 @@ typedef struct kvg_policy_terms {
 } kvg_policy_terms;
 
 /** Rank candidates best first, in place, under cfg->kind (every kind, load-only ones included,
- *  which ignore req). cost: candidates within the load bound first, by lowest total cost; when
- *  no candidate holds a block, by highest rendezvous score on req->cold_key; over-bound
- *  candidates after, the same way. prefix_only: most matched first, cold by rendezvous, no
- *  bound. Ties break by rendezvous score, so replicas agree. The bound is
- *  ceil((1 + load_factor) x (sum of inflight + 1) / n). terms, when not NULL, receives n
- *  entries in the ranked order; *reason (may be NULL) says why the first one won. Pure and
- *  deterministic. */
+ *  which ignore req and rank as kvg_policy_rank does, reason LOAD). cost: candidates within the
+ *  load bound first, by lowest total cost; when no candidate holds a block, by highest
+ *  rendezvous score on req->cold_key; over-bound candidates after, the same way. prefix_only:
+ *  most matched first, cold by rendezvous, no bound. Ties break by rendezvous score, so replicas
+ *  agree; the prefix-aware order depends only on the set of candidates, not on their order in
+ *  the array, and rotation is unused. With req->blocks 0 the prefix-aware kinds rank as
+ *  least_loaded (reason LOAD). matched is counted up to req->blocks. The bound is
+ *  ceil((1 + load_factor) x (sum of inflight + 1) / n), load_factor at 1e-6 resolution; the
+ *  least loaded candidate is always within it. terms, when not NULL, receives n entries in the
+ *  ranked order, computed for every kind (rendezvous 0 when req->blocks is 0); *reason (may be
+ *  NULL) says why the first one won. n 0 writes nothing. cfg holds valid settings (what
+ *  kvg_policy_config_apply_json accepts). Pure and deterministic; O(n log n), no allocation for
+ *  the prefix-aware kinds. */
 void kvg_policy_choose(const kvg_policy_config *cfg, const kvg_policy_request *req,
                        kvg_policy_candidate *cands, size_t n, uint64_t rotation,
                        kvg_policy_terms *terms, kvg_policy_reason *reason);
-/** The rendezvous score of a key for a worker identity (a 64-bit mix of both). */
+/** The rendezvous score of a key for a worker identity: mix(key ^ mix(id_hash +
+ *  0x9e3779b97f4a7c15)) with mix the splitmix64 finaliser (cost.c). Replicas must agree on it. */
 uint64_t kvg_policy_rendezvous(uint64_t key, uint64_t id_hash);
 
 /* ---- rate limits --------------------------------------------------------------------------- */

@@ -13,12 +13,12 @@
  * catch a pathological body or a stalled lock. */
 #define ROUTE_BUCKETS 15
 static const uint64_t route_bounds_ns[ROUTE_BUCKETS] = {
-    1000,    2500,    5000,     10000,    25000,    50000,     100000,   250000,
-    500000,  1000000, 2500000,  5000000,  10000000, 25000000,  100000000,
+    1000,   2500,    5000,    10000,   25000,    50000,    100000,    250000,
+    500000, 1000000, 2500000, 5000000, 10000000, 25000000, 100000000,
 };
 static const char *const route_le[ROUTE_BUCKETS] = {
-    "1e-06",  "2.5e-06", "5e-06", "1e-05", "2.5e-05", "5e-05", "0.0001", "0.00025",
-    "0.0005", "0.001",   "0.0025", "0.005", "0.01",   "0.025", "0.1",
+    "1e-06",  "2.5e-06", "5e-06",  "1e-05", "2.5e-05", "5e-05", "0.0001", "0.00025",
+    "0.0005", "0.001",   "0.0025", "0.005", "0.01",    "0.025", "0.1",
 };
 
 typedef struct route_hist {
@@ -286,7 +286,8 @@ void kvg_router_write_metrics(kvg_router *rt, kvg_buf *out)
         }
         uint64_t sum = atomic_load_explicit(&h->sum_ns, memory_order_relaxed);
         kvg_buf_printf(out, "%s_sum{stage=\"%s\"} %llu.%09llu\n", name, stage_names[s],
-                       (unsigned long long)(sum / 1000000000), (unsigned long long)(sum % 1000000000));
+                       (unsigned long long)(sum / 1000000000),
+                       (unsigned long long)(sum % 1000000000));
         kvg_buf_printf(out, "%s_count{stage=\"%s\"} %llu\n", name, stage_names[s],
                        (unsigned long long)cum);
     }
@@ -306,7 +307,8 @@ void kvg_router_write_metrics(kvg_router *rt, kvg_buf *out)
         for (int r = 0; r < KVG_POLICY_REASON_COUNT; r++) {
             uint64_t v = atomic_load_explicit(&rt->decisions[k][r], memory_order_relaxed);
             if (v)
-                kvg_buf_printf(out, "kvgate_route_decisions_total{policy=\"%s\",reason=\"%s\"} %llu\n",
+                kvg_buf_printf(out,
+                               "kvgate_route_decisions_total{policy=\"%s\",reason=\"%s\"} %llu\n",
                                kvg_policy_kind_str((kvg_policy_kind)k),
                                kvg_policy_reason_str((kvg_policy_reason)r), (unsigned long long)v);
         }

@@ -934,8 +934,13 @@ static void test_policy(void **state)
     fixture *f = *state;
     reply r = call(f, "GET", "/admin/v1/policy", AUTH, NULL);
     assert_int_equal(r.status, 200);
-    assert_string_equal(str_field(&r, "policy"), "least_loaded");
+    assert_string_equal(str_field(&r, "policy"), "cost");
     assert_null(r.cache_control);
+    /* every setting, the defaults */
+    assert_string_equal(r.body, "{\"policy\":\"cost\",\"block_bytes\":64,\"block_tokens\":16,"
+                                "\"max_blocks\":4096,\"cold_blocks\":4,\"load_factor\":0.25,"
+                                "\"prefill_cost_per_block\":200,\"queue_cost_per_request\":5000,"
+                                "\"waiting_cost_per_request\":5000,\"kv_usage_cost\":0}");
 
     r = call(f, "PUT", "/admin/v1/policy", AUTH, "{\"policy\":\"round_robin\"}");
     assert_int_equal(r.status, 200);
@@ -948,6 +953,13 @@ static void test_policy(void **state)
     r = call(f, "PUT", "/admin/v1/policy", AUTH, "{}");
     assert_int_equal(r.status, 200);
     assert_string_equal(str_field(&r, "policy"), "round_robin");
+    r = call(f, "PUT", "/admin/v1/policy", AUTH, "{\"load_factor\":0.5,\"cold_blocks\":2}");
+    assert_int_equal(r.status, 200);
+    assert_string_equal(str_field(&r, "policy"), "round_robin");
+    assert_int_equal(int_field(&r, "cold_blocks"), 2);
+    kvg_policy_state_get(f->policy, &cfg);
+    assert_true(cfg.load_factor == 0.5);
+    assert_int_equal(cfg.cold_blocks, 2);
 
     static const body_case cases[] = {
         {"", "body: must be a JSON object"},
@@ -956,6 +968,9 @@ static void test_policy(void **state)
         {"{\"policy\":\"fastest\"}", "policy: unknown policy"},
         {"{\"policy\":3}", "policy: must be a string"},
         {"{\"weights\":{}}", "weights: unknown field"},
+        {"{\"block_bytes\":1.5}", "block_bytes: must be an integer in 16..65536"},
+        {"{\"load_factor\":-1}", "load_factor: must be a number in 0..100"},
+        {"{\"policy\":\"cost\",\"kv_usage_cost\":\"x\"}", "kv_usage_cost: must be a number"},
     };
     for (size_t i = 0; i < KVG_ARRAY_LEN(cases); i++) {
         r = call(f, "PUT", "/admin/v1/policy", AUTH, cases[i].body);
@@ -964,7 +979,11 @@ static void test_policy(void **state)
     kvg_policy_state_get(f->policy, &cfg);
     assert_int_equal(cfg.kind, KVG_POLICY_ROUND_ROBIN);
     r = call(f, "GET", "/admin/v1/policy", AUTH, NULL);
-    assert_string_equal(r.body, "{\"policy\":\"round_robin\"}");
+    assert_string_equal(r.body,
+                        "{\"policy\":\"round_robin\",\"block_bytes\":64,\"block_tokens\":16,"
+                        "\"max_blocks\":4096,\"cold_blocks\":2,\"load_factor\":0.5,"
+                        "\"prefill_cost_per_block\":200,\"queue_cost_per_request\":5000,"
+                        "\"waiting_cost_per_request\":5000,\"kv_usage_cost\":0}");
 }
 
 /* ---- workers: cache salt -------------------------------------------------------------------- */
@@ -1424,6 +1443,8 @@ static void test_load_errors(void **state)
         {"{\"version\":1,\"workers\":null}", KVG_EPARSE, "workers: must be an array"},
         {"{\"version\":1,\"policy\":[]}", KVG_EPARSE, "policy: must be an object"},
         {"{\"version\":1,\"policy\":{\"policy\":\"zzz\"}}", KVG_EPARSE, "policy: policy: "},
+        {"{\"version\":1,\"policy\":{\"max_blocks\":0}}", KVG_EPARSE,
+         "policy: max_blocks: must be an integer in 1..1048576"},
         {"{\"version\":1,\"tenants\":[{\"nonsense\":1}]}", KVG_EPARSE, "tenants: "},
         {"{\"version\":1,\"workers\":[{\"name\":\"w\"}]}", KVG_EPARSE, "workers: "},
     };
@@ -1443,7 +1464,7 @@ static void test_load_errors(void **state)
     kvg_tenant_set_unref(set);
     kvg_policy_config pc;
     kvg_policy_state_get(f->policy, &pc);
-    assert_int_equal(pc.kind, KVG_POLICY_LEAST_LOADED);
+    assert_int_equal(pc.kind, KVG_POLICY_COST);
 
     /* sections may be absent */
     write_file(f->state_path, "{\"version\":1}\n");

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Unit tests for policy/: ranking (least loaded, round robin, random), token buckets, scope
- * salts and the operator's settings. */
+/* Unit tests for policy/: ranking (least loaded, round robin, random), the prefix-aware choice
+ * (cost, prefix_only, rendezvous, bounded load), token buckets, scope salts and the operator's
+ * settings. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +17,20 @@
 
 #include "common.h"
 #include "policy.h"
+
+/* Field by field: kvg_policy_candidate has padding, which compound literals need not zero. */
+static void assert_cands_equal(const kvg_policy_candidate *a, const kvg_policy_candidate *b,
+                               size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(a[i].index, b[i].index);
+        assert_int_equal(a[i].inflight, b[i].inflight);
+        assert_int_equal(a[i].matched, b[i].matched);
+        assert_true(a[i].id_hash == b[i].id_hash);
+        assert_int_equal(a[i].waiting, b[i].waiting);
+        assert_memory_equal(&a[i].kv_usage, &b[i].kv_usage, sizeof(a[i].kv_usage));
+    }
+}
 
 static void test_least_loaded(void **state)
 {
@@ -109,7 +124,7 @@ static void test_random_permutation(void **state)
         for (uint32_t i = 0; i < N; i++)
             d[i] = (kvg_policy_candidate){.index = i, .inflight = i % 3};
         kvg_policy_rank(KVG_POLICY_RANDOM, d, N, r);
-        assert_memory_equal(c, d, sizeof(c));
+        assert_cands_equal(c, d, N);
     }
     assert_int_equal(distinct_orders, 2000); /* varies with the rotation */
     /* every candidate leads sometimes (expected 54 each; a fair die never gives 0 here) */
@@ -126,6 +141,545 @@ static void test_random_permutation(void **state)
     assert_int_equal(k, KVG_POLICY_RANDOM);
     assert_string_equal(kvg_policy_kind_str(KVG_POLICY_RANDOM), "random");
     assert_string_equal(kvg_policy_kind_str(KVG_POLICY_KIND_COUNT), "?");
+}
+
+/* ---- prefix-aware choice -------------------------------------------------------------------- */
+
+static kvg_policy_config cfg_of(kvg_policy_kind kind)
+{
+    kvg_policy_config cfg;
+    kvg_policy_config_init(&cfg);
+    cfg.kind = kind;
+    return cfg;
+}
+
+static uint64_t test_mix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* A counter-based stream of test numbers (splitmix64). */
+static uint64_t next_rand(uint64_t *s)
+{
+    return test_mix(*s += 0x9e3779b97f4a7c15ull);
+}
+
+static uint64_t rdv(uint64_t key, uint64_t id)
+{
+    return kvg_policy_rendezvous(key, id);
+}
+
+static void shuffle_cands(kvg_policy_candidate *c, size_t n, uint64_t seed)
+{
+    for (size_t i = n - 1; i > 0; i--) {
+        size_t j = (size_t)(next_rand(&seed) % (i + 1));
+        kvg_policy_candidate t = c[i];
+        c[i] = c[j];
+        c[j] = t;
+    }
+}
+
+/* The candidate with the highest rendezvous score for key (the cold owner). */
+static uint32_t owner(const kvg_policy_candidate *c, size_t n, uint64_t key)
+{
+    size_t best = 0;
+    for (size_t i = 1; i < n; i++)
+        if (rdv(key, c[i].id_hash) > rdv(key, c[best].id_hash))
+            best = i;
+    return c[best].index;
+}
+
+static uint32_t choose_first(const kvg_policy_config *cfg, uint32_t blocks, uint64_t key,
+                             const kvg_policy_candidate *in, size_t n, uint64_t rotation)
+{
+    kvg_policy_candidate c[64];
+    assert_true(n <= 64);
+    memcpy(c, in, n * sizeof(*c));
+    kvg_policy_request req = {.blocks = blocks, .cold_key = key};
+    kvg_policy_choose(cfg, &req, c, n, rotation, NULL, NULL);
+    return c[0].index;
+}
+
+static void test_rendezvous(void **state)
+{
+    (void)state;
+    /* the documented formula, written out: replicas and the simulator must agree on it */
+    uint64_t keys[] = {0, 1, 42, 0x0123456789abcdefull, UINT64_MAX};
+    uint64_t ids[] = {0, 2, 7, 0xfedcba9876543210ull, UINT64_MAX};
+    for (size_t i = 0; i < KVG_ARRAY_LEN(keys); i++)
+        for (size_t j = 0; j < KVG_ARRAY_LEN(ids); j++)
+            assert_true(rdv(keys[i], ids[j]) ==
+                        test_mix(keys[i] ^ test_mix(ids[j] + 0x9e3779b97f4a7c15ull)));
+    assert_true(rdv(0, 0) == 0x48218226ff3cd4bfull);
+    assert_true(rdv(1, 2) == 0xf2826f98653e9e57ull);
+    assert_true(rdv(0x0123456789abcdefull, 0xfedcba9876543210ull) == 0x729fab7ea7d788c6ull);
+    /* neighbouring identities and keys give unrelated scores: about half the bits differ */
+    uint64_t seed = 1;
+    unsigned bits = 0;
+    for (int i = 0; i < 1000; i++) {
+        uint64_t k = next_rand(&seed), id = next_rand(&seed);
+        bits += (unsigned)__builtin_popcountll(rdv(k, id) ^ rdv(k, id ^ 1));
+        bits += (unsigned)__builtin_popcountll(rdv(k, id) ^ rdv(k ^ 1, id));
+    }
+    assert_true(bits > 2000 * 30 && bits < 2000 * 34);
+
+    assert_string_equal(kvg_policy_reason_str(KVG_POLICY_REASON_LOAD), "load");
+    assert_string_equal(kvg_policy_reason_str(KVG_POLICY_REASON_HIT), "hit");
+    assert_string_equal(kvg_policy_reason_str(KVG_POLICY_REASON_COLD), "cold");
+    assert_string_equal(kvg_policy_reason_str(KVG_POLICY_REASON_COUNT), "?");
+    kvg_policy_kind k;
+    assert_int_equal(kvg_policy_kind_parse("cost", &k), 0);
+    assert_int_equal(k, KVG_POLICY_COST);
+    assert_int_equal(kvg_policy_kind_parse("prefix_only", &k), 0);
+    assert_int_equal(k, KVG_POLICY_PREFIX_ONLY);
+}
+
+static void assert_terms(const kvg_policy_terms *t, uint32_t index, double prefill, double queue,
+                         bool over, uint64_t rendezvous)
+{
+    assert_int_equal(t->index, index);
+    assert_true(t->prefill_cost == prefill);
+    assert_true(t->queue_cost == queue);
+    assert_true(t->total == prefill + queue);
+    assert_int_equal(t->over_bound, over);
+    assert_true(t->rendezvous == rendezvous);
+}
+
+/* A holder one request busier than an idle worker wins when the blocks it saves cost more to
+ * prefill than one request in flight: 200 us x m > 5000 us, so m > 25 of 64. */
+static void test_cost_hit_vs_cold(void **state)
+{
+    (void)state;
+    kvg_policy_config cfg = cfg_of(KVG_POLICY_COST);
+    kvg_policy_request req = {.blocks = 64, .cold_key = 42};
+    kvg_policy_candidate c[2] = {
+        {.index = 0, .inflight = 1, .matched = 60, .id_hash = 11},
+        {.index = 1, .inflight = 0, .matched = 0, .id_hash = 12},
+    };
+    kvg_policy_terms t[2];
+    kvg_policy_reason why = KVG_POLICY_REASON_COUNT;
+    /* bound: ceil(1.25 x (1 + 1) / 2) = 2, both within */
+    kvg_policy_choose(&cfg, &req, c, 2, 0, t, &why);
+    assert_int_equal(c[0].index, 0);
+    assert_int_equal(why, KVG_POLICY_REASON_HIT);
+    assert_terms(&t[0], 0, 800, 5000, false, rdv(42, 11));
+    assert_terms(&t[1], 1, 12800, 0, false, rdv(42, 12));
+
+    for (uint32_t m = 20; m <= 30; m++) {
+        kvg_policy_candidate d[2] = {
+            {.index = 0, .inflight = 1, .matched = m, .id_hash = 11},
+            {.index = 1, .inflight = 0, .matched = 0, .id_hash = 12},
+        };
+        kvg_policy_choose(&cfg, &req, d, 2, m, t, &why);
+        uint32_t want = m > 25 ? 0 : m < 25 ? 1 : owner(d, 2, 42); /* 25: a tie, by rendezvous */
+        assert_int_equal(d[0].index, want);
+        assert_int_equal(why, want == 0 ? KVG_POLICY_REASON_HIT : KVG_POLICY_REASON_COLD);
+        assert_true(t[0].total <= t[1].total);
+    }
+}
+
+/* The holder is much busier: an idle-ish cold worker is cheaper, and the reason is cold. */
+static void test_cost_busy_holder_loses(void **state)
+{
+    (void)state;
+    kvg_policy_config cfg = cfg_of(KVG_POLICY_COST);
+    kvg_policy_request req = {.blocks = 64, .cold_key = 7};
+    kvg_policy_candidate c[4] = {
+        {.index = 0, .inflight = 3, .matched = 20, .id_hash = 100},
+        {.index = 1, .inflight = 1, .id_hash = 101},
+        {.index = 2, .inflight = 3, .id_hash = 102},
+        {.index = 3, .inflight = 3, .id_hash = 103},
+    };
+    kvg_policy_terms t[4];
+    kvg_policy_reason why;
+    /* bound: ceil(1.25 x 11 / 4) = ceil(3.4375) = 4: nobody over */
+    kvg_policy_choose(&cfg, &req, c, 4, 0, t, &why);
+    assert_int_equal(why, KVG_POLICY_REASON_COLD);
+    assert_terms(&t[0], 1, 12800, 5000, false, rdv(7, 101));
+    assert_terms(&t[1], 0, 8800, 15000, false, rdv(7, 100));
+    /* 2 and 3 cost the same (27800): the higher rendezvous score first */
+    bool two_first = rdv(7, 102) > rdv(7, 103);
+    assert_terms(&t[2], two_first ? 2 : 3, 12800, 15000, false, rdv(7, two_first ? 102 : 103));
+    assert_terms(&t[3], two_first ? 3 : 2, 12800, 15000, false, rdv(7, two_first ? 103 : 102));
+
+    /* waiting and KV usage terms; matched beyond the request counts as the whole request */
+    cfg.kv_usage_cost = 1000;
+    kvg_policy_candidate d[3] = {
+        {.index = 5, .inflight = 2, .matched = 4, .id_hash = 1, .waiting = 3, .kv_usage = 0.5f},
+        {.index = 6, .inflight = 0, .matched = 99, .id_hash = 2, .kv_usage = NAN},
+        {.index = 7, .inflight = 0, .matched = 0, .id_hash = 3, .kv_usage = 2.0f},
+    };
+    req.blocks = 10;
+    kvg_policy_choose(&cfg, &req, d, 3, 0, t, &why);
+    assert_int_equal(why, KVG_POLICY_REASON_HIT);
+    assert_terms(&t[0], 6, 0, 0, false, rdv(7, 2));
+    assert_terms(&t[1], 7, 2000, 1000, false, rdv(7, 3));
+    /* bound ceil(1.25 x 3 / 3) = 2: inflight 2 is over */
+    assert_terms(&t[2], 5, 1200, 10000 + 15000 + 500, true, rdv(7, 1));
+}
+
+/* The bounded-load rule, at its edges. */
+static void test_cost_bound(void **state)
+{
+    (void)state;
+    kvg_policy_config cfg = cfg_of(KVG_POLICY_COST);
+    kvg_policy_request req = {.blocks = 1000, .cold_key = 3};
+    kvg_policy_terms t[11];
+    kvg_policy_reason why;
+    /* {5,0,0,0}: B = ceil(1.25 x 6 / 4) = 2; the holder (6 > 2) ranks last, though its total
+     * (25000) is the lowest; the three cold ones tie at 200000 and go by rendezvous */
+    kvg_policy_candidate c[4] = {
+        {.index = 0, .inflight = 5, .matched = 1000, .id_hash = 50},
+        {.index = 1, .id_hash = 51},
+        {.index = 2, .id_hash = 52},
+        {.index = 3, .id_hash = 53},
+    };
+    uint32_t cold_owner = owner(c + 1, 3, 3);
+    kvg_policy_choose(&cfg, &req, c, 4, 0, t, &why);
+    assert_int_equal(why, KVG_POLICY_REASON_COLD);
+    assert_int_equal(c[0].index, cold_owner);
+    assert_true(t[0].rendezvous > t[1].rendezvous && t[1].rendezvous > t[2].rendezvous);
+    for (int i = 0; i < 3; i++) {
+        assert_false(t[i].over_bound);
+        assert_true(t[i].total == 200000);
+    }
+    assert_terms(&t[3], 0, 0, 25000, true, rdv(3, 50));
+
+    /* {2,1,1,0}: B = ceil(1.25 x 5 / 4) = ceil(1.5625) = 2: inflight 1 is within (2 <= 2),
+     * inflight 2 is not (3 > 2) */
+    kvg_policy_candidate d[4] = {
+        {.index = 0, .inflight = 2, .id_hash = 50},
+        {.index = 1, .inflight = 1, .matched = 1000, .id_hash = 51},
+        {.index = 2, .inflight = 1, .id_hash = 52},
+        {.index = 3, .inflight = 0, .id_hash = 53},
+    };
+    assert_int_equal(choose_first(&cfg, 1000, 3, d, 4, 0), 1);
+    d[1].matched = 0;
+    d[0].matched = 1000;
+    kvg_policy_candidate e[4];
+    memcpy(e, d, sizeof(e));
+    kvg_policy_choose(&cfg, &req, e, 4, 0, t, &why);
+    assert_int_equal(e[0].index, 3); /* the cheapest within the bound: 200000 */
+    assert_int_equal(e[3].index, 0);
+    assert_true(t[3].over_bound && !t[2].over_bound);
+    assert_int_equal(why, KVG_POLICY_REASON_COLD);
+
+    /* load_factor 0.1, 11 workers, 49 in flight: B = 1.1 x 50 / 11 = 5 exactly (doubles give
+     * 5.000000000000001, which ceil would make 6): inflight 5 is over */
+    cfg.load_factor = 0.1;
+    kvg_policy_candidate f[11];
+    for (uint32_t i = 0; i < 11; i++)
+        f[i] = (kvg_policy_candidate){.index = i, .inflight = i < 5 ? 5 : 4, .id_hash = 60 + i};
+    f[0].matched = 100;
+    req.blocks = 100;
+    kvg_policy_choose(&cfg, &req, f, 11, 0, t, &why);
+    assert_int_equal(why, KVG_POLICY_REASON_COLD);
+    for (int i = 0; i < 11; i++) {
+        assert_int_equal(t[i].over_bound, f[i].inflight == 5);
+        assert_int_equal(f[i].inflight, i < 6 ? 4 : 5);
+    }
+    /* the over-bound ones by total too: the holder (25000) first of them, not first overall */
+    assert_int_equal(f[6].index, 0);
+    assert_terms(&t[6], 0, 0, 25000, true, rdv(3, 60));
+    assert_true(t[0].total == 40000 && t[7].total == 45000);
+
+    /* load_factor 0: strict balance. {1,1,1,0}: B = ceil(4 / 4) = 1 */
+    cfg.load_factor = 0;
+    kvg_policy_candidate g[4] = {
+        {.index = 0, .inflight = 1, .matched = 1000, .id_hash = 1},
+        {.index = 1, .inflight = 1, .id_hash = 2},
+        {.index = 2, .inflight = 1, .id_hash = 3},
+        {.index = 3, .inflight = 0, .id_hash = 4},
+    };
+    assert_int_equal(choose_first(&cfg, 1000, 3, g, 4, 0), 3);
+    /* a large load factor lets the holder through: ceil(101 x 4 / 4) = 101 */
+    cfg.load_factor = 100;
+    assert_int_equal(choose_first(&cfg, 1000, 3, g, 4, 0), 0);
+}
+
+/* A cold prefix goes to the same worker whatever the rotation and the order of the input. */
+static void test_cold_stable(void **state)
+{
+    (void)state;
+    kvg_policy_config cfg = cfg_of(KVG_POLICY_COST);
+    kvg_policy_candidate base[8];
+    /* {2,1,2,1,...}: B = ceil(1.25 x 13 / 8) = 3, all within: load does not move a cold key */
+    for (uint32_t i = 0; i < 8; i++)
+        base[i] = (kvg_policy_candidate){
+            .index = i, .inflight = 2 - i % 2, .id_hash = 0x5000 + 7 * (uint64_t)i};
+    uint64_t seed = 99;
+    for (int k = 0; k < 50; k++) {
+        uint64_t key = next_rand(&seed);
+        kvg_policy_candidate want[8];
+        memcpy(want, base, sizeof(want));
+        kvg_policy_request req = {.blocks = 4, .cold_key = key};
+        kvg_policy_reason why;
+        kvg_policy_choose(&cfg, &req, want, 8, 0, NULL, &why);
+        assert_int_equal(why, KVG_POLICY_REASON_COLD);
+        assert_int_equal(want[0].index, owner(base, 8, key));
+        for (uint64_t r = 0; r < 40; r++) {
+            kvg_policy_candidate c[8];
+            memcpy(c, base, sizeof(c));
+            shuffle_cands(c, 8, r * 1000 + (uint64_t)k);
+            kvg_policy_choose(&cfg, &req, c, 8, r, NULL, &why);
+            assert_cands_equal(c, want, 8); /* the whole ranking, not only the first */
+        }
+    }
+}
+
+/* 1000 random cold keys over 4 workers: each gets 15-35 %. */
+static void test_cold_spread(void **state)
+{
+    (void)state;
+    kvg_policy_config cfg = cfg_of(KVG_POLICY_COST);
+    kvg_policy_candidate base[4];
+    for (uint32_t i = 0; i < 4; i++)
+        base[i] = (kvg_policy_candidate){.index = i, .id_hash = 0x77 + (uint64_t)i};
+    unsigned count[4] = {0};
+    uint64_t seed = 2024;
+    for (int k = 0; k < 1000; k++)
+        count[choose_first(&cfg, 1, next_rand(&seed), base, 4, (uint64_t)k)]++;
+    for (int i = 0; i < 4; i++)
+        assert_true(count[i] >= 150 && count[i] <= 350);
+}
+
+/* Removing a worker moves only the cold keys it owned (prefix_only and cost alike). */
+static void test_cold_removal(void **state)
+{
+    (void)state;
+    kvg_policy_kind kinds[] = {KVG_POLICY_COST, KVG_POLICY_PREFIX_ONLY};
+    kvg_policy_candidate all[5], rest[4];
+    for (uint32_t i = 0; i < 5; i++)
+        all[i] = (kvg_policy_candidate){.index = i, .id_hash = 0xabc000 + (uint64_t)i};
+    for (uint32_t i = 0, o = 0; i < 5; i++)
+        if (i != 2)
+            rest[o++] = all[i];
+    for (size_t kk = 0; kk < KVG_ARRAY_LEN(kinds); kk++) {
+        kvg_policy_config cfg = cfg_of(kinds[kk]);
+        uint64_t seed = 5;
+        unsigned moved = 0, on_two = 0;
+        for (int k = 0; k < 1000; k++) {
+            uint64_t key = next_rand(&seed);
+            uint32_t before = choose_first(&cfg, 2, key, all, 5, 0);
+            uint32_t after = choose_first(&cfg, 2, key, rest, 4, 0);
+            assert_int_not_equal(after, 2);
+            on_two += before == 2;
+            moved += before != after;
+            if (before != 2)
+                assert_int_equal(after, before);
+        }
+        assert_int_equal(moved, on_two);
+        assert_true(on_two > 100); /* it did own some */
+    }
+}
+
+/* Cold keys whose owner is over the bound go to the next owner within it. */
+static void test_cold_bound(void **state)
+{
+    (void)state;
+    kvg_policy_config cfg = cfg_of(KVG_POLICY_COST);
+    kvg_policy_candidate c[4];
+    for (uint32_t i = 0; i < 4; i++)
+        c[i] = (kvg_policy_candidate){.index = i, .id_hash = 900 + (uint64_t)i};
+    uint64_t key = 31337;
+    uint32_t top = owner(c, 4, key);
+    c[top].inflight = 5; /* B = 2 */
+    kvg_policy_request req = {.blocks = 3, .cold_key = key};
+    kvg_policy_terms t[4];
+    kvg_policy_reason why;
+    kvg_policy_choose(&cfg, &req, c, 4, 0, t, &why);
+    assert_int_equal(why, KVG_POLICY_REASON_COLD);
+    assert_int_equal(c[3].index, top);
+    assert_true(t[3].over_bound);
+    for (int i = 0; i < 3; i++) {
+        assert_false(t[i].over_bound);
+        assert_int_equal(t[i].index, c[i].index);
+        assert_true(t[i].rendezvous == rdv(key, c[i].id_hash));
+        if (i > 0)
+            assert_true(t[i - 1].rendezvous > t[i].rendezvous);
+    }
+}
+
+static void test_prefix_only(void **state)
+{
+    (void)state;
+    kvg_policy_config cfg = cfg_of(KVG_POLICY_PREFIX_ONLY);
+    kvg_policy_request req = {.blocks = 8, .cold_key = 12};
+    kvg_policy_candidate c[4] = {
+        {.index = 0, .inflight = 100, .matched = 5, .id_hash = 1},
+        {.index = 1, .matched = 3, .id_hash = 2},
+        {.index = 2, .matched = 3, .id_hash = 3},
+        {.index = 3, .matched = 0, .id_hash = 4},
+    };
+    kvg_policy_terms t[4];
+    kvg_policy_reason why;
+    /* the most matched wins, overloaded as it is (B = ceil(1.25 x 101 / 4) = 32) */
+    kvg_policy_choose(&cfg, &req, c, 4, 0, t, &why);
+    assert_int_equal(why, KVG_POLICY_REASON_HIT);
+    bool one_first = rdv(12, 2) > rdv(12, 3);
+    assert_int_equal(c[0].index, 0);
+    assert_int_equal(c[1].index, one_first ? 1 : 2);
+    assert_int_equal(c[2].index, one_first ? 2 : 1);
+    assert_int_equal(c[3].index, 3);
+    assert_terms(&t[0], 0, 600, 500000, true, rdv(12, 1));
+    assert_terms(&t[3], 3, 1600, 0, false, rdv(12, 4));
+
+    /* matched beyond the request is the whole request: 10 and 8 of 8 tie, by rendezvous */
+    kvg_policy_candidate d[2] = {{.index = 0, .matched = 10, .id_hash = 1},
+                                 {.index = 1, .matched = 8, .id_hash = 2}};
+    assert_int_equal(choose_first(&cfg, 8, 12, d, 2, 0), owner(d, 2, 12));
+
+    /* nobody holds anything: rendezvous, load or not */
+    kvg_policy_candidate e[4] = {
+        {.index = 0, .inflight = 50, .id_hash = 1},
+        {.index = 1, .inflight = 0, .id_hash = 2},
+        {.index = 2, .inflight = 9, .id_hash = 3},
+        {.index = 3, .inflight = 1, .id_hash = 4},
+    };
+    for (uint64_t key = 0; key < 20; key++) {
+        kvg_policy_candidate f[4];
+        memcpy(f, e, sizeof(f));
+        req.cold_key = key;
+        kvg_policy_choose(&cfg, &req, f, 4, key, t, &why);
+        assert_int_equal(why, KVG_POLICY_REASON_COLD);
+        assert_int_equal(f[0].index, owner(e, 4, key));
+        for (int i = 1; i < 4; i++)
+            assert_true(t[i - 1].rendezvous > t[i].rendezvous);
+    }
+}
+
+/* The load-only kinds, and requests without a full block, rank as kvg_policy_rank does. */
+static void test_choose_load(void **state)
+{
+    (void)state;
+    kvg_policy_candidate base[6];
+    for (uint32_t i = 0; i < 6; i++)
+        base[i] = (kvg_policy_candidate){
+            .index = i, .inflight = i % 3, .matched = i, .id_hash = 40 + (uint64_t)i};
+    kvg_policy_kind kinds[] = {KVG_POLICY_LEAST_LOADED, KVG_POLICY_ROUND_ROBIN, KVG_POLICY_RANDOM,
+                               KVG_POLICY_COST, KVG_POLICY_PREFIX_ONLY};
+    for (size_t k = 0; k < KVG_ARRAY_LEN(kinds); k++) {
+        kvg_policy_config cfg = cfg_of(kinds[k]);
+        for (uint64_t r = 0; r < 12; r++) {
+            /* load-only kinds ignore the request; prefix-aware ones see no block */
+            bool aware = kinds[k] == KVG_POLICY_COST || kinds[k] == KVG_POLICY_PREFIX_ONLY;
+            kvg_policy_request req = {.blocks = aware ? 0 : 6, .cold_key = 77};
+            kvg_policy_candidate c[6], want[6];
+            memcpy(c, base, sizeof(c));
+            memcpy(want, base, sizeof(want));
+            kvg_policy_rank(aware ? KVG_POLICY_LEAST_LOADED : kinds[k], want, 6, r);
+            kvg_policy_terms t[6];
+            kvg_policy_reason why = KVG_POLICY_REASON_COUNT;
+            kvg_policy_choose(&cfg, &req, c, 6, r, t, &why);
+            assert_cands_equal(c, want, 6);
+            assert_int_equal(why, KVG_POLICY_REASON_LOAD);
+            for (int i = 0; i < 6; i++) {
+                assert_int_equal(t[i].index, c[i].index);
+                assert_true(t[i].rendezvous == (aware ? 0 : rdv(77, c[i].id_hash)));
+                assert_true(t[i].queue_cost == 5000.0 * c[i].inflight);
+            }
+        }
+    }
+    /* n 0 writes nothing */
+    kvg_policy_config cfg = cfg_of(KVG_POLICY_COST);
+    kvg_policy_request req = {.blocks = 3, .cold_key = 1};
+    kvg_policy_reason why = KVG_POLICY_REASON_COUNT;
+    kvg_policy_choose(&cfg, &req, NULL, 0, 0, NULL, &why);
+    assert_int_equal(why, KVG_POLICY_REASON_COUNT);
+    /* one candidate, any kind */
+    kvg_policy_candidate one = {.index = 9, .inflight = 1000, .id_hash = 5};
+    kvg_policy_choose(&cfg, &req, &one, 1, 0, NULL, &why);
+    assert_int_equal(one.index, 9);
+    assert_int_equal(why, KVG_POLICY_REASON_COLD);
+}
+
+/* The reference least_loaded order: a stable sort by load, then each tie rotated. */
+static void ref_least_loaded(kvg_policy_candidate *c, size_t n, uint64_t rotation)
+{
+    for (size_t i = 1; i < n; i++) {
+        kvg_policy_candidate x = c[i];
+        size_t j = i;
+        for (; j > 0 && c[j - 1].inflight > x.inflight; j--)
+            c[j] = c[j - 1];
+        c[j] = x;
+    }
+    for (size_t i = 0; i < n;) {
+        size_t j = i + 1;
+        while (j < n && c[j].inflight == c[i].inflight)
+            j++;
+        for (size_t r = (size_t)(rotation % (j - i)); r > 0; r--) {
+            kvg_policy_candidate first = c[i];
+            memmove(c + i, c + i + 1, (j - i - 1) * sizeof(*c));
+            c[j - 1] = first;
+        }
+        i = j;
+    }
+}
+
+/* Up to 4096 candidates: the order keeps its rules, and does not depend on the input order. */
+static void test_choose_many(void **state)
+{
+    (void)state;
+    enum { N = 4096 };
+    static kvg_policy_candidate c[N], d[N], e[N];
+    static kvg_policy_terms t[N];
+    uint64_t seed = 77;
+    size_t sizes[] = {33, 100, 1000, N};
+    for (size_t s = 0; s < KVG_ARRAY_LEN(sizes); s++) {
+        size_t n = sizes[s];
+        for (uint32_t i = 0; i < n; i++)
+            c[i] = (kvg_policy_candidate){.index = i,
+                                          .inflight = (uint32_t)(next_rand(&seed) % 20),
+                                          .matched = (uint32_t)(next_rand(&seed) % 150),
+                                          .id_hash = next_rand(&seed),
+                                          .waiting = (uint32_t)(next_rand(&seed) % 3)};
+        /* least_loaded at this size: the merge sort agrees with the reference */
+        memcpy(d, c, n * sizeof(*c));
+        memcpy(e, c, n * sizeof(*c));
+        kvg_policy_rank(KVG_POLICY_LEAST_LOADED, d, n, 12345);
+        ref_least_loaded(e, n, 12345);
+        assert_cands_equal(d, e, n);
+
+        kvg_policy_kind kinds[] = {KVG_POLICY_COST, KVG_POLICY_PREFIX_ONLY};
+        for (size_t k = 0; k < KVG_ARRAY_LEN(kinds); k++) {
+            kvg_policy_config cfg = cfg_of(kinds[k]);
+            kvg_policy_request req = {.blocks = 100, .cold_key = 4242};
+            kvg_policy_reason why;
+            memcpy(d, c, n * sizeof(*c));
+            kvg_policy_choose(&cfg, &req, d, n, 1, t, &why);
+            assert_int_equal(why, KVG_POLICY_REASON_HIT);
+            bool seen_over = false;
+            for (size_t i = 0; i < n; i++) {
+                assert_int_equal(t[i].index, d[i].index);
+                if (i == 0)
+                    continue;
+                const kvg_policy_terms *p = &t[i - 1], *q = &t[i];
+                if (kinds[k] == KVG_POLICY_COST) {
+                    seen_over |= q->over_bound;
+                    assert_false(p->over_bound && !q->over_bound);
+                    if (p->over_bound == q->over_bound) {
+                        assert_true(p->total <= q->total);
+                        if (p->total == q->total)
+                            assert_true(p->rendezvous > q->rendezvous);
+                    }
+                } else {
+                    uint32_t pm = KVG_MIN(d[i - 1].matched, 100), qm = KVG_MIN(d[i].matched, 100);
+                    assert_true(pm >= qm);
+                    if (pm == qm)
+                        assert_true(p->rendezvous > q->rendezvous);
+                }
+            }
+            if (kinds[k] == KVG_POLICY_COST)
+                assert_true(seen_over);
+            /* the same set in another order ranks the same */
+            memcpy(e, c, n * sizeof(*c));
+            shuffle_cands(e, n, n + k);
+            kvg_policy_choose(&cfg, &req, e, n, 999, NULL, NULL);
+            assert_cands_equal(d, e, n);
+        }
+    }
 }
 
 /* ---- token buckets -------------------------------------------------------------------------- */
@@ -261,47 +815,166 @@ static int apply(kvg_policy_config *cfg, const char *text, char *msg, size_t msg
     return rc;
 }
 
+#define DEFAULT_JSON                                                                               \
+    "{\"policy\":\"cost\",\"block_bytes\":64,\"block_tokens\":16,\"max_blocks\":4096,"             \
+    "\"cold_blocks\":4,\"load_factor\":0.25,\"prefill_cost_per_block\":200,"                       \
+    "\"queue_cost_per_request\":5000,\"waiting_cost_per_request\":5000,\"kv_usage_cost\":0}"
+
+/* Field by field: the struct has padding that memcmp would compare. */
+static void assert_config_equal(const kvg_policy_config *a, const kvg_policy_config *b)
+{
+    assert_int_equal(a->kind, b->kind);
+    assert_int_equal(a->block_bytes, b->block_bytes);
+    assert_int_equal(a->block_tokens, b->block_tokens);
+    assert_int_equal(a->max_blocks, b->max_blocks);
+    assert_int_equal(a->cold_blocks, b->cold_blocks);
+    assert_true(a->load_factor == b->load_factor);
+    assert_true(a->prefill_cost_per_block == b->prefill_cost_per_block);
+    assert_true(a->queue_cost_per_request == b->queue_cost_per_request);
+    assert_true(a->waiting_cost_per_request == b->waiting_cost_per_request);
+    assert_true(a->kv_usage_cost == b->kv_usage_cost);
+}
+
 static void test_config(void **state)
 {
     (void)state;
     kvg_policy_config cfg;
-    char msg[128];
+    char msg[160];
     kvg_buf b;
     kvg_buf_init(&b);
     kvg_policy_config_init(&cfg);
-    assert_int_equal(cfg.kind, KVG_POLICY_LEAST_LOADED);
+    assert_int_equal(cfg.kind, KVG_POLICY_COST);
+    assert_int_equal(cfg.block_bytes, 64);
+    assert_int_equal(cfg.block_tokens, 16);
+    assert_int_equal(cfg.max_blocks, 4096);
+    assert_int_equal(cfg.cold_blocks, 4);
+    assert_true(cfg.load_factor == 0.25);
+    assert_true(cfg.prefill_cost_per_block == 200);
+    assert_true(cfg.queue_cost_per_request == 5000);
+    assert_true(cfg.waiting_cost_per_request == 5000);
+    assert_true(cfg.kv_usage_cost == 0);
     kvg_policy_config_to_json(&cfg, &b);
-    assert_string_equal(b.data, "{\"policy\":\"least_loaded\"}");
+    assert_string_equal(b.data, DEFAULT_JSON);
+    /* what to_json writes, apply_json reads back to the same settings */
+    kvg_policy_config again;
+    memset(&again, 0xa5, sizeof(again));
+    again.kind = KVG_POLICY_RANDOM;
+    assert_int_equal(apply(&again, b.data, msg, sizeof(msg)), 0);
+    assert_config_equal(&again, &cfg);
 
     assert_int_equal(apply(&cfg, "{\"policy\":\"random\"}", msg, sizeof(msg)), 0);
     assert_int_equal(cfg.kind, KVG_POLICY_RANDOM);
     /* fields omitted keep their value */
     assert_int_equal(apply(&cfg, "{}", msg, sizeof(msg)), 0);
     assert_int_equal(cfg.kind, KVG_POLICY_RANDOM);
-    assert_int_equal(apply(&cfg, "{\"policy\":\"round_robin\"}", msg, sizeof(msg)), 0);
+    assert_int_equal(cfg.block_bytes, 64);
+    assert_int_equal(
+        apply(&cfg, "{\"policy\":\"prefix_only\",\"load_factor\":0.1}", msg, sizeof(msg)), 0);
+    assert_int_equal(cfg.kind, KVG_POLICY_PREFIX_ONLY);
+    assert_true(cfg.load_factor == 0.1);
+    assert_int_equal(cfg.max_blocks, 4096);
+
+    /* every field, at its limits, and a round trip that changes nothing */
+    const char *full = "{\"policy\":\"round_robin\",\"block_bytes\":16,\"block_tokens\":65536,"
+                       "\"max_blocks\":1048576,\"cold_blocks\":1024,\"load_factor\":0,"
+                       "\"prefill_cost_per_block\":0.1,\"queue_cost_per_request\":1000000000000,"
+                       "\"waiting_cost_per_request\":1.5e-7,\"kv_usage_cost\":12345.678}";
+    assert_int_equal(apply(&cfg, full, msg, sizeof(msg)), 0);
+    assert_int_equal(cfg.kind, KVG_POLICY_ROUND_ROBIN);
+    assert_int_equal(cfg.block_bytes, 16);
+    assert_int_equal(cfg.block_tokens, 65536);
+    assert_int_equal(cfg.max_blocks, 1048576);
+    assert_int_equal(cfg.cold_blocks, 1024);
+    assert_true(cfg.load_factor == 0);
+    assert_true(cfg.prefill_cost_per_block == 0.1);
+    assert_true(cfg.queue_cost_per_request == 1e12);
+    assert_true(cfg.waiting_cost_per_request == 1.5e-7);
+    assert_true(cfg.kv_usage_cost == 12345.678);
     kvg_buf_reset(&b);
     kvg_policy_config_to_json(&cfg, &b);
-    assert_string_equal(b.data, "{\"policy\":\"round_robin\"}");
+    assert_string_equal(b.data,
+                        "{\"policy\":\"round_robin\",\"block_bytes\":16,\"block_tokens\":65536,"
+                        "\"max_blocks\":1048576,\"cold_blocks\":1024,\"load_factor\":0,"
+                        "\"prefill_cost_per_block\":0.1,\"queue_cost_per_request\":1000000000000,"
+                        "\"waiting_cost_per_request\":1.5e-07,\"kv_usage_cost\":12345.678}");
+    kvg_policy_config_init(&again);
+    assert_int_equal(apply(&again, b.data, msg, sizeof(msg)), 0);
+    assert_config_equal(&again, &cfg);
+    /* -0 is 0, and is written as 0; an integer-valued number is fine for a number field */
+    assert_int_equal(apply(&cfg, "{\"load_factor\":-0,\"kv_usage_cost\":7}", msg, sizeof(msg)), 0);
+    assert_false(signbit(cfg.load_factor));
+    assert_true(cfg.kv_usage_cost == 7);
+    assert_int_equal(apply(&cfg, "{\"load_factor\":100}", msg, sizeof(msg)), 0);
+    assert_true(cfg.load_factor == 100);
+    assert_int_equal(apply(&cfg, "{\"policy\":\"round_robin\"}", msg, sizeof(msg)), 0);
+    kvg_policy_config before = cfg;
 
     /* errors name the field and leave cfg unchanged */
     static const struct {
         const char *json;
-        const char *msg;
+        const char *msg; /* the whole message */
     } bad[] = {
-        {"{\"policy\":\"cost\"}", "policy: unknown policy \"cost\""},
+        {"{\"policy\":\"fastest\"}",
+         "policy: unknown policy \"fastest\" (one of least_loaded, round_robin, random, cost, "
+         "prefix_only)"},
         {"{\"policy\":\"random\",\"polcy\":1}", "polcy: unknown field"},
         {"{\"policy\":7}", "policy: must be a string, not number"},
         {"{\"policy\":null}", "policy: must be a string, not null"},
-        {"{\"policy\":\"random\\u0000x\"}", "policy: unknown policy \"random?x\""},
+        {"{\"policy\":\"random\\u0000x\"}",
+         "policy: unknown policy \"random?x\" (one of least_loaded, round_robin, random, cost, "
+         "prefix_only)"},
         {"{\"a\\u0000b\":1}", "a?b: unknown field"},
         {"[]", "policy settings: must be a JSON object, not array"},
+        {"{\"block_bytes\":15}", "block_bytes: must be an integer in 16..65536"},
+        {"{\"block_bytes\":65537}", "block_bytes: must be an integer in 16..65536"},
+        {"{\"block_bytes\":1.5}", "block_bytes: must be an integer in 16..65536"},
+        {"{\"block_bytes\":64.0}", "block_bytes: must be an integer in 16..65536"},
+        {"{\"block_bytes\":6.4e1}", "block_bytes: must be an integer in 16..65536"},
+        {"{\"block_bytes\":-64}", "block_bytes: must be an integer in 16..65536"},
+        {"{\"block_bytes\":99999999999999999999}", "block_bytes: must be an integer in 16..65536"},
+        {"{\"block_bytes\":\"64\"}", "block_bytes: must be an integer in 16..65536, not string"},
+        {"{\"block_tokens\":0}", "block_tokens: must be an integer in 1..65536"},
+        {"{\"block_tokens\":65537}", "block_tokens: must be an integer in 1..65536"},
+        {"{\"block_tokens\":true}", "block_tokens: must be an integer in 1..65536, not boolean"},
+        {"{\"max_blocks\":0}", "max_blocks: must be an integer in 1..1048576"},
+        {"{\"max_blocks\":1048577}", "max_blocks: must be an integer in 1..1048576"},
+        {"{\"max_blocks\":4294967297}", "max_blocks: must be an integer in 1..1048576"},
+        {"{\"max_blocks\":null}", "max_blocks: must be an integer in 1..1048576, not null"},
+        {"{\"cold_blocks\":0}", "cold_blocks: must be an integer in 1..1024"},
+        {"{\"cold_blocks\":1025}", "cold_blocks: must be an integer in 1..1024"},
+        {"{\"cold_blocks\":[4]}", "cold_blocks: must be an integer in 1..1024, not array"},
+        {"{\"load_factor\":-0.01}", "load_factor: must be a number in 0..100"},
+        {"{\"load_factor\":100.5}", "load_factor: must be a number in 0..100"},
+        {"{\"load_factor\":1e400}", "load_factor: must be a number in 0..100"},
+        {"{\"load_factor\":\"0.25\"}", "load_factor: must be a number in 0..100, not string"},
+        {"{\"prefill_cost_per_block\":-1}", "prefill_cost_per_block: must be a number in 0..1e12"},
+        {"{\"prefill_cost_per_block\":1.000001e12}",
+         "prefill_cost_per_block: must be a number in 0..1e12"},
+        {"{\"prefill_cost_per_block\":{}}",
+         "prefill_cost_per_block: must be a number in 0..1e12, not object"},
+        {"{\"queue_cost_per_request\":-5000}",
+         "queue_cost_per_request: must be a number in 0..1e12"},
+        {"{\"queue_cost_per_request\":2e12}",
+         "queue_cost_per_request: must be a number in 0..1e12"},
+        {"{\"queue_cost_per_request\":false}",
+         "queue_cost_per_request: must be a number in 0..1e12, not boolean"},
+        {"{\"waiting_cost_per_request\":-1e-9}",
+         "waiting_cost_per_request: must be a number in 0..1e12"},
+        {"{\"waiting_cost_per_request\":1e13}",
+         "waiting_cost_per_request: must be a number in 0..1e12"},
+        {"{\"kv_usage_cost\":-2}", "kv_usage_cost: must be a number in 0..1e12"},
+        {"{\"kv_usage_cost\":1e999}", "kv_usage_cost: must be a number in 0..1e12"},
+        {"{\"kv_usage_cost\":\"high\"}", "kv_usage_cost: must be a number in 0..1e12, not string"},
+        /* a good member before a bad one is not applied either */
+        {"{\"block_bytes\":128,\"cold_blocks\":0}", "cold_blocks: must be an integer in 1..1024"},
+        {"{\"load_factor\":1,\"weights\":{}}", "weights: unknown field"},
     };
     for (size_t i = 0; i < KVG_ARRAY_LEN(bad); i++) {
         msg[0] = '\0';
         assert_int_equal(apply(&cfg, bad[i].json, msg, sizeof(msg)), KVG_EPARSE);
-        if (strncmp(msg, bad[i].msg, strlen(bad[i].msg)) != 0)
-            fail_msg("%s: got \"%s\", want \"%s...\"", bad[i].json, msg, bad[i].msg);
-        assert_int_equal(cfg.kind, KVG_POLICY_ROUND_ROBIN);
+        if (strcmp(msg, bad[i].msg) != 0)
+            fail_msg("%s: got \"%s\", want \"%s\"", bad[i].json, msg, bad[i].msg);
+        assert_config_equal(&cfg, &before);
     }
     assert_int_equal(kvg_policy_config_apply_json(&cfg, NULL, NULL, 0), KVG_EPARSE);
     /* the last of repeated members wins, as everywhere in kvgate's JSON */
@@ -339,7 +1012,7 @@ static void test_state(void **state)
     assert_int_equal(kvg_policy_state_new(&st), 0);
     kvg_policy_config c;
     kvg_policy_state_get(st, &c);
-    assert_int_equal(c.kind, KVG_POLICY_LEAST_LOADED);
+    assert_int_equal(c.kind, KVG_POLICY_COST);
     uint64_t g = kvg_policy_state_generation(st);
     c.kind = KVG_POLICY_RANDOM;
     kvg_policy_state_set(st, &c);
@@ -376,6 +1049,17 @@ int main(void)
         cmocka_unit_test(test_round_robin),
         cmocka_unit_test(test_many),
         cmocka_unit_test(test_random_permutation),
+        cmocka_unit_test(test_rendezvous),
+        cmocka_unit_test(test_cost_hit_vs_cold),
+        cmocka_unit_test(test_cost_busy_holder_loses),
+        cmocka_unit_test(test_cost_bound),
+        cmocka_unit_test(test_cold_stable),
+        cmocka_unit_test(test_cold_spread),
+        cmocka_unit_test(test_cold_removal),
+        cmocka_unit_test(test_cold_bound),
+        cmocka_unit_test(test_prefix_only),
+        cmocka_unit_test(test_choose_load),
+        cmocka_unit_test(test_choose_many),
         cmocka_unit_test(test_bucket),
         cmocka_unit_test(test_scope_salt),
         cmocka_unit_test(test_config),

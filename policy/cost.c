@@ -1,0 +1,208 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The prefix-aware choice: predicted time to first token under a bounded-load rule (cost), most
+ * matched blocks (prefix_only), and rendezvous hashing for prefixes no worker holds. */
+#include "policy.h"
+
+#include <math.h>
+#include <string.h>
+
+static const char *const reason_names[KVG_POLICY_REASON_COUNT] = {
+    [KVG_POLICY_REASON_LOAD] = "load",
+    [KVG_POLICY_REASON_HIT] = "hit",
+    [KVG_POLICY_REASON_COLD] = "cold",
+};
+
+const char *kvg_policy_reason_str(kvg_policy_reason r)
+{
+    return r < KVG_POLICY_REASON_COUNT ? reason_names[r] : "?";
+}
+
+/* The splitmix64 finaliser (Steele, Lea, Flood 2014; Stafford's "Mix13" constants): a bijection
+ * on 64-bit words in which every input bit flips every output bit with probability ~1/2. */
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* score = mix64(key ^ mix64(id_hash + 0x9e3779b97f4a7c15)), in unsigned 64-bit arithmetic.
+ *
+ * This exact formula is part of the wire contract between gateway replicas (and the trace
+ * simulator): every replica must compute the same score for the same (key, worker), or a cold
+ * prefix would land on different workers. Change it only with a flag day.
+ *
+ * The identity is mixed first (the golden-ratio increment keeps id_hash 0 away from mix64's fixed
+ * point at 0), so that workers whose name hashes differ in a few bits still get unrelated
+ * scores; the outer mix then makes the score of each worker an independent-looking function of
+ * the key. The highest score wins: removing a worker moves only the keys it won, and adding one
+ * takes about 1/n of the keys from the others (highest random weight, Thaler and Ravishankar
+ * 1998). */
+uint64_t kvg_policy_rendezvous(uint64_t key, uint64_t id_hash)
+{
+    return mix64(key ^ mix64(id_hash + 0x9e3779b97f4a7c15ull));
+}
+
+__extension__ typedef unsigned __int128 u128;
+
+/* What every comparison needs; computed once per decision. */
+typedef struct choice {
+    const kvg_policy_config *cfg;
+    kvg_policy_kind kind;
+    uint32_t blocks;
+    uint64_t key;
+    uint64_t bound;  /* the bounded-load limit B */
+    bool any_holder; /* some candidate holds at least one block */
+} choice;
+
+/* The bound B = ceil((1 + load_factor) x (sum of inflight + 1) / n): the mean load after this
+ * request, stretched by the load factor. load_factor is taken in millionths so the arithmetic is
+ * exact integers (1.1 x 50 / 11 must give 5, where doubles give 5.000000000000001 and ceil
+ * makes it 6); the 128-bit product cannot overflow (< 2^27 x (n x 2^32 + 1) <= 2^124).
+ * The least loaded candidate is always within it: min <= floor(sum / n), and
+ * B >= ceil((sum + 1) / n) = floor(sum / n) + 1. */
+static uint64_t load_bound(const kvg_policy_config *cfg, const kvg_policy_candidate *c, size_t n)
+{
+    uint64_t sum = 0;
+    for (size_t i = 0; i < n; i++)
+        sum += c[i].inflight;
+    double lf = cfg->load_factor;
+    uint64_t ppm = 0;
+    if (lf > 0) /* NaN and negatives: strict balance */
+        ppm = lf >= 100 ? 100000000u : (uint64_t)llround(lf * 1e6);
+    u128 num = (u128)(1000000u + ppm) * ((u128)sum + 1);
+    u128 den = (u128)1000000u * n;
+    u128 b = (num + den - 1) / den;
+    return b > UINT64_MAX ? UINT64_MAX : (uint64_t)b;
+}
+
+static bool over_bound(const choice *ch, const kvg_policy_candidate *c)
+{
+    return (uint64_t)c->inflight + 1 > ch->bound;
+}
+
+/* Blocks the candidate holds, at most the request's: a stale index entry cannot make a
+ * candidate look better than holding the whole request. */
+static uint32_t held(const choice *ch, const kvg_policy_candidate *c)
+{
+    return KVG_MIN(c->matched, ch->blocks);
+}
+
+/* A scraped occupancy in [0, 1]; NaN (a bad scrape) counts as unknown, 0. */
+static double kv_usage(const kvg_policy_candidate *c)
+{
+    double u = c->kv_usage;
+    return u > 0 ? (u < 1 ? u : 1) : 0;
+}
+
+static void score(const choice *ch, const kvg_policy_candidate *c, kvg_policy_terms *t)
+{
+    const kvg_policy_config *cfg = ch->cfg;
+    t->index = c->index;
+    t->prefill_cost = cfg->prefill_cost_per_block * (double)(ch->blocks - held(ch, c));
+    t->queue_cost = cfg->queue_cost_per_request * (double)c->inflight +
+                    cfg->waiting_cost_per_request * (double)c->waiting +
+                    cfg->kv_usage_cost * kv_usage(c);
+    t->total = t->prefill_cost + t->queue_cost;
+    t->over_bound = over_bound(ch, c);
+    t->rendezvous = ch->blocks ? kvg_policy_rendezvous(ch->key, c->id_hash) : 0;
+}
+
+static int cmp_u64(uint64_t a, uint64_t b)
+{
+    return (a > b) - (a < b);
+}
+
+/* Negative when a ranks before b. A total order on the candidates' contents: after the policy's
+ * keys come the identity and then every other field, so that two candidates compare equal only
+ * when they are the same bytes. The ranking is therefore a function of the set of candidates,
+ * whatever order the caller listed them in and whatever sort algorithm runs. */
+static int compare(const choice *ch, const kvg_policy_candidate *a, const kvg_policy_candidate *b)
+{
+    int r;
+    if (ch->kind == KVG_POLICY_COST) {
+        if ((r = (int)over_bound(ch, a) - (int)over_bound(ch, b)) != 0)
+            return r;
+        if (ch->any_holder) {
+            kvg_policy_terms ta, tb;
+            score(ch, a, &ta);
+            score(ch, b, &tb);
+            if ((r = (ta.total > tb.total) - (ta.total < tb.total)) != 0)
+                return r;
+        }
+    } else if ((r = cmp_u64(held(ch, b), held(ch, a))) != 0) { /* prefix_only: most first */
+        return r;
+    }
+    if ((r = cmp_u64(kvg_policy_rendezvous(ch->key, b->id_hash),
+                     kvg_policy_rendezvous(ch->key, a->id_hash))) != 0)
+        return r; /* highest score first */
+    if ((r = cmp_u64(a->id_hash, b->id_hash)) != 0 || (r = cmp_u64(a->index, b->index)) != 0 ||
+        (r = cmp_u64(a->inflight, b->inflight)) != 0 ||
+        (r = cmp_u64(a->matched, b->matched)) != 0 || (r = cmp_u64(a->waiting, b->waiting)) != 0)
+        return r;
+    uint32_t ka, kb;
+    memcpy(&ka, &a->kv_usage, sizeof(ka));
+    memcpy(&kb, &b->kv_usage, sizeof(kb));
+    return cmp_u64(ka, kb);
+}
+
+static void swap(kvg_policy_candidate *a, kvg_policy_candidate *b)
+{
+    kvg_policy_candidate t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* Move c[i] down the heap of the first n elements (the "largest" is the one ranked last). */
+static void sift_down(const choice *ch, kvg_policy_candidate *c, size_t i, size_t n)
+{
+    for (;;) {
+        size_t big = i, l = 2 * i + 1, r = l + 1;
+        if (l < n && compare(ch, &c[l], &c[big]) > 0)
+            big = l;
+        if (r < n && compare(ch, &c[r], &c[big]) > 0)
+            big = r;
+        if (big == i)
+            return;
+        swap(&c[i], &c[big]);
+        i = big;
+    }
+}
+
+/* Heapsort: O(n log n) at worst, in place, no allocation (so no failure path in a void function
+ * on the request path). It is not stable, and needs not be: compare() is a total order. */
+static void sort(const choice *ch, kvg_policy_candidate *c, size_t n)
+{
+    for (size_t i = n / 2; i-- > 0;)
+        sift_down(ch, c, i, n);
+    for (size_t end = n; end-- > 1;) {
+        swap(&c[0], &c[end]);
+        sift_down(ch, c, 0, end);
+    }
+}
+
+void kvg_policy_choose(const kvg_policy_config *cfg, const kvg_policy_request *req,
+                       kvg_policy_candidate *cands, size_t n, uint64_t rotation,
+                       kvg_policy_terms *terms, kvg_policy_reason *reason)
+{
+    if (n == 0)
+        return;
+    choice ch = {.cfg = cfg, .kind = cfg->kind, .blocks = req->blocks, .key = req->cold_key};
+    ch.bound = load_bound(cfg, cands, n);
+    kvg_policy_reason why = KVG_POLICY_REASON_LOAD;
+    bool prefix_aware = ch.kind == KVG_POLICY_COST || ch.kind == KVG_POLICY_PREFIX_ONLY;
+    if (!prefix_aware || ch.blocks == 0) {
+        /* No block, no key to agree on: load decides, with rotated ties. */
+        kvg_policy_rank(prefix_aware ? KVG_POLICY_LEAST_LOADED : ch.kind, cands, n, rotation);
+    } else {
+        for (size_t i = 0; i < n && !ch.any_holder; i++)
+            ch.any_holder = held(&ch, &cands[i]) > 0;
+        sort(&ch, cands, n);
+        why = held(&ch, &cands[0]) > 0 ? KVG_POLICY_REASON_HIT : KVG_POLICY_REASON_COLD;
+    }
+    if (terms)
+        for (size_t i = 0; i < n; i++)
+            score(&ch, &cands[i], &terms[i]);
+    if (reason)
+        *reason = why;
+}
