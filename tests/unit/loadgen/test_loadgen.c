@@ -875,6 +875,12 @@ static void test_reports(void **state)
     assert_int_equal(kvg_json_get(kvg_json_get(v, "status"), "503")->u.num.ival, 1);
     assert_int_equal(kvg_json_get(kvg_json_get(v, "errors"), "timeout")->u.num.ival, 1);
     assert_true(kvg_json_get(kvg_json_get(v, "latency_ms"), "p50")->u.num.value > 0);
+    const kvg_json *lat = kvg_json_get(v, "latency_ms");
+    double mean = kvg_json_get(lat, "mean")->u.num.value;
+    assert_true(mean > 0 && mean <= kvg_json_get(lat, "max")->u.num.value);
+    assert_non_null(kvg_json_get(kvg_json_get(v, "tokens"), "prompt"));
+    assert_non_null(kvg_json_get(v, "tenants"));
+    assert_non_null(kvg_json_get(kvg_json_get(v, "workers")->u.arr.items[0], "requests"));
     assert_int_equal(kvg_json_get(v, "workers")->u.arr.count, 3);
     assert_int_equal(kvg_json_get(kvg_json_get(v, "tokens"), "cached")->u.num.ival, 38400);
     kvg_arena_done(&a);
