@@ -105,7 +105,8 @@ struct runner {
     uint16_t port;
     char host_header[HOST_MAX + 16];
     char path[PATH_MAX_LEN];
-    char *authorization;
+    char **authorization; /* "Bearer KEY" per API key */
+    size_t n_authorization;
 };
 
 /* ---- URL ------------------------------------------------------------------------------------ */
@@ -460,8 +461,9 @@ static void start(slot *s, uint64_t index)
     rc |= evhttp_add_header(h, "Content-Type", "application/json");
     rc |= evhttp_add_header(h, "Accept", r->cfg->stream ? "text/event-stream" : "application/json");
     rc |= evhttp_add_header(h, "User-Agent", "kvgate-loadgen/" KVG_VERSION);
-    if (r->authorization)
-        rc |= evhttp_add_header(h, "Authorization", r->authorization);
+    if (r->n_authorization)
+        rc |= evhttp_add_header(h, "Authorization",
+                                r->authorization[item.tenant % r->n_authorization]);
     rc |= evbuffer_add(evhttp_request_get_output_buffer(req), s->request_body.data,
                        s->request_body.len);
     if (rc != 0) {
@@ -599,12 +601,20 @@ int lg_run(const lg_config *cfg, const lg_workload *wl, lg_stats *stats, uint64_
     int rc = parse_url(&r, cfg->url);
     if (rc < 0)
         return rc;
-    if (cfg->api_key) {
-        size_t n = strlen(cfg->api_key) + 8;
-        r.authorization = malloc(n);
+    if (cfg->n_api_keys) {
+        r.authorization = calloc(cfg->n_api_keys, sizeof(*r.authorization));
         if (!r.authorization)
             return -ENOMEM;
-        snprintf(r.authorization, n, "Bearer %s", cfg->api_key);
+        r.n_authorization = cfg->n_api_keys;
+        for (size_t i = 0; i < cfg->n_api_keys; i++) {
+            size_t n = strlen(cfg->api_keys[i]) + 8;
+            r.authorization[i] = malloc(n);
+            if (!r.authorization[i]) {
+                rc = -ENOMEM;
+                goto fail_base;
+            }
+            snprintf(r.authorization[i], n, "Bearer %s", cfg->api_keys[i]);
+        }
     }
     raise_fd_limit((size_t)cfg->concurrency + FD_HEADROOM);
 
@@ -648,6 +658,8 @@ fail_events:
         event_free(r.sig_int);
     event_base_free(r.base);
 fail_base:
+    for (size_t i = 0; i < r.n_authorization; i++)
+        free(r.authorization[i]);
     free(r.authorization);
     return rc;
 }

@@ -168,6 +168,8 @@ typedef struct lg_report_meta {
     const char *model;
     const char *workload;
     uint64_t seed;
+    uint32_t tenants;  /* tenants the workload's requests name */
+    size_t n_api_keys; /* keys they are spread over (0: no key) */
     uint32_t concurrency;
     uint32_t max_tokens;
     bool stream;
@@ -190,7 +192,10 @@ typedef struct lg_config {
     double duration_s; /* 0 = no time limit */
     uint32_t concurrency;
     const char *model;
-    const char *api_key; /* NULL: no Authorization header */
+    /* API keys: request of tenant t sends Authorization: Bearer api_keys[t % n_api_keys];
+     * none (n_api_keys 0): no Authorization header. */
+    const char *const *api_keys;
+    size_t n_api_keys;
     uint32_t max_tokens;
     bool stream;
     uint32_t timeout_ms; /* whole request, connect to last byte */

@@ -21,6 +21,8 @@
 #define DEFAULT_MAX_RESPONSE (4u << 20)
 #define MAX_CONCURRENCY 4096
 #define NAME_MAX_LEN 256
+#define MAX_API_KEYS 4096
+#define MAX_KEY_FILE_BYTES (1u << 20)
 
 static const char usage_head[] =
     "Usage: kvgate-loadgen --url http://HOST:PORT [OPTIONS]\n"
@@ -35,6 +37,10 @@ static const char usage_head[] =
     "  --concurrency N           connections, one request in flight on each (default 8)\n"
     "  --model NAME              model field of every request (default sim-model)\n"
     "  --api-key KEY             send Authorization: Bearer KEY\n"
+    "  --api-keys FILE           one API key per line; tenant t of the workload sends the key\n"
+    "                            on line t mod (number of keys); blank and # lines skipped\n"
+    "  --api-key-list K1,K2,...  the same keys given inline\n"
+    "  --tenants N               tenants of the multi-tenant workload (default 8)\n"
     "  --max-tokens N            max_tokens of every request (default 16)\n"
     "  --stream                  stream: true with stream_options.include_usage; measures\n"
     "                            time to first token\n"
@@ -61,6 +67,9 @@ enum {
     OPT_CONCURRENCY,
     OPT_MODEL,
     OPT_API_KEY,
+    OPT_API_KEYS,
+    OPT_API_KEY_LIST,
+    OPT_TENANTS,
     OPT_MAX_TOKENS,
     OPT_STREAM,
     OPT_WORKLOAD,
@@ -80,6 +89,9 @@ static const struct option long_opts[] = {
     {"concurrency", required_argument, NULL, OPT_CONCURRENCY},
     {"model", required_argument, NULL, OPT_MODEL},
     {"api-key", required_argument, NULL, OPT_API_KEY},
+    {"api-keys", required_argument, NULL, OPT_API_KEYS},
+    {"api-key-list", required_argument, NULL, OPT_API_KEY_LIST},
+    {"tenants", required_argument, NULL, OPT_TENANTS},
     {"max-tokens", required_argument, NULL, OPT_MAX_TOKENS},
     {"stream", no_argument, NULL, OPT_STREAM},
     {"workload", required_argument, NULL, OPT_WORKLOAD},
@@ -99,6 +111,10 @@ typedef struct cli {
     uint64_t seed;
     bool json;
     bool requests_given;
+    uint32_t tenants;
+    char **keys; /* owned copies */
+    size_t n_keys;
+    int key_sources; /* how many of --api-key, --api-keys, --api-key-list were given */
 } cli;
 
 static void print_usage(FILE *f)
@@ -150,6 +166,87 @@ static int check_text(const char *flag, const char *s)
     return 0;
 }
 
+static int add_key(cli *c, const char *flag, const char *key, size_t len)
+{
+    char shown[NAME_MAX_LEN + 2];
+    snprintf(shown, sizeof(shown), "%.*s", (int)KVG_MIN(len, (size_t)NAME_MAX_LEN + 1), key);
+    if (len > NAME_MAX_LEN)
+        return bad_flag(flag, shown, "a key must be 1 to 256 characters");
+    int rc = check_text(flag, shown);
+    if (rc < 0)
+        return rc;
+    if (c->n_keys >= MAX_API_KEYS)
+        return bad_flag(flag, "...", "more than 4096 keys");
+    char **keys = realloc(c->keys, (c->n_keys + 1) * sizeof(*keys));
+    if (!keys)
+        return -ENOMEM;
+    c->keys = keys;
+    keys[c->n_keys] = strndup(key, len);
+    if (!keys[c->n_keys])
+        return -ENOMEM;
+    c->n_keys++;
+    return 0;
+}
+
+/* K1,K2,...: every element must be a usable key (no empty ones). */
+static int parse_key_list(cli *c, const char *flag, const char *list)
+{
+    const char *p = list;
+    for (;;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len == 0)
+            return bad_flag(flag, list, "empty key in the list");
+        int rc = add_key(c, flag, p, len);
+        if (rc < 0)
+            return rc;
+        if (!comma)
+            return 0;
+        p = comma + 1;
+    }
+}
+
+/* One key per line; surrounding blanks, empty lines and lines starting with # are skipped. */
+static int read_key_file(cli *c, const char *flag, const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return bad_flag(flag, path, strerror(errno));
+    kvg_buf b;
+    kvg_buf_init(&b);
+    char chunk[4096];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0 && b.len <= MAX_KEY_FILE_BYTES)
+        kvg_buf_append(&b, chunk, n);
+    bool read_error = ferror(f);
+    fclose(f);
+    int rc = 0;
+    if (read_error)
+        rc = bad_flag(flag, path, "read error");
+    else if (b.failed)
+        rc = -ENOMEM;
+    else if (b.len > MAX_KEY_FILE_BYTES)
+        rc = bad_flag(flag, path, "larger than 1 MiB");
+    size_t before = c->n_keys;
+    for (size_t i = 0; rc == 0 && i < b.len;) {
+        size_t end = i;
+        while (end < b.len && b.data[end] != '\n')
+            end++;
+        size_t s = i, e = end;
+        while (s < e && (b.data[s] == ' ' || b.data[s] == '\t' || b.data[s] == '\r'))
+            s++;
+        while (e > s && (b.data[e - 1] == ' ' || b.data[e - 1] == '\t' || b.data[e - 1] == '\r'))
+            e--;
+        if (e > s && b.data[s] != '#')
+            rc = add_key(c, flag, b.data + s, e - s);
+        i = end + 1;
+    }
+    kvg_buf_done(&b);
+    if (rc == 0 && c->n_keys == before)
+        rc = bad_flag(flag, path, "no key in the file");
+    return rc;
+}
+
 /* Returns 0 to run, 1 when --help/--version was handled, or an error. */
 static int parse_args(int argc, char **argv, cli *c)
 {
@@ -187,8 +284,19 @@ static int parse_args(int argc, char **argv, cli *c)
             cfg->model = optarg;
             break;
         case OPT_API_KEY:
-            rc = check_text(name, optarg);
-            cfg->api_key = optarg;
+            c->key_sources++;
+            rc = add_key(c, name, optarg, strlen(optarg));
+            break;
+        case OPT_API_KEYS:
+            c->key_sources++;
+            rc = read_key_file(c, name, optarg);
+            break;
+        case OPT_API_KEY_LIST:
+            c->key_sources++;
+            rc = parse_key_list(c, name, optarg);
+            break;
+        case OPT_TENANTS:
+            rc = parse_u32(name, optarg, 1, LG_MT_MAX_TENANTS, &c->tenants);
             break;
         case OPT_MAX_TOKENS:
             rc = parse_u32(name, optarg, 1, 1u << 20, &cfg->max_tokens);
@@ -246,6 +354,11 @@ static int parse_args(int argc, char **argv, cli *c)
         fprintf(stderr, "kvgate-loadgen: unexpected argument %s (see --help)\n", argv[optind]);
         rc = KVG_ECONFIG;
     }
+    if (rc == 0 && c->key_sources > 1) {
+        fprintf(stderr, "kvgate-loadgen: give the API keys with one of --api-key, --api-keys "
+                        "and --api-key-list\n");
+        rc = KVG_ECONFIG;
+    }
     if (rc == 0 && !cfg->url) {
         fprintf(stderr, "kvgate-loadgen: --url is required (see --help)\n");
         rc = KVG_ECONFIG;
@@ -254,6 +367,8 @@ static int parse_args(int argc, char **argv, cli *c)
         return rc;
     if (!c->requests_given && cfg->duration_s <= 0)
         cfg->requests = DEFAULT_REQUESTS;
+    cfg->api_keys = (const char *const *)c->keys;
+    cfg->n_api_keys = c->n_keys;
     return 0;
 }
 
@@ -273,28 +388,32 @@ int main(int argc, char **argv)
     };
     /* Only problems matter on stderr; stdout carries the summary. */
     kvg_log_set_level(KVG_LOG_WARN);
-    int rc = parse_args(argc, argv, &c);
-    if (rc == 1)
-        return 0;
-    if (rc < 0)
-        return 2;
-
+    int status = 1;
     lg_workload *wl = NULL;
-    rc = lg_workload_new(c.workload, c.seed, &wl);
+    int rc = parse_args(argc, argv, &c);
+    if (rc == 1 || rc < 0) {
+        status = rc == 1 ? 0 : rc == -ENOMEM ? 1 : 2;
+        if (rc == -ENOMEM)
+            fprintf(stderr, "kvgate-loadgen: out of memory\n");
+        goto out_keys;
+    }
+
+    lg_workload_opts wopts = {.tenants = c.tenants, .max_tokens = c.cfg.max_tokens};
+    rc = lg_workload_new_opts(c.workload, c.seed, &wopts, &wl);
     if (rc == KVG_ENOTFOUND) {
         fprintf(stderr, "kvgate-loadgen: --workload %s: unknown (see --help)\n", c.workload);
-        return 2;
+        status = 2;
+        goto out_keys;
     }
     if (rc < 0) {
         fprintf(stderr, "kvgate-loadgen: cannot build the workload: %s\n", kvg_strerror(rc));
-        return 1;
+        goto out_keys;
     }
 
     /* A server that closes mid-write must be an error return, not a fatal signal. */
     struct sigaction sa = {.sa_handler = SIG_IGN};
     sigaction(SIGPIPE, &sa, NULL);
 
-    int status = 1;
     lg_stats stats;
     lg_stats_init(&stats);
     uint64_t elapsed = 0;
@@ -314,6 +433,8 @@ int main(int argc, char **argv)
         .model = c.cfg.model,
         .workload = lg_workload_name(wl),
         .seed = c.seed,
+        .tenants = lg_workload_tenants(wl),
+        .n_api_keys = c.n_keys,
         .concurrency = c.cfg.concurrency,
         .max_tokens = c.cfg.max_tokens,
         .stream = c.cfg.stream,
@@ -341,5 +462,9 @@ out:
     lg_stats_done(&stats);
     lg_workload_free(wl);
     libevent_global_shutdown();
+out_keys:
+    for (size_t i = 0; i < c.n_keys; i++)
+        free(c.keys[i]);
+    free(c.keys);
     return status;
 }

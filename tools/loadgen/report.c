@@ -97,9 +97,11 @@ void lg_report_text(kvg_buf *out, const lg_stats *s, const lg_report_meta *m)
         kvg_buf_puts(out, " or");
     if (m->duration_planned_s > 0)
         kvg_buf_printf(out, " %.1f s", m->duration_planned_s);
-    kvg_buf_printf(out, ", concurrency %u, %s, max_tokens %u%s\n", m->concurrency,
-                   m->stream ? "streaming" : "non-streaming", m->max_tokens,
-                   m->interrupted ? "  (INTERRUPTED)" : "");
+    kvg_buf_printf(out, ", concurrency %u, %s, max_tokens %u", m->concurrency,
+                   m->stream ? "streaming" : "non-streaming", m->max_tokens);
+    if (m->tenants > 1)
+        kvg_buf_printf(out, ", %u tenants over %zu API keys", m->tenants, m->n_api_keys);
+    kvg_buf_printf(out, "%s\n", m->interrupted ? "  (INTERRUPTED)" : "");
     kvg_buf_printf(out, "  %-12s %llu finished, %llu ok, %llu failed in %.2f s: %.1f req/s\n",
                    "requests", (unsigned long long)s->requests,
                    (unsigned long long)s->by_outcome[LG_OK], (unsigned long long)failed(s),
@@ -147,12 +149,16 @@ static void json_percentiles(kvg_buf *out, const lg_samples *v)
         kvg_buf_puts(out, "null");
         return;
     }
+    /* The mean of the kept samples: what a run's TTFT is compared by across policies. */
+    double sum = 0;
+    for (size_t i = 0; i < v->n; i++)
+        sum += (double)v->v[i];
     kvg_buf_printf(out,
-                   "{\"p50\":%.3f,\"p90\":%.3f,\"p99\":%.3f,\"max\":%.3f,\"samples\":%zu,"
-                   "\"dropped\":%llu}",
-                   ms(lg_percentile(v->v, v->n, 50)), ms(lg_percentile(v->v, v->n, 90)),
-                   ms(lg_percentile(v->v, v->n, 99)), ms(v->v[v->n - 1]), v->n,
-                   (unsigned long long)v->dropped);
+                   "{\"mean\":%.3f,\"p50\":%.3f,\"p90\":%.3f,\"p99\":%.3f,\"max\":%.3f,"
+                   "\"samples\":%zu,\"dropped\":%llu}",
+                   sum / (double)v->n / 1000.0, ms(lg_percentile(v->v, v->n, 50)),
+                   ms(lg_percentile(v->v, v->n, 90)), ms(lg_percentile(v->v, v->n, 99)),
+                   ms(v->v[v->n - 1]), v->n, (unsigned long long)v->dropped);
 }
 
 static void json_worker(kvg_buf *out, const lg_worker_stat *w, bool first)
@@ -178,10 +184,12 @@ void lg_report_json(kvg_buf *out, const lg_stats *s, const lg_report_meta *m)
     kvg_buf_puts(out, ",\"workload\":");
     json_str(out, m->workload);
     kvg_buf_printf(out,
-                   ",\"seed\":%llu,\"concurrency\":%u,\"stream\":%s,\"max_tokens\":%u,"
+                   ",\"seed\":%llu,\"tenants\":%u,\"api_keys\":%zu,\"concurrency\":%u,\"stream\":%"
+                   "s,\"max_tokens\":%u,"
                    "\"requests_planned\":%llu,\"duration_planned_s\":%.3f,\"interrupted\":%s",
-                   (unsigned long long)m->seed, m->concurrency, m->stream ? "true" : "false",
-                   m->max_tokens, (unsigned long long)m->requests_planned, m->duration_planned_s,
+                   (unsigned long long)m->seed, m->tenants, m->n_api_keys, m->concurrency,
+                   m->stream ? "true" : "false", m->max_tokens,
+                   (unsigned long long)m->requests_planned, m->duration_planned_s,
                    m->interrupted ? "true" : "false");
     kvg_buf_printf(out,
                    ",\"requests\":%llu,\"ok\":%llu,\"failed\":%llu,\"elapsed_s\":%.3f,"

@@ -13,6 +13,7 @@
 
 #include "fail_alloc.h"
 #include "loadgen.h"
+#include "simworker.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
@@ -47,7 +48,8 @@ static void test_workload_registry(void **state)
         assert_int_equal(lg_workload_new(lg_workload_list_name(i), 7, &wl), 0);
         assert_string_equal(lg_workload_name(wl), lg_workload_list_name(i));
         assert_non_null(lg_workload_list_help(i));
-        assert_int_equal(lg_workload_tenants(wl), 1);
+        bool multi = strcmp(lg_workload_list_name(i), "multi-tenant") == 0;
+        assert_int_equal(lg_workload_tenants(wl), multi ? LG_MT_DEFAULT_TENANTS : 1);
         lg_workload_free(wl);
     }
     assert_null(lg_workload_list_name(lg_workload_count()));
@@ -163,6 +165,256 @@ static void test_workload_unique(void **state)
         free(firsts[i]);
     kvg_arena_done(&a);
     lg_workload_free(wl);
+}
+
+/* The kinds of multi-tenant requests, told apart by their messages. */
+enum { MT_SINGLE, MT_DOC, MT_OPENER, MT_FOLLOW, MT_KINDS };
+
+static int mt_kind(const lg_item *it)
+{
+    if (it->n_messages > 2)
+        return MT_FOLLOW;
+    const lg_message *u = &it->messages[1];
+    if (u->len > 10 && memcmp(u->content, "Answer from", 11) == 0)
+        return MT_DOC;
+    if (u->len > 12 && memcmp(u->content, "Conversation", 12) == 0)
+        return MT_OPENER;
+    return MT_SINGLE;
+}
+
+/* Messages joined into one string (roles and contents), to match turns with earlier ones. */
+static char *messages_text(const lg_message *m, size_t n)
+{
+    kvg_buf b;
+    kvg_buf_init(&b);
+    for (size_t i = 0; i < n; i++) {
+        kvg_buf_printf(&b, "%s\x1f", m[i].role);
+        kvg_buf_append(&b, m[i].content, m[i].len);
+        kvg_buf_putc(&b, '\x1e');
+    }
+    assert_false(b.failed);
+    return kvg_buf_steal(&b, NULL);
+}
+
+static void test_workload_multi_tenant(void **state)
+{
+    (void)state;
+    enum { N = 4000 };
+    lg_workload *wl = NULL;
+    assert_int_equal(lg_workload_new("multi-tenant", 5, &wl), 0);
+    uint32_t t_count = lg_workload_tenants(wl);
+    assert_int_equal(t_count, 8);
+    assert_int_equal(lg_workload_prefixes(wl), 8);
+    for (uint32_t t = 0; t < t_count; t++)
+        assert_int_equal(lg_workload_group(wl, t), t / 2);
+    size_t kinds[MT_KINDS] = {0}, per_tenant[8] = {0}, turns[8] = {0};
+    const char *sys[8] = {0};
+    char **texts = calloc(N, sizeof(*texts));
+    uint32_t *item_tenant = calloc(N, sizeof(*item_tenant));
+    assert_non_null(texts);
+    assert_non_null(item_tenant);
+    size_t follow_found = 0, min_gap = SIZE_MAX;
+    kvg_arena a;
+    kvg_arena_init(&a, 0);
+    for (uint64_t i = 0; i < N; i++) {
+        lg_item it;
+        assert_int_equal(lg_workload_item(wl, i, &a, &it), 0);
+        assert_true(it.tenant < t_count);
+        assert_int_equal(it.prefix, it.tenant);
+        item_tenant[i] = it.tenant;
+        per_tenant[it.tenant]++;
+        /* Every request opens with its tenant's system prompt, ~1-2 KB. */
+        assert_string_equal(it.messages[0].role, "system");
+        size_t sys_len = it.messages[0].len;
+        assert_true(sys_len >= 1000 && sys_len <= 2100);
+        if (sys[it.tenant])
+            assert_ptr_equal(sys[it.tenant], it.messages[0].content);
+        sys[it.tenant] = it.messages[0].content;
+        int kind = mt_kind(&it);
+        kinds[kind]++;
+        /* Alternating user and assistant turns, ending with the user's. */
+        assert_true(it.n_messages % 2 == 0 && it.n_messages <= 12);
+        for (size_t k = 1; k < it.n_messages; k++)
+            assert_string_equal(it.messages[k].role, k % 2 ? "user" : "assistant");
+        turns[(it.n_messages - 2) / 2]++;
+        if (kind == MT_DOC) {
+            /* A document of the tenant's group: 2-6 KB plus the question. */
+            unsigned g, d;
+            const char *u = it.messages[1].content;
+            const char *doc = strstr(u, "Document ");
+            assert_non_null(doc);
+            assert_int_equal(sscanf(doc, "Document %u.%u:", &g, &d), 2);
+            assert_int_equal(g, it.tenant / 2 + 1);
+            assert_true(d >= 1 && d <= 4);
+            assert_true(it.messages[1].len >= 2048 && it.messages[1].len <= 6144 + 400);
+        }
+        if (kind == MT_OPENER || kind == MT_FOLLOW)
+            texts[i] = messages_text(it.messages, it.n_messages);
+        if (kind == MT_FOLLOW) {
+            /* The previous turn of the conversation was sent earlier: its whole prompt is
+             * this one's opening, and a reply (the same every turn) follows it. */
+            char *prev = messages_text(it.messages, it.n_messages - 2);
+            for (uint64_t j = i; j-- > 0;)
+                if (texts[j] && strcmp(texts[j], prev) == 0) {
+                    assert_int_equal(item_tenant[j], it.tenant);
+                    follow_found++;
+                    min_gap = KVG_MIN(min_gap, (size_t)(i - j));
+                    break;
+                }
+            free(prev);
+            assert_ptr_equal(it.messages[it.n_messages - 2].content,
+                             it.messages[2].content); /* one shared reply text */
+        }
+        kvg_arena_reset(&a);
+    }
+    /* Exactly 30% single questions, 30% document questions, 40% chat turns, most of those
+     * follow-ups, some as deep as the sixth turn. */
+    assert_int_equal(kinds[MT_SINGLE], N * 30 / 100);
+    assert_int_equal(kinds[MT_DOC], N * 30 / 100);
+    assert_int_equal(kinds[MT_OPENER] + kinds[MT_FOLLOW], N * 40 / 100);
+    assert_true(kinds[MT_FOLLOW] > 3 * kinds[MT_OPENER] / 2);
+    assert_true(turns[5] > 0 && turns[6] == 0);
+    assert_int_equal(follow_found, kinds[MT_FOLLOW]);
+    assert_true(min_gap >= 60); /* time for the previous answer to arrive */
+    /* Zipf over tenants: every tenant is used, the first far more than the last. */
+    for (uint32_t t = 0; t < t_count; t++)
+        assert_true(per_tenant[t] > 0);
+    assert_true(per_tenant[0] > 4 * per_tenant[7]);
+    assert_true(per_tenant[0] > per_tenant[1] && per_tenant[1] > per_tenant[3]);
+    /* Tenants of one group share the preamble, other groups differ from the first bytes. */
+    for (uint32_t t = 0; t < t_count; t++)
+        for (uint32_t u = t + 1; u < t_count; u++) {
+            if (t / 2 == u / 2)
+                assert_memory_equal(sys[t], sys[u], 300);
+            else
+                assert_true(memcmp(sys[t], sys[u], 48) != 0);
+            assert_string_not_equal(sys[t], sys[u]);
+        }
+    for (size_t i = 0; i < N; i++)
+        free(texts[i]);
+    free(texts);
+    free(item_tenant);
+    kvg_arena_done(&a);
+    lg_workload_free(wl);
+}
+
+static void test_workload_multi_tenant_opts(void **state)
+{
+    (void)state;
+    lg_workload *wl = NULL;
+    lg_workload_opts o = {.tenants = LG_MT_MAX_TENANTS + 1};
+    assert_int_equal(lg_workload_new_opts("multi-tenant", 1, &o, &wl), -EINVAL);
+    assert_null(wl);
+    /* Three tenants: groups {0, 1} and {2}; single-tenant workloads ignore the count. */
+    o.tenants = 3;
+    assert_int_equal(lg_workload_new_opts("shared-prefix", 1, &o, &wl), 0);
+    assert_int_equal(lg_workload_tenants(wl), 1);
+    assert_int_equal(lg_workload_group(wl, 0), 0);
+    lg_workload_free(wl);
+    assert_int_equal(lg_workload_new_opts("multi-tenant", 1, &o, &wl), 0);
+    assert_int_equal(lg_workload_tenants(wl), 3);
+    assert_int_equal(lg_workload_group(wl, 2), 1);
+    kvg_arena a;
+    kvg_arena_init(&a, 0);
+    bool seen[3] = {false};
+    for (uint64_t i = 0; i < 300; i++) {
+        lg_item it;
+        assert_int_equal(lg_workload_item(wl, i, &a, &it), 0);
+        assert_true(it.tenant < 3);
+        seen[it.tenant] = true;
+    }
+    assert_true(seen[0] && seen[1] && seen[2]);
+    kvg_arena_done(&a);
+    lg_workload_free(wl);
+    o.tenants = 1;
+    assert_int_equal(lg_workload_new_opts("multi-tenant", 1, &o, &wl), 0);
+    lg_workload_free(wl);
+}
+
+/* Tokens the simulated worker would prefill for item: its body parsed and rendered by the
+ * worker's own chat template and tokenizer. */
+static void sim_prompt_tokens(const lg_item *it, uint32_t max_tokens, sim_tokens *out)
+{
+    lg_body_opts o = {.model = "m", .max_tokens = max_tokens};
+    kvg_buf body, text;
+    kvg_buf_init(&body);
+    kvg_buf_init(&text);
+    lg_body_build(&body, it, &o);
+    assert_false(body.failed);
+    kvg_arena a;
+    kvg_arena_init(&a, 0);
+    kvg_json *v;
+    assert_int_equal(kvg_json_parse(body.data, body.len, &a, NULL, &v, NULL), 0);
+    assert_int_equal(sim_chat_render(kvg_json_get(v, "messages"), NULL, true, &text), 0);
+    sim_tokens_init(out, 0);
+    assert_int_equal(sim_tokenize(text.data, text.len, out), 0);
+    kvg_arena_done(&a);
+    kvg_buf_done(&text);
+    kvg_buf_done(&body);
+}
+
+/* A follow-up turn re-tokenizes, on the simulated worker, to the previous turn's prompt
+ * followed by the tokens the worker generated for it: the blocks the previous turn filled
+ * are hit. Checked for a reply shorter than the worker's word list and one that wraps it. */
+static void test_workload_multi_tenant_follow_up_tokens(void **state)
+{
+    (void)state;
+    static const uint32_t lengths[] = {10, 70};
+    for (size_t l = 0; l < KVG_ARRAY_LEN(lengths); l++) {
+        uint32_t max_tokens = lengths[l];
+        lg_workload *wl = NULL;
+        lg_workload_opts o = {.max_tokens = max_tokens};
+        assert_int_equal(lg_workload_new_opts("multi-tenant", 9, &o, &wl), 0);
+        kvg_arena a, b;
+        kvg_arena_init(&a, 0);
+        kvg_arena_init(&b, 0);
+        size_t checked = 0;
+        for (uint64_t i = 0; i < 1500 && checked < 5; i++) {
+            lg_item it;
+            assert_int_equal(lg_workload_item(wl, i, &a, &it), 0);
+            if (it.n_messages < 4) {
+                kvg_arena_reset(&a);
+                continue;
+            }
+            /* The reply in the history is the worker's generated text. */
+            kvg_buf want;
+            kvg_buf_init(&want);
+            sim_output_text(&want, max_tokens);
+            assert_int_equal(it.messages[2].len, want.len);
+            assert_memory_equal(it.messages[2].content, want.data, want.len);
+            kvg_buf_done(&want);
+            /* Find the previous turn among earlier requests. */
+            char *prev_text = messages_text(it.messages, it.n_messages - 2);
+            bool found = false;
+            for (uint64_t j = i; j-- > 0 && !found;) {
+                lg_item p;
+                assert_int_equal(lg_workload_item(wl, j, &b, &p), 0);
+                char *t = messages_text(p.messages, p.n_messages);
+                if (strcmp(t, prev_text) == 0) {
+                    found = true;
+                    sim_tokens prev, cur;
+                    sim_prompt_tokens(&p, max_tokens, &prev);
+                    sim_prompt_tokens(&it, max_tokens, &cur);
+                    assert_true(cur.n > prev.n + max_tokens);
+                    assert_memory_equal(cur.v, prev.v, prev.n * sizeof(uint32_t));
+                    for (uint32_t k = 1; k <= max_tokens; k++)
+                        assert_int_equal(cur.v[prev.n + k - 1], sim_output_token(k));
+                    sim_tokens_done(&prev);
+                    sim_tokens_done(&cur);
+                }
+                free(t);
+                kvg_arena_reset(&b);
+            }
+            free(prev_text);
+            assert_true(found);
+            checked++;
+            kvg_arena_reset(&a);
+        }
+        assert_int_equal(checked, 5);
+        kvg_arena_done(&a);
+        kvg_arena_done(&b);
+        lg_workload_free(wl);
+    }
 }
 
 /* Every allocation failure is reported as -ENOMEM and leaks nothing (ASan checks). */
@@ -623,6 +875,12 @@ static void test_reports(void **state)
     assert_int_equal(kvg_json_get(kvg_json_get(v, "status"), "503")->u.num.ival, 1);
     assert_int_equal(kvg_json_get(kvg_json_get(v, "errors"), "timeout")->u.num.ival, 1);
     assert_true(kvg_json_get(kvg_json_get(v, "latency_ms"), "p50")->u.num.value > 0);
+    const kvg_json *lat = kvg_json_get(v, "latency_ms");
+    double mean = kvg_json_get(lat, "mean")->u.num.value;
+    assert_true(mean > 0 && mean <= kvg_json_get(lat, "max")->u.num.value);
+    assert_non_null(kvg_json_get(kvg_json_get(v, "tokens"), "prompt"));
+    assert_non_null(kvg_json_get(v, "tenants"));
+    assert_non_null(kvg_json_get(kvg_json_get(v, "workers")->u.arr.items[0], "requests"));
     assert_int_equal(kvg_json_get(v, "workers")->u.arr.count, 3);
     assert_int_equal(kvg_json_get(kvg_json_get(v, "tokens"), "cached")->u.num.ival, 38400);
     kvg_arena_done(&a);
@@ -653,6 +911,9 @@ int main(void)
         cmocka_unit_test(test_workload_deterministic),
         cmocka_unit_test(test_workload_shared_prefix),
         cmocka_unit_test(test_workload_unique),
+        cmocka_unit_test(test_workload_multi_tenant),
+        cmocka_unit_test(test_workload_multi_tenant_opts),
+        cmocka_unit_test(test_workload_multi_tenant_follow_up_tokens),
         cmocka_unit_test(test_workload_alloc_failures),
         cmocka_unit_test(test_body_build),
         cmocka_unit_test(test_percentile),
