@@ -139,12 +139,9 @@ int main(int argc, char **argv)
             kvg_buf_init(&c.out);
             /* The index as in steady state: every worker holds other requests' prefixes, and
              * one holds this body's whole prefix (the lookup walks the full chain). */
-            bench_ctx warm = c;
             for (size_t w = 0; w < counts[ci]; w++) {
                 size_t olen;
                 char *other = make_body(sizes[si], 1000 + (unsigned)w, &olen);
-                warm.body = other;
-                warm.len = olen;
                 kvg_body_info info;
                 kvg_arena_reset(&c.arena);
                 kvg_buf_reset(&c.out);
