@@ -5,7 +5,7 @@
 #include <string.h>
 
 /* Label values escape backslash, double quote and line feed; nothing else. */
-static void put_label_value(kvg_buf *out, const char *v)
+void kvg_router_put_label_value(kvg_buf *out, const char *v)
 {
     const char *run = v;
     for (const char *p = v; *p; p++) {
@@ -30,7 +30,7 @@ static void put_series(kvg_buf *out, const char *name, const kvg_worker *w)
 {
     kvg_buf_puts(out, name);
     kvg_buf_puts(out, "{worker=\"");
-    put_label_value(out, w->spec->name);
+    kvg_router_put_label_value(out, w->spec->name);
     kvg_buf_putc(out, '"');
 }
 

@@ -295,15 +295,18 @@ void kvg_usage_scan_init(kvg_usage_scan *s);
  *  wins (a stream's final usage chunk). Never fails; garbage leaves the values as they were. */
 void kvg_usage_scan_feed(kvg_usage_scan *s, const char *data, size_t len);
 
-/* ---- the prefix index (embedded backend) ------------------------------------------------------
- */
+/* ---- the prefix index (embedded backend) -------------------------------------------------- */
 
 /* For each worker, which block keys it is believed to hold, with each worker's KV capacity
- * modelled by LRU eviction. Safe for every gateway thread at once. */
+ * modelled by LRU eviction. Safe for every gateway thread at once: lookups share a read lock,
+ * recording and worker changes take it exclusively. Memory: about 28 bytes per entry (32 when
+ * max_entries is not a power of two), allocated as entries are recorded, never more than for
+ * max_entries. */
 typedef struct kvg_prefix_index kvg_prefix_index;
 
 typedef struct kvg_index_config {
-    uint64_t max_entries;      /* (worker, key) entries in the whole index; 0 = 1 << 24 */
+    uint64_t max_entries;      /* (worker, key) entries in the whole index; 0 = 1 << 24, at
+                                  most 1 << 31 */
     uint32_t default_capacity; /* blocks for a worker whose capacity is 0 (unknown); 0 = 65536 */
 } kvg_index_config;
 
@@ -314,28 +317,36 @@ typedef struct kvg_index_worker {
     uint32_t capacity; /* blocks it can hold; 0 = the default */
 } kvg_index_worker;
 
-/** Create an empty index; cfg NULL for defaults. 0, -ENOMEM, -EINVAL. */
+/** Create an empty index; cfg NULL for defaults. 0, -ENOMEM, -EINVAL (max_entries too big,
+ *  out NULL). */
 int kvg_index_new(const kvg_index_config *cfg, kvg_prefix_index **out);
 /** Free the index. NULL is a no-op. */
 void kvg_index_free(kvg_prefix_index *idx);
 /** Make the index's worker list exactly ws: workers not listed lose every entry; listed ones
- *  keep theirs (a lowered capacity evicts down to it at once). Thread-safe. 0 or -ENOMEM. */
+ *  keep theirs (a lowered capacity evicts down to it at once, counted as evictions); names are
+ *  copied (NULL = ""). All or nothing. Thread-safe. 0, -ENOMEM, -EINVAL (an id listed twice,
+ *  ws NULL with n > 0, more than 1 << 24 workers). */
 int kvg_index_set_workers(kvg_prefix_index *idx, const kvg_index_worker *ws, size_t n);
 /** For each of the nworkers worker ids, the number of leading keys (keys[0], keys[1], ...
- *  without a gap) that worker holds, into matched[]. Unknown ids match 0. Read-only: it does
- *  not refresh recency. Thread-safe. */
+ *  without a gap) that worker holds, into matched[]. Unknown ids match 0; an id may be listed
+ *  twice. Read-only: it does not refresh recency. Cannot fail: allocates nothing for up to 64
+ *  ids, and above that falls back to slower stack batches when memory is short. Thread-safe. */
 void kvg_index_match(kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
                      const uint64_t *worker_ids, size_t nworkers, uint32_t *matched);
 /** Record that the worker now holds keys[0..nkeys): each becomes its most recently used entry,
  *  keys[0] the most recent of all (engines evict a sequence's tail before its head); the
- *  least recently used entries beyond the worker's capacity are evicted. 0, KVG_ENOTFOUND
- *  (unknown worker), -ENOMEM. Thread-safe. */
+ *  least recently used entries beyond the worker's capacity are evicted. When the index holds
+ *  max_entries, a new entry takes the place of the worker's own least recent one (none: the
+ *  rest is not recorded). 0, KVG_ENOTFOUND (unknown worker), -EINVAL (keys NULL, nkeys > 0),
+ *  -ENOMEM (the keys from the tail down to the failure stay recorded; the index is consistent
+ *  and usable). Keys already held cost no allocation. Thread-safe. */
 int kvg_index_record(kvg_prefix_index *idx, uint64_t worker_id, const uint64_t *keys, size_t nkeys);
 
 typedef struct kvg_index_stats {
     uint64_t entries;   /* (worker, key) entries held */
     uint64_t capacity;  /* sum of the workers' capacities, capped by max_entries */
-    uint64_t evictions; /* entries evicted for capacity, since start */
+    uint64_t evictions; /* entries evicted for capacity (a worker's or max_entries), since start;
+                           entries of a removed worker are not counted */
     uint64_t inserts;   /* entries added, since start */
     uint32_t workers;
 } kvg_index_stats;

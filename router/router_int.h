@@ -108,4 +108,7 @@ void kvg_router_worker_set_retired(kvg_worker *w);
 int kvg_router_set_new(kvg_worker **workers, size_t n, uint64_t generation, kvg_worker_set **out);
 kvg_worker_set *kvg_router_set_ref(kvg_worker_set *set);
 
+/* Append a Prometheus label value, escaping backslash, double quote and line feed. */
+void kvg_router_put_label_value(kvg_buf *out, const char *v);
+
 #endif

@@ -1,0 +1,847 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The embedded prefix index: which block keys each worker is believed to hold, with each
+ * worker's KV capacity modelled by LRU eviction.
+ *
+ * Layout. Every (key, worker) pair the index holds is one 24-byte node in a pool addressed by
+ * uint32 indices (key u64, worker slot u32, hash-chain next u32, LRU prev/next u32); no
+ * pointers, so the pool can grow by realloc and stays dense. A hash table of uint32 bucket
+ * heads chains every node whose key falls in a bucket, whatever its worker: one probe answers
+ * "who holds this key", which is the question a lookup asks at each step. Each worker slot
+ * has its own doubly-linked LRU list through its nodes (head = most recent), its capacity and
+ * its count. Freed nodes go on a free list (through the chain link) and are reused first.
+ *
+ * Memory. The pool starts at 1024 nodes and doubles on demand up to max_entries; the bucket
+ * array is the pool size rounded up to a power of two (load factor <= 1) and is rehashed when
+ * the pool grows. So the index holds at most 24 bytes per entry for the pool plus 4 to 8 per
+ * entry for buckets (4 when max_entries is a power of two): 28 bytes per entry at the default
+ * 1 << 24 entries, 448 MiB when full. Growth is a realloc, so while the pool doubles it briefly
+ * needs the old and the new array (1.5x). Per worker: ~48 bytes and its name.
+ *
+ * Locking. One index-wide pthread rwlock. A lookup takes the read lock once and writes nothing
+ * shared (it does not refresh recency, so lookups from every thread run in parallel); record
+ * and set_workers take the write lock. Per-key or striped locks would make a lookup take one
+ * lock per key of the chain, and a record would have to order its LRU updates across stripes;
+ * a record is a few hundred nanoseconds per key under the lock, well below what one lookup per
+ * request costs. The lock prefers writers (glibc's default prefers readers, which lets a busy
+ * stream of lookups starve recording indefinitely).
+ *
+ * Lookup. Walk keys in order; the alive set starts as the requested workers the index knows
+ * and each step keeps those holding keys[i]; a worker's match is the step at which it left the
+ * set. A chain walk stops once every alive worker was found, and the walk stops as soon as the
+ * set is empty, so a cold request costs one bucket probe. The requested ids are mapped to
+ * their positions through a small per-call table keyed by slot, on the stack up to 64 workers,
+ * on the heap (bounded, 4096 at a time) above that.
+ *
+ * Recording touches keys from the last to the first, so keys[0] ends most recently used: vLLM
+ * frees a finished sequence's blocks tail first, so the head of a prompt outlives its tail.
+ * Finding the (key, worker) entry walks the key's chain, which holds one node per worker that
+ * has the key: a prefix every worker holds (a shared system prompt) costs O(workers) per key
+ * to record. That is the price of answering "who holds this key" with one probe; it is small
+ * for fleets of tens to hundreds of workers (figures in the commit that added this file). */
+#include "index_int.h"
+#include "router_int.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NIL UINT32_MAX
+/* Slot value of a node on the free list. */
+#define FREE_SLOT UINT32_MAX
+
+#define DEFAULT_MAX_ENTRIES (UINT64_C(1) << 24)
+#define DEFAULT_CAPACITY 65536u
+/* Node indices are uint32 with NIL reserved, and the bucket count (a power of two at least the
+ * pool size) must fit in uint32 too. */
+#define MAX_ENTRIES_LIMIT (UINT64_C(1) << 31)
+#define INITIAL_POOL 1024u
+#define MIN_BUCKET_BITS 4
+/* Most workers one set_workers call may list: slot numbers are uint32 and the id map doubles. */
+#define MAX_WORKERS (UINT32_C(1) << 24)
+
+/* Requested workers matched in one pass: stack scratch up to STACK_WORKERS, heap above, in
+ * chunks of HEAP_WORKERS. */
+#define STACK_WORKERS 64
+#define HEAP_WORKERS 4096
+
+typedef struct node {
+    uint64_t key;
+    uint32_t slot;  /* worker slot; FREE_SLOT when on the free list */
+    uint32_t hnext; /* next node of the bucket chain (or of the free list) */
+    uint32_t prev;  /* LRU neighbours within the worker: prev is more recent */
+    uint32_t next;
+} node;
+
+_Static_assert(sizeof(node) == 24, "a node is 24 bytes");
+
+typedef struct wslot {
+    uint64_t id;
+    char *name;
+    uint64_t count;
+    uint32_t capacity; /* effective: the default already applied */
+    uint32_t head;     /* most recently used */
+    uint32_t tail;     /* least recently used */
+    bool live;
+} wslot;
+
+/* Open-addressed worker id -> slot map, rebuilt by set_workers. */
+typedef struct id_ent {
+    uint64_t id;
+    uint32_t slot; /* NIL: empty */
+} id_ent;
+
+struct kvg_prefix_index {
+    pthread_rwlock_t lock;
+    uint64_t max_entries;
+    uint32_t default_capacity;
+
+    node *nodes;
+    uint32_t pool_cap;  /* nodes allocated */
+    uint32_t pool_used; /* nodes ever handed out: [0, pool_used) are live or free */
+    uint32_t free_head;
+    uint32_t *buckets;
+    unsigned bucket_bits;
+
+    wslot *slots;
+    uint32_t nslots;   /* length of slots[] (live or not) */
+    uint32_t *order;   /* the live slots in set_workers order, for metrics */
+    uint32_t nworkers; /* live slots */
+    id_ent *ids;
+    unsigned id_bits;
+
+    uint64_t entries;
+    uint64_t evictions;
+    uint64_t inserts;
+};
+
+static inline uint32_t bucket_of(const kvg_prefix_index *idx, uint64_t key)
+{
+    /* Fibonacci hashing: keys are normally hashes already, but this also spreads small
+     * sequential ones (tests, a weak hash) evenly over the high bits. */
+    return (uint32_t)((key * UINT64_C(0x9E3779B97F4A7C15)) >> (64 - idx->bucket_bits));
+}
+
+static inline uint32_t id_hash(uint64_t id, unsigned bits)
+{
+    return (uint32_t)((id * UINT64_C(0x9E3779B97F4A7C15)) >> (64 - bits));
+}
+
+static uint32_t id_find(const kvg_prefix_index *idx, uint64_t id)
+{
+    uint32_t mask = (UINT32_C(1) << idx->id_bits) - 1;
+    for (uint32_t h = id_hash(id, idx->id_bits);; h = (h + 1) & mask) {
+        const id_ent *e = &idx->ids[h];
+        if (e->slot == NIL)
+            return NIL;
+        if (e->id == id)
+            return e->slot;
+    }
+}
+
+/* Smallest bits with 1 << bits >= n (and >= 1 << min). */
+static unsigned bits_for(uint64_t n, unsigned min)
+{
+    unsigned b = min;
+    while ((UINT64_C(1) << b) < n)
+        b++;
+    return b;
+}
+
+/* ---- nodes, chains and LRU lists ------------------------------------------------------------- */
+
+static void lru_unlink(kvg_prefix_index *idx, wslot *w, uint32_t n)
+{
+    node *x = &idx->nodes[n];
+    if (x->prev != NIL)
+        idx->nodes[x->prev].next = x->next;
+    else
+        w->head = x->next;
+    if (x->next != NIL)
+        idx->nodes[x->next].prev = x->prev;
+    else
+        w->tail = x->prev;
+}
+
+static void lru_push_front(kvg_prefix_index *idx, wslot *w, uint32_t n)
+{
+    node *x = &idx->nodes[n];
+    x->prev = NIL;
+    x->next = w->head;
+    if (w->head != NIL)
+        idx->nodes[w->head].prev = n;
+    else
+        w->tail = n;
+    w->head = n;
+}
+
+static void chain_unlink(kvg_prefix_index *idx, uint32_t n)
+{
+    uint32_t *link = &idx->buckets[bucket_of(idx, idx->nodes[n].key)];
+    while (*link != n)
+        link = &idx->nodes[*link].hnext;
+    *link = idx->nodes[n].hnext;
+}
+
+static void node_release(kvg_prefix_index *idx, uint32_t n)
+{
+    idx->nodes[n].slot = FREE_SLOT;
+    idx->nodes[n].hnext = idx->free_head;
+    idx->free_head = n;
+    idx->entries--;
+}
+
+/* Drop a worker's least recently used entry (it has one). */
+static void evict_lru(kvg_prefix_index *idx, wslot *w)
+{
+    uint32_t n = w->tail;
+    lru_unlink(idx, w, n);
+    chain_unlink(idx, n);
+    node_release(idx, n);
+    w->count--;
+    idx->evictions++;
+}
+
+static uint32_t find_node(const kvg_prefix_index *idx, uint64_t key, uint32_t slot)
+{
+    for (uint32_t n = idx->buckets[bucket_of(idx, key)]; n != NIL; n = idx->nodes[n].hnext)
+        if (idx->nodes[n].key == key && idx->nodes[n].slot == slot)
+            return n;
+    return NIL;
+}
+
+/* Relink every live node into a fresh bucket array of 1 << bits heads. */
+static void rehash_into(kvg_prefix_index *idx, uint32_t *buckets, unsigned bits)
+{
+    memset(buckets, 0xff, sizeof(*buckets) << bits);
+    idx->buckets = buckets;
+    idx->bucket_bits = bits;
+    for (uint32_t n = 0; n < idx->pool_used; n++) {
+        node *x = &idx->nodes[n];
+        if (x->slot == FREE_SLOT)
+            continue;
+        uint32_t b = bucket_of(idx, x->key);
+        x->hnext = buckets[b];
+        buckets[b] = n;
+    }
+}
+
+/* Double the pool (up to max_entries) and grow the buckets to keep the load factor <= 1.
+ * The free list is empty when this is called (it links through hnext, which rehashing
+ * rewrites). 0 or -ENOMEM, with nothing changed. */
+static int pool_grow(kvg_prefix_index *idx)
+{
+    uint64_t want = (uint64_t)idx->pool_cap * 2;
+    if (want > idx->max_entries)
+        want = idx->max_entries;
+    uint32_t cap = (uint32_t)want;
+    unsigned bits = bits_for(cap, MIN_BUCKET_BITS);
+    uint32_t *buckets = NULL;
+    if (bits != idx->bucket_bits) {
+        buckets = malloc(sizeof(*buckets) << bits);
+        if (!buckets)
+            return -ENOMEM;
+    }
+    node *nodes = realloc(idx->nodes, sizeof(*nodes) * cap);
+    if (!nodes) {
+        free(buckets);
+        return -ENOMEM;
+    }
+    idx->nodes = nodes;
+    idx->pool_cap = cap;
+    if (buckets) {
+        free(idx->buckets);
+        rehash_into(idx, buckets, bits);
+    }
+    return 0;
+}
+
+/* A node for a new entry of slot s: reuses the worker's own LRU entry when the index is at
+ * max_entries. NIL when there is no room (the worker holds nothing to give up), -ENOMEM
+ * in *rc when the pool could not grow. */
+static uint32_t node_alloc(kvg_prefix_index *idx, wslot *w, int *rc)
+{
+    if (idx->entries >= idx->max_entries) {
+        if (w->count == 0)
+            return NIL;
+        evict_lru(idx, w);
+    }
+    if (idx->free_head == NIL && idx->pool_used == idx->pool_cap) {
+        int r = pool_grow(idx);
+        if (r < 0) {
+            *rc = r;
+            return NIL;
+        }
+    }
+    uint32_t n;
+    if (idx->free_head != NIL) {
+        n = idx->free_head;
+        idx->free_head = idx->nodes[n].hnext;
+    } else {
+        n = idx->pool_used++;
+    }
+    return n;
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------------- */
+
+int kvg_index_new(const kvg_index_config *cfg, kvg_prefix_index **out)
+{
+    kvg_index_config c = cfg ? *cfg : (kvg_index_config){0};
+    if (!out)
+        return -EINVAL;
+    if (c.max_entries == 0)
+        c.max_entries = DEFAULT_MAX_ENTRIES;
+    if (c.default_capacity == 0)
+        c.default_capacity = DEFAULT_CAPACITY;
+    if (c.max_entries > MAX_ENTRIES_LIMIT)
+        return -EINVAL;
+
+    kvg_prefix_index *idx = calloc(1, sizeof(*idx));
+    if (!idx)
+        return -ENOMEM;
+    idx->max_entries = c.max_entries;
+    idx->default_capacity = c.default_capacity;
+    idx->free_head = NIL;
+    idx->pool_cap = (uint32_t)KVG_MIN((uint64_t)INITIAL_POOL, c.max_entries);
+    idx->bucket_bits = bits_for(idx->pool_cap, MIN_BUCKET_BITS);
+    idx->id_bits = 1;
+
+    int rc = -ENOMEM;
+    idx->nodes = malloc(sizeof(*idx->nodes) * idx->pool_cap);
+    if (!idx->nodes)
+        goto fail_nodes;
+    idx->buckets = malloc(sizeof(*idx->buckets) << idx->bucket_bits);
+    if (!idx->buckets)
+        goto fail_buckets;
+    memset(idx->buckets, 0xff, sizeof(*idx->buckets) << idx->bucket_bits);
+    idx->ids = malloc(sizeof(*idx->ids) << idx->id_bits);
+    if (!idx->ids)
+        goto fail_ids;
+    for (size_t i = 0; i < (size_t)1 << idx->id_bits; i++)
+        idx->ids[i].slot = NIL;
+
+    pthread_rwlockattr_t attr;
+    if (pthread_rwlockattr_init(&attr) != 0)
+        goto fail_attr;
+#if defined(__GLIBC__)
+    pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+#endif
+    int lrc = pthread_rwlock_init(&idx->lock, &attr);
+    pthread_rwlockattr_destroy(&attr);
+    if (lrc != 0) {
+        rc = -lrc;
+        goto fail_attr;
+    }
+    *out = idx;
+    return 0;
+
+fail_attr:
+    free(idx->ids);
+fail_ids:
+    free(idx->buckets);
+fail_buckets:
+    free(idx->nodes);
+fail_nodes:
+    free(idx);
+    return rc;
+}
+
+void kvg_index_free(kvg_prefix_index *idx)
+{
+    if (!idx)
+        return;
+    pthread_rwlock_destroy(&idx->lock);
+    for (uint32_t s = 0; s < idx->nslots; s++)
+        free(idx->slots[s].name);
+    free(idx->slots);
+    free(idx->order);
+    free(idx->ids);
+    free(idx->buckets);
+    free(idx->nodes);
+    free(idx);
+}
+
+/* ---- set_workers ----------------------------------------------------------------------------- */
+
+/* Unlink every node whose slot is FREE_SLOT from the chains and put it on the free list:
+ * one pass over the buckets, cheaper than unlinking removed nodes one by one (each a chain
+ * walk) when a big worker leaves. */
+static void sweep_dead(kvg_prefix_index *idx)
+{
+    size_t nb = (size_t)1 << idx->bucket_bits;
+    for (size_t b = 0; b < nb; b++) {
+        uint32_t *link = &idx->buckets[b];
+        while (*link != NIL) {
+            uint32_t n = *link;
+            if (idx->nodes[n].slot != FREE_SLOT) {
+                link = &idx->nodes[n].hnext;
+                continue;
+            }
+            *link = idx->nodes[n].hnext;
+            idx->nodes[n].hnext = idx->free_head;
+            idx->free_head = n;
+        }
+    }
+}
+
+/* Free every entry of a worker that leaves the index. Marks its nodes; the caller sweeps. */
+static void drop_worker(kvg_prefix_index *idx, wslot *w)
+{
+    for (uint32_t n = w->head; n != NIL; n = idx->nodes[n].next)
+        idx->nodes[n].slot = FREE_SLOT;
+    idx->entries -= w->count;
+    free(w->name);
+    *w = (wslot){.head = NIL, .tail = NIL};
+}
+
+int kvg_index_set_workers(kvg_prefix_index *idx, const kvg_index_worker *ws, size_t n)
+{
+    if (!ws && n)
+        return -EINVAL;
+    if (n > MAX_WORKERS)
+        return -EINVAL;
+
+    /* Everything that can fail is allocated before anything changes. */
+    unsigned id_bits = bits_for((uint64_t)n * 2, 1);
+    id_ent *ids = malloc(sizeof(*ids) << id_bits);
+    uint32_t *order = malloc(sizeof(*order) * (n ? n : 1));
+    char **names = calloc(n ? n : 1, sizeof(*names));
+    int rc = -ENOMEM;
+    if (!ids || !order || !names)
+        goto fail;
+    for (size_t i = 0; i < n; i++) {
+        const char *nm = ws[i].name ? ws[i].name : "";
+        size_t len = strlen(nm);
+        names[i] = malloc(len + 1);
+        if (!names[i])
+            goto fail;
+        memcpy(names[i], nm, len + 1);
+    }
+    uint32_t id_mask = (UINT32_C(1) << id_bits) - 1;
+    for (size_t i = 0; i < ((size_t)1 << id_bits); i++)
+        ids[i].slot = NIL;
+
+    pthread_rwlock_wrlock(&idx->lock);
+
+    /* Map every listed id to its current slot (NIL when new), rejecting duplicates. The new
+     * map's slot fields hold the list position for now. */
+    for (size_t i = 0; i < n; i++) {
+        uint32_t h = id_hash(ws[i].id, id_bits);
+        while (ids[h].slot != NIL) {
+            if (ids[h].id == ws[i].id) {
+                rc = -EINVAL;
+                goto fail_locked;
+            }
+            h = (h + 1) & id_mask;
+        }
+        ids[h] = (id_ent){.id = ws[i].id, .slot = (uint32_t)i};
+    }
+    /* Kept workers keep their slots; new ones fill the slots freed here, then new ones at the
+     * end: at most max(nslots, n) slots. */
+    uint32_t need = (uint32_t)KVG_MAX((size_t)idx->nslots, n);
+    if (need > idx->nslots) {
+        wslot *slots = realloc(idx->slots, sizeof(*slots) * need);
+        if (!slots)
+            goto fail_locked;
+        for (uint32_t s = idx->nslots; s < need; s++)
+            slots[s] = (wslot){.head = NIL, .tail = NIL};
+        idx->slots = slots;
+        idx->nslots = need;
+    }
+
+    /* From here on nothing fails. Drop the workers that are not listed. */
+    bool dropped = false;
+    for (uint32_t s = 0; s < idx->nslots; s++) {
+        wslot *w = &idx->slots[s];
+        if (!w->live)
+            continue;
+        uint32_t h = id_hash(w->id, id_bits);
+        while (ids[h].slot != NIL && ids[h].id != w->id)
+            h = (h + 1) & id_mask;
+        if (ids[h].slot != NIL)
+            continue;
+        dropped |= w->count > 0;
+        drop_worker(idx, w);
+    }
+    if (dropped)
+        sweep_dead(idx);
+
+    uint32_t next_free = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t s = id_find(idx, ws[i].id);
+        if (s == NIL || !idx->slots[s].live || idx->slots[s].id != ws[i].id) {
+            while (idx->slots[next_free].live)
+                next_free++;
+            s = next_free;
+            idx->slots[s] = (wslot){.id = ws[i].id, .head = NIL, .tail = NIL, .live = true};
+        }
+        wslot *w = &idx->slots[s];
+        free(w->name);
+        w->name = names[i];
+        names[i] = NULL;
+        w->capacity = ws[i].capacity ? ws[i].capacity : idx->default_capacity;
+        while (w->count > w->capacity)
+            evict_lru(idx, w);
+        order[i] = s;
+        uint32_t h = id_hash(ws[i].id, id_bits);
+        while (ids[h].id != ws[i].id)
+            h = (h + 1) & id_mask;
+        ids[h].slot = s;
+    }
+    free(idx->ids);
+    idx->ids = ids;
+    idx->id_bits = id_bits;
+    free(idx->order);
+    idx->order = order;
+    idx->nworkers = (uint32_t)n;
+    pthread_rwlock_unlock(&idx->lock);
+    free(names);
+    return 0;
+
+fail_locked:
+    pthread_rwlock_unlock(&idx->lock);
+fail:
+    if (names)
+        for (size_t i = 0; i < n; i++)
+            free(names[i]);
+    free(names);
+    free(order);
+    free(ids);
+    return rc;
+}
+
+/* ---- lookup ---------------------------------------------------------------------------------- */
+
+/* Per-call map from a worker slot to the position of its id in the request. */
+typedef struct slot_pos {
+    uint32_t slot; /* NIL: empty */
+    uint32_t pos;
+} slot_pos;
+
+static inline uint32_t slot_pos_find(const slot_pos *tab, uint32_t mask, uint32_t slot)
+{
+    /* Slots are small dense integers: the low bits are a perfect hash until the table wraps. */
+    for (uint32_t h = slot & mask;; h = (h + 1) & mask) {
+        if (tab[h].slot == slot)
+            return tab[h].pos;
+        if (tab[h].slot == NIL)
+            return NIL;
+    }
+}
+
+/* Match up to HEAP_WORKERS requested ids. The caller holds the read lock. tab has 1 << bits
+ * entries (1 << bits >= 2n); alive and next have (n + 63) / 64 words each. Ids listed twice
+ * are matched once and copied. */
+static void match_batch(const kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
+                        const uint64_t *ids, size_t n, uint32_t *matched, slot_pos *tab,
+                        unsigned bits, uint64_t *alive, uint64_t *next)
+{
+    uint32_t mask = (UINT32_C(1) << bits) - 1;
+    size_t words = (n + 63) / 64;
+    memset(tab, 0xff, sizeof(*tab) << bits);
+    memset(alive, 0, words * sizeof(*alive));
+    size_t nalive = 0;
+    bool dups = false;
+    for (size_t p = 0; p < n; p++) {
+        matched[p] = 0;
+        uint32_t s = id_find(idx, ids[p]);
+        if (s == NIL)
+            continue;
+        uint32_t h = s & mask;
+        while (tab[h].slot != NIL && tab[h].slot != s)
+            h = (h + 1) & mask;
+        if (tab[h].slot == s) {
+            dups = true;
+            continue;
+        }
+        tab[h] = (slot_pos){.slot = s, .pos = (uint32_t)p};
+        alive[p / 64] |= UINT64_C(1) << (p % 64);
+        nalive++;
+    }
+
+    size_t i = 0;
+    for (; i < nkeys && nalive; i++) {
+        uint64_t k = keys[i];
+        size_t found = 0;
+        memset(next, 0, words * sizeof(*next));
+        for (uint32_t x = idx->buckets[bucket_of(idx, k)]; x != NIL; x = idx->nodes[x].hnext) {
+            const node *nd = &idx->nodes[x];
+            if (nd->key != k)
+                continue;
+            uint32_t p = slot_pos_find(tab, mask, nd->slot);
+            if (p == NIL)
+                continue;
+            uint64_t bit = UINT64_C(1) << (p % 64);
+            if (!(alive[p / 64] & bit) || (next[p / 64] & bit))
+                continue;
+            next[p / 64] |= bit;
+            if (++found == nalive)
+                break;
+        }
+        for (size_t w = 0; w < words; w++) {
+            for (uint64_t dead = alive[w] & ~next[w]; dead; dead &= dead - 1)
+                matched[w * 64 + (size_t)__builtin_ctzll(dead)] = (uint32_t)i;
+            alive[w] = next[w];
+        }
+        nalive = found;
+    }
+    /* Survivors held every key. */
+    for (size_t w = 0; nalive && w < words; w++)
+        for (uint64_t live = alive[w]; live; live &= live - 1)
+            matched[w * 64 + (size_t)__builtin_ctzll(live)] = (uint32_t)i;
+
+    if (!dups)
+        return;
+    for (size_t p = 0; p < n; p++) {
+        uint32_t s = id_find(idx, ids[p]);
+        if (s != NIL)
+            matched[p] = matched[slot_pos_find(tab, mask, s)];
+    }
+}
+
+void kvg_index_match(kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
+                     const uint64_t *worker_ids, size_t nworkers, uint32_t *matched)
+{
+    if (nworkers == 0)
+        return;
+    if (nkeys > UINT32_MAX)
+        nkeys = UINT32_MAX;
+
+    slot_pos stack_tab[2 * STACK_WORKERS];
+    uint64_t stack_alive[STACK_WORKERS / 64], stack_next[STACK_WORKERS / 64];
+    slot_pos *tab = stack_tab;
+    uint64_t *alive = stack_alive, *next = stack_next;
+    size_t batch = STACK_WORKERS;
+    void *heap = NULL;
+    if (nworkers > STACK_WORKERS) {
+        /* Without the memory, smaller batches on the stack give the same answer, slower. */
+        size_t b = KVG_MIN(nworkers, (size_t)HEAP_WORKERS);
+        size_t words = (b + 63) / 64;
+        unsigned bits = bits_for(2 * b, 1);
+        heap = malloc((sizeof(*tab) << bits) + 2 * words * sizeof(*alive));
+        if (heap) {
+            tab = heap;
+            alive = (uint64_t *)(void *)(tab + ((size_t)1 << bits));
+            next = alive + words;
+            batch = b;
+        }
+    }
+
+    pthread_rwlock_rdlock(&idx->lock);
+    for (size_t off = 0; off < nworkers; off += batch) {
+        size_t m = KVG_MIN(batch, nworkers - off);
+        match_batch(idx, keys, nkeys, worker_ids + off, m, matched + off, tab, bits_for(2 * m, 1),
+                    alive, next);
+    }
+    pthread_rwlock_unlock(&idx->lock);
+    free(heap);
+}
+
+/* ---- recording ------------------------------------------------------------------------------- */
+
+int kvg_index_record(kvg_prefix_index *idx, uint64_t worker_id, const uint64_t *keys, size_t nkeys)
+{
+    if (!keys && nkeys)
+        return -EINVAL;
+    pthread_rwlock_wrlock(&idx->lock);
+    uint32_t s = id_find(idx, worker_id);
+    if (s == NIL) {
+        pthread_rwlock_unlock(&idx->lock);
+        return KVG_ENOTFOUND;
+    }
+    wslot *w = &idx->slots[s];
+    int rc = 0;
+    /* Last to first: keys[0] ends the most recently used. */
+    for (size_t i = nkeys; i-- > 0;) {
+        uint64_t k = keys[i];
+        uint32_t n = find_node(idx, k, s);
+        if (n != NIL) {
+            if (w->head != n) {
+                lru_unlink(idx, w, n);
+                lru_push_front(idx, w, n);
+            }
+            continue;
+        }
+        /* Evicting before inserting reuses the node at once; the result is the same as
+         * inserting and then trimming the tail, since the new entry is the most recent. */
+        if (w->count >= w->capacity)
+            evict_lru(idx, w);
+        n = node_alloc(idx, w, &rc);
+        if (n == NIL)
+            break;
+        node *x = &idx->nodes[n];
+        uint32_t b = bucket_of(idx, k);
+        x->key = k;
+        x->slot = s;
+        x->hnext = idx->buckets[b];
+        idx->buckets[b] = n;
+        lru_push_front(idx, w, n);
+        w->count++;
+        idx->entries++;
+        idx->inserts++;
+    }
+    pthread_rwlock_unlock(&idx->lock);
+    return rc;
+}
+
+/* ---- statistics and metrics ------------------------------------------------------------------ */
+
+static uint64_t capacity_sum(const kvg_prefix_index *idx)
+{
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < idx->nworkers; i++)
+        sum += idx->slots[idx->order[i]].capacity;
+    return KVG_MIN(sum, idx->max_entries);
+}
+
+void kvg_index_stats_get(kvg_prefix_index *idx, kvg_index_stats *out)
+{
+    pthread_rwlock_rdlock(&idx->lock);
+    *out = (kvg_index_stats){
+        .entries = idx->entries,
+        .capacity = capacity_sum(idx),
+        .evictions = idx->evictions,
+        .inserts = idx->inserts,
+        .workers = idx->nworkers,
+    };
+    pthread_rwlock_unlock(&idx->lock);
+}
+
+uint64_t kvg_index_worker_entries(kvg_prefix_index *idx, uint64_t worker_id)
+{
+    pthread_rwlock_rdlock(&idx->lock);
+    uint32_t s = id_find(idx, worker_id);
+    uint64_t count = s == NIL ? 0 : idx->slots[s].count;
+    pthread_rwlock_unlock(&idx->lock);
+    return count;
+}
+
+static void put_header(kvg_buf *out, const char *name, const char *type, const char *help)
+{
+    kvg_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+void kvg_index_write_metrics(kvg_prefix_index *idx, kvg_buf *out)
+{
+    /* Written under the read lock so the series agree with each other; this only holds back
+     * recording for the time it takes to format a few lines per worker. */
+    pthread_rwlock_rdlock(&idx->lock);
+    put_header(out, "kvgate_index_entries", "gauge",
+               "(worker, block) entries the prefix index holds.");
+    kvg_buf_printf(out, "kvgate_index_entries %llu\n", (unsigned long long)idx->entries);
+    put_header(out, "kvgate_index_capacity_entries", "gauge",
+               "Entries the prefix index may hold: the sum of the workers' KV capacities in "
+               "blocks, capped by the index's own limit.");
+    kvg_buf_printf(out, "kvgate_index_capacity_entries %llu\n",
+                   (unsigned long long)capacity_sum(idx));
+    put_header(out, "kvgate_index_evictions_total", "counter",
+               "Entries the prefix index evicted as least recently used to stay within a "
+               "worker's capacity or its own limit.");
+    kvg_buf_printf(out, "kvgate_index_evictions_total %llu\n", (unsigned long long)idx->evictions);
+    put_header(out, "kvgate_index_inserts_total", "counter",
+               "Entries added to the prefix index by recording what workers hold.");
+    kvg_buf_printf(out, "kvgate_index_inserts_total %llu\n", (unsigned long long)idx->inserts);
+    put_header(out, "kvgate_index_worker_entries", "gauge",
+               "Blocks the prefix index believes the worker holds.");
+    for (uint32_t i = 0; i < idx->nworkers; i++) {
+        const wslot *w = &idx->slots[idx->order[i]];
+        kvg_buf_puts(out, "kvgate_index_worker_entries{worker=\"");
+        kvg_router_put_label_value(out, w->name);
+        kvg_buf_printf(out, "\"} %llu\n", (unsigned long long)w->count);
+    }
+    pthread_rwlock_unlock(&idx->lock);
+}
+
+/* ---- self-check for tests -------------------------------------------------------------------- */
+
+int kvg_index_check(kvg_prefix_index *idx)
+{
+    int rc = 0;
+    pthread_rwlock_rdlock(&idx->lock);
+    size_t nb = (size_t)1 << idx->bucket_bits;
+    uint64_t chained = 0, counted = 0;
+    uint32_t live = 0;
+
+    if (idx->pool_used > idx->pool_cap || (uint64_t)idx->pool_cap > idx->max_entries ||
+        nb < idx->pool_cap) {
+        rc = -1;
+        goto out;
+    }
+    if (idx->entries > idx->max_entries) {
+        rc = -2;
+        goto out;
+    }
+    /* Chains: live nodes only, in their own bucket, each (key, slot) once. */
+    for (size_t b = 0; b < nb; b++) {
+        for (uint32_t n = idx->buckets[b]; n != NIL; n = idx->nodes[n].hnext) {
+            const node *x = &idx->nodes[n];
+            if (n >= idx->pool_used || ++chained > idx->pool_used) {
+                rc = -3;
+                goto out;
+            }
+            if (x->slot >= idx->nslots || !idx->slots[x->slot].live ||
+                bucket_of(idx, x->key) != b) {
+                rc = -4;
+                goto out;
+            }
+            if (find_node(idx, x->key, x->slot) != n) {
+                rc = -5;
+                goto out;
+            }
+        }
+    }
+    if (chained != idx->entries) {
+        rc = -6;
+        goto out;
+    }
+    /* LRU lists: well linked, counts right, within capacity. */
+    for (uint32_t s = 0; s < idx->nslots; s++) {
+        const wslot *w = &idx->slots[s];
+        if (!w->live) {
+            if (w->count || w->head != NIL || w->tail != NIL) {
+                rc = -7;
+                goto out;
+            }
+            continue;
+        }
+        live++;
+        uint64_t c = 0;
+        uint32_t prev = NIL;
+        for (uint32_t n = w->head; n != NIL; prev = n, n = idx->nodes[n].next) {
+            if (n >= idx->pool_used || idx->nodes[n].slot != s || idx->nodes[n].prev != prev ||
+                ++c > w->count) {
+                rc = -8;
+                goto out;
+            }
+        }
+        if (c != w->count || w->tail != prev || c > w->capacity || id_find(idx, w->id) != s) {
+            rc = -9;
+            goto out;
+        }
+        counted += c;
+    }
+    if (counted != idx->entries || live != idx->nworkers) {
+        rc = -10;
+        goto out;
+    }
+    for (uint32_t i = 0; i < idx->nworkers; i++) {
+        if (idx->order[i] >= idx->nslots || !idx->slots[idx->order[i]].live) {
+            rc = -11;
+            goto out;
+        }
+    }
+    /* Free list: free nodes only; with the live ones, every node handed out. */
+    uint64_t nfree = 0;
+    for (uint32_t n = idx->free_head; n != NIL; n = idx->nodes[n].hnext) {
+        if (n >= idx->pool_used || idx->nodes[n].slot != FREE_SLOT || ++nfree > idx->pool_used) {
+            rc = -12;
+            goto out;
+        }
+    }
+    if (nfree + idx->entries != idx->pool_used)
+        rc = -13;
+out:
+    pthread_rwlock_unlock(&idx->lock);
+    return rc;
+}
