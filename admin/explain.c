@@ -34,6 +34,7 @@ static void put_candidate(kvg_buf *b, const kvg_route_candidate *rc)
     const char *name = kvg_worker_name(rc->worker);
     char hex[17];
     kvg_fmt_hex64(hex, rc->terms.rendezvous);
+    hex[16] = '\0';
     kvg_buf_puts(b, "{\"worker\":");
     kvg_buf_json_string(b, name, strlen(name));
     kvg_buf_printf(b,

@@ -780,6 +780,12 @@ static size_t check_exposition(const char *text, family *fams, size_t *nfams)
     return samples;
 }
 
+static void expect_text(const char *text, const char *line)
+{
+    if (!strstr(text, line))
+        fail_msg("missing %s", line);
+}
+
 static void test_metrics_format(void **state)
 {
     (void)state;
@@ -790,7 +796,7 @@ static void test_metrics_format(void **state)
     family fams[32];
     size_t nfams;
     assert_int_equal(check_exposition(out.data, fams, &nfams), 0);
-    assert_int_equal(nfams, 8);
+    assert_int_equal(nfams, 13); /* + the five prefix-prediction families */
 
     assert_int_equal(put(reg, "w1", "http://h:1", KVG_WORKER_SOURCE_ADMIN), 0);
     assert_int_equal(put(reg, "w2", "http://h:2", KVG_WORKER_SOURCE_ADMIN), 0);
@@ -808,14 +814,27 @@ static void test_metrics_format(void **state)
     for (int i = 0; i < 3; i++)
         kvg_worker_health_observe(w2, false);
     kvg_registry_drain(reg, "w2");
+    kvg_worker_record_usage(w1, 30, 100, 40);  /* predicted 30 of 100, engine says 40 */
+    kvg_worker_record_usage(w1, 0, 50, 16);    /* an unpredicted hit */
+    kvg_worker_record_usage(w2, 10, 100, -1);  /* no report: unreported, nothing else */
 
     kvg_buf_reset(&out);
     kvg_registry_write_metrics(reg, &out);
     assert_false(out.failed);
     size_t n = check_exposition(out.data, fams, &nfams);
-    assert_int_equal(nfams, 8);
-    /* 5 gauges/counters x 2 workers + 3 code series + 2 histograms x 2 workers x 18 lines */
-    assert_int_equal(n, 10 + 3 + 2 * 2 * 18);
+    assert_int_equal(nfams, 13);
+    /* 5 gauges/counters x 2 workers + 3 code series + 2 histograms x 2 workers x 18 lines
+     * + 4 usage counters x 2 workers + 4 prediction outcomes x 2 workers */
+    assert_int_equal(n, 10 + 3 + 2 * 2 * 18 + 4 * 2 + 4 * 2);
+    expect_text(out.data, "kvgate_prefix_predicted_tokens_total{worker=\"w1\"} 30\n");
+    expect_text(out.data, "kvgate_prefix_cached_tokens_total{worker=\"w1\"} 56\n");
+    expect_text(out.data, "kvgate_prefix_prompt_tokens_total{worker=\"w1\"} 150\n");
+    expect_text(out.data, "kvgate_prefix_prompt_tokens_total{worker=\"w2\"} 0\n");
+    expect_text(out.data, "kvgate_prefix_unreported_total{worker=\"w2\"} 1\n");
+    expect_text(out.data,
+                "kvgate_prefix_predictions_total{worker=\"w1\",outcome=\"hit_predicted\"} 1\n");
+    expect_text(out.data,
+                "kvgate_prefix_predictions_total{worker=\"w1\",outcome=\"hit_unpredicted\"} 1\n");
 
     static const char *const expect[] = {
         "# TYPE kvgate_worker_up gauge\n",

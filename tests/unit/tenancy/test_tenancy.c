@@ -835,7 +835,7 @@ static void test_metrics(void **state)
     size_t nfams;
     kvg_tenants_write_metrics(ts, 10, &out);
     assert_int_equal(check_exposition(out.data, fams, &nfams), 1 + 3);
-    assert_int_equal(nfams, 6);
+    assert_int_equal(nfams, 9); /* + prompt, cached and predicted tokens */
     expect_line(out.data, "kvgate_tenants 0\n");
     expect_line(out.data, "kvgate_auth_failures_total{reason=\"unknown\"} 0\n");
 
@@ -882,13 +882,16 @@ static void test_metrics(void **state)
     kvg_tenants_write_metrics(ts, 3, &out);
     assert_false(out.failed);
     size_t n = check_exposition(out.data, fams, &nfams);
-    assert_int_equal(nfams, 6);
+    assert_int_equal(nfams, 9);
     static const char *const order[] = {
         "kvgate_tenants",
         "kvgate_tenant_requests_total",
         "kvgate_tenant_rate_limited_total",
         "kvgate_tenant_prompt_bytes_total",
         "kvgate_tenant_inflight",
+        "kvgate_tenant_prompt_tokens_total",
+        "kvgate_tenant_cached_tokens_total",
+        "kvgate_tenant_predicted_tokens_total",
         "kvgate_auth_failures_total",
     };
     for (size_t i = 0; i < nfams; i++)
@@ -929,8 +932,9 @@ static void test_metrics(void **state)
     const char *first = strstr(out.data, "kvgate_tenant_inflight{tenant=\"other\"}");
     assert_null(strstr(first + 1, "kvgate_tenant_inflight{tenant=\"other\"}"));
     assert_true(first > strstr(out.data, "kvgate_tenant_inflight{tenant=\"b\"}"));
-    /* 1 + a: 6 codes + b: 0 + other: 2 codes + 3 x 3 reasons + 3 bytes + 3 inflight + 3 auth */
-    assert_int_equal(n, 1 + 6 + 2 + 9 + 3 + 3 + 3);
+    /* 1 + a: 6 codes + b: 0 + other: 2 codes + 3 x 3 reasons + 3 bytes + 3 inflight
+     * + 3 x 3 usage counters + 3 auth */
+    assert_int_equal(n, 1 + 6 + 2 + 9 + 3 + 3 + 9 + 3);
 
     /* a cap above every ordinal: no "other" series unless the tenant named so */
     kvg_buf_reset(&out);
