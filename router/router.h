@@ -225,7 +225,8 @@ const char *kvg_body_api_str(kvg_body_api api);
 
 /* The canonical prefix stream of a request (docs/canonical.md): what block keys are cut from.
  * Text for string prompts and chats, token ids when the prompt is given as ids. Both empty
- * when the body has no prompt (or the API is KVG_BODY_API_OTHER). */
+ * when the body has no prompt (or the API is KVG_BODY_API_OTHER); text may be NULL when
+ * text_len is 0. Bounded by the body: text_len <= len + len / 8 + 64, ntokens <= len / 2 + 1. */
 typedef struct kvg_prefix_stream {
     bool is_tokens;
     const unsigned char *text; /* !is_tokens: canonical bytes (arena), text_len of them */
@@ -264,11 +265,14 @@ int kvg_body_rewrite(const char *body, size_t len, const char *salt, kvg_arena *
 
 /** kvg_body_rewrite, plus - in the same pass - the canonical prefix stream of a completions or
  *  chat body into info->prefix (docs/canonical.md) and the type checks that needs: "prompt"
- *  (string, array of strings, array of token ids, array of token-id arrays), "messages" (array
- *  of objects with a string "role" and "content" a string, null or an array of parts),
- *  "tools" (array). A type error is KVG_ETYPE with a message starting with the field path
- *  ("prompt: ", "messages[2].content: ", "messages[0].content[1].type: "). For
- *  KVG_BODY_API_OTHER it is exactly kvg_body_rewrite. */
+ *  (string, array of strings, array of token ids, array of token-id arrays; null or absent:
+ *  empty stream), "messages" (non-empty array of objects with a string "role" and "content" a
+ *  string, null or an array of parts), "tools" (array or null); each at most once, and so are
+ *  the members of a message or part that the stream reads. A type error is KVG_ETYPE with a
+ *  message starting with the field path ("prompt: ", "messages[2].content: ",
+ *  "messages[0].content[1].type: "), reported only for valid JSON. The stream is allocated from
+ *  arena (-ENOMEM when it fails). -EINVAL for an api out of range. For KVG_BODY_API_OTHER it is
+ *  exactly kvg_body_rewrite. */
 int kvg_body_scan(const char *body, size_t len, kvg_body_api api, const char *salt,
                   kvg_arena *arena, kvg_buf *out, kvg_body_info *info, kvg_json_error *err);
 
