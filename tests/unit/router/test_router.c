@@ -814,9 +814,9 @@ static void test_metrics_format(void **state)
     for (int i = 0; i < 3; i++)
         kvg_worker_health_observe(w2, false);
     kvg_registry_drain(reg, "w2");
-    kvg_worker_record_usage(w1, 30, 100, 40);  /* predicted 30 of 100, engine says 40 */
-    kvg_worker_record_usage(w1, 0, 50, 16);    /* an unpredicted hit */
-    kvg_worker_record_usage(w2, 10, 100, -1);  /* no report: unreported, nothing else */
+    kvg_worker_record_usage(w1, 30, 100, 40); /* predicted 30 of 100, engine says 40 */
+    kvg_worker_record_usage(w1, 0, 50, 16);   /* an unpredicted hit */
+    kvg_worker_record_usage(w2, 10, 100, -1); /* no report: unreported, nothing else */
 
     kvg_buf_reset(&out);
     kvg_registry_write_metrics(reg, &out);
