@@ -53,6 +53,8 @@ typedef struct bench_ctx {
     kvg_buf out;
     char *copy;
     uint64_t sink;
+    bool timed;                           /* a pass with the stage clock on */
+    uint64_t stages[KVG_ROUTE_STAGE_COUNT]; /* summed over the timed pass */
 } bench_ctx;
 
 static void decide_once(bench_ctx *c, uint64_t rotation)
@@ -61,6 +63,7 @@ static void decide_once(bench_ctx *c, uint64_t rotation)
     kvg_json_error err;
     kvg_arena_reset(&c->arena);
     kvg_buf_reset(&c->out);
+    uint64_t t0 = c->timed ? kvg_now_ns() : 0;
     if (kvg_body_scan(c->body, c->len, KVG_BODY_API_CHAT,
                       "0123456789012345678901234567890123456789abc", &c->arena, &c->out, &info,
                       &err) < 0) {
@@ -70,11 +73,18 @@ static void decide_once(bench_ctx *c, uint64_t rotation)
     kvg_route_request rq = {.body = &info,
                             .salt = "0123456789012345678901234567890123456789abc",
                             .policy = &c->pc,
-                            .rotation = rotation};
+                            .rotation = rotation,
+                            .clock_ns = c->timed ? kvg_now_ns : NULL};
+    uint64_t parse = c->timed ? kvg_now_ns() - t0 : 0;
     kvg_route_decision d;
     if (kvg_router_decide(c->rt, c->set, &rq, &c->arena, &d) < 0) {
         fprintf(stderr, "route_bench: out of memory\n");
         exit(1);
+    }
+    if (c->timed) {
+        d.stage_ns[KVG_ROUTE_STAGE_PARSE] = parse;
+        for (int s = 0; s < KVG_ROUTE_STAGE_COUNT; s++)
+            c->stages[s] += d.stage_ns[s];
     }
     c->sink += d.ncands ? d.cands[0].matched : 0;
 }
@@ -114,8 +124,9 @@ int main(int argc, char **argv)
     static const size_t counts[] = {8, 64, 512};
     bool json = argc > 1 && strcmp(argv[1], "--json") == 0;
     if (!json)
-        printf("%-8s %-8s %12s %12s %8s %8s  %s\n", "body", "workers", "decision_us", "memcpy_us",
-               "ratio", "blocks", "matched(best)");
+        printf("%-8s %-8s %12s %12s %8s %8s %8s   %7s %7s %7s %7s\n", "body", "workers",
+               "decision_us", "memcpy_us", "ratio", "blocks", "matched", "parse", "hash",
+               "lookup", "choose");
     else
         printf("[");
     bool first = true;
@@ -178,6 +189,14 @@ int main(int argc, char **argv)
             decide_once(&c, 0);
             uint64_t dec = time_decide(&c, iters);
             uint64_t cpy = time_memcpy(&c, iters * 50);
+            /* Where the time goes: one more pass with the stage clock on. */
+            c.timed = true;
+            for (unsigned i = 0; i < iters; i++)
+                decide_once(&c, i);
+            c.timed = false;
+            double st[KVG_ROUTE_STAGE_COUNT];
+            for (int s = 0; s < KVG_ROUTE_STAGE_COUNT; s++)
+                st[s] = (double)c.stages[s] / iters / 1000.0;
             kvg_body_info info;
             kvg_arena_reset(&c.arena);
             kvg_buf_reset(&c.out);
@@ -189,13 +208,15 @@ int main(int argc, char **argv)
             kvg_router_decide(c.rt, c.set, &rq, &c.arena, &d);
             if (json) {
                 printf("%s{\"body_bytes\":%zu,\"workers\":%zu,\"decision_ns\":%" PRIu64
-                       ",\"memcpy_ns\":%" PRIu64 ",\"ratio\":%.2f,\"blocks\":%u,\"matched\":%u}",
+                       ",\"memcpy_ns\":%" PRIu64 ",\"ratio\":%.2f,\"blocks\":%u,\"matched\":%u,"
+                       "\"stages_us\":{\"parse\":%.2f,\"hash\":%.2f,\"lookup\":%.2f,"
+                       "\"choose\":%.2f}}",
                        first ? "" : ",", c.len, counts[ci], dec, cpy, (double)dec / (double)cpy,
-                       d.nkeys, d.ncands ? d.cands[0].matched : 0);
+                       d.nkeys, d.ncands ? d.cands[0].matched : 0, st[0], st[1], st[2], st[3]);
             } else {
-                printf("%-8zu %-8zu %12.2f %12.2f %8.1f %8u  %u\n", c.len, counts[ci], dec / 1000.0,
-                       cpy / 1000.0, (double)dec / (double)cpy, d.nkeys,
-                       d.ncands ? d.cands[0].matched : 0);
+                printf("%-8zu %-8zu %12.2f %12.2f %8.1f %8u %8u   %7.2f %7.2f %7.2f %7.2f\n",
+                       c.len, counts[ci], dec / 1000.0, cpy / 1000.0, (double)dec / (double)cpy,
+                       d.nkeys, d.ncands ? d.cands[0].matched : 0, st[0], st[1], st[2], st[3]);
             }
             fflush(stdout);
             first = false;

@@ -4,6 +4,7 @@
 #include "policy.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char *const reason_names[KVG_POLICY_REASON_COUNT] = {
@@ -181,6 +182,104 @@ static void sort(const choice *ch, kvg_policy_candidate *c, size_t n)
     }
 }
 
+/* A candidate's sort key, computed once: comparing these is a few integer compares, where
+ * compare() recomputes costs and rendezvous scores (a decision over 512 workers makes about
+ * 9000 comparisons). The order is compare()'s: primary is over-bound then total cost (cost) or
+ * most blocks held (prefix_only), then the rendezvous score; exact ties on both fall back to
+ * compare() on the candidates themselves. */
+typedef struct sort_key {
+    uint64_t primary;    /* smaller ranks first */
+    uint64_t rendezvous; /* larger ranks first */
+    uint32_t pos;        /* the candidate's position in the input */
+} sort_key;
+
+/* A non-negative finite double's bits order like its value; anything else (NaN) goes last. */
+static uint64_t cost_bits(double v)
+{
+    if (!(v >= 0))
+        return v < 0 ? 0 : (UINT64_MAX >> 1);
+    uint64_t b;
+    memcpy(&b, &v, sizeof(b));
+    return b >> 1; /* leave the top bit for the bound */
+}
+
+static int compare_keys(const choice *ch, const kvg_policy_candidate *c, const sort_key *a,
+                        const sort_key *b)
+{
+    if (a->primary != b->primary)
+        return a->primary < b->primary ? -1 : 1;
+    if (a->rendezvous != b->rendezvous)
+        return a->rendezvous > b->rendezvous ? -1 : 1;
+    return compare(ch, &c[a->pos], &c[b->pos]);
+}
+
+static void sift_keys(const choice *ch, const kvg_policy_candidate *c, sort_key *k, size_t i,
+                      size_t n)
+{
+    for (;;) {
+        size_t big = i, l = 2 * i + 1, r = l + 1;
+        if (l < n && compare_keys(ch, c, &k[l], &k[big]) > 0)
+            big = l;
+        if (r < n && compare_keys(ch, c, &k[r], &k[big]) > 0)
+            big = r;
+        if (big == i)
+            return;
+        sort_key t = k[i];
+        k[i] = k[big];
+        k[big] = t;
+        i = big;
+    }
+}
+
+/* Sort through precomputed keys; false when the scratch memory cannot be had (the caller then
+ * sorts the candidates directly, slower but the same order). */
+static bool sort_by_keys(const choice *ch, kvg_policy_candidate *c, size_t n)
+{
+    sort_key stack_keys[64];
+    kvg_policy_candidate stack_out[64];
+    sort_key *k = n <= 64 ? stack_keys : malloc(n * sizeof(*k));
+    kvg_policy_candidate *out = n <= 64 ? stack_out : malloc(n * sizeof(*out));
+    if (!k || !out) {
+        if (k != stack_keys)
+            free(k);
+        if (out != stack_out)
+            free(out);
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const kvg_policy_candidate *x = &c[i];
+        uint64_t primary;
+        if (ch->kind == KVG_POLICY_COST) {
+            uint64_t cost = 0;
+            if (ch->any_holder) {
+                kvg_policy_terms t;
+                score(ch, x, &t);
+                cost = cost_bits(t.total);
+            }
+            primary = (over_bound(ch, x) ? 1ull << 63 : 0) | cost;
+        } else {
+            primary = (uint64_t)(UINT32_MAX - held(ch, x));
+        }
+        k[i] = (sort_key){primary, kvg_policy_rendezvous(ch->key, x->id_hash), (uint32_t)i};
+    }
+    for (size_t i = n / 2; i-- > 0;)
+        sift_keys(ch, c, k, i, n);
+    for (size_t end = n; end-- > 1;) {
+        sort_key t = k[0];
+        k[0] = k[end];
+        k[end] = t;
+        sift_keys(ch, c, k, 0, end);
+    }
+    for (size_t i = 0; i < n; i++)
+        out[i] = c[k[i].pos];
+    memcpy(c, out, n * sizeof(*c));
+    if (k != stack_keys) {
+        free(k);
+        free(out);
+    }
+    return true;
+}
+
 void kvg_policy_choose(const kvg_policy_config *cfg, const kvg_policy_request *req,
                        kvg_policy_candidate *cands, size_t n, uint64_t rotation,
                        kvg_policy_terms *terms, kvg_policy_reason *reason)
@@ -197,7 +296,8 @@ void kvg_policy_choose(const kvg_policy_config *cfg, const kvg_policy_request *r
     } else {
         for (size_t i = 0; i < n && !ch.any_holder; i++)
             ch.any_holder = held(&ch, &cands[i]) > 0;
-        sort(&ch, cands, n);
+        if (n > UINT32_MAX || !sort_by_keys(&ch, cands, n))
+            sort(&ch, cands, n);
         why = held(&ch, &cands[0]) > 0 ? KVG_POLICY_REASON_HIT : KVG_POLICY_REASON_COLD;
     }
     if (terms)

@@ -52,7 +52,7 @@ typedef struct kvg_policy_config {
     uint32_t cold_blocks;  /* leading blocks whose key places a cold prefix (rendezvous; 4) */
     double load_factor;    /* bounded load: no worker above (1 + load_factor) x mean (0.25) */
     double prefill_cost_per_block;   /* predicted us to prefill one missing block (200) */
-    double queue_cost_per_request;   /* predicted us each request in flight adds (5000) */
+    double queue_cost_per_request;   /* predicted us each request in flight adds (1000) */
     double waiting_cost_per_request; /* us per request waiting in the engine, scraped (5000) */
     double kv_usage_cost;            /* us at a full engine KV cache, scraped (0: off) */
 } kvg_policy_config;

@@ -57,7 +57,7 @@ void kvg_policy_config_init(kvg_policy_config *cfg)
         .cold_blocks = 4,
         .load_factor = 0.25,
         .prefill_cost_per_block = 200,
-        .queue_cost_per_request = 5000,
+        .queue_cost_per_request = 1000,
         .waiting_cost_per_request = 5000,
         .kv_usage_cost = 0,
     };

@@ -297,7 +297,7 @@ static int parse_key(const kvg_json *o, size_t i, kvg_key_info *key, char *msg, 
         if (k < 0)
             return k;
         const kvg_json *v = o->u.obj.values[m];
-        const char *s;
+        const char *s = NULL;
         snprintf(field, sizeof(field), "%s%s", prefix, names[k]);
         int rc = get_string(v, field, &s, msg, msg_len);
         if (rc < 0)
@@ -355,7 +355,7 @@ static int parse_tenant(const kvg_json *o, kvg_tenant_def *def, const char **mod
     static const char *const names[] = {"id",   "sharing",      "group", "models",
                                         "rate", "max_inflight", "keys"};
     unsigned seen = 0;
-    const char *s;
+    const char *s = NULL;
     int rc;
     memset(def, 0, sizeof(*def));
     *nkeys = 0;

@@ -48,25 +48,27 @@ enum {
 #define MT_DOCS_PER_GROUP 4
 #define MT_DOC_MIN_BYTES 2048 /* ~512-1536 tokens */
 #define MT_DOC_SPAN_BYTES 4096
-/* Kinds come in blocks of 20 requests, shuffled within the block: 6 single questions (30%),
- * 6 document questions (30%), 8 chat turns (40%: about a third open a conversation, so ~13%
- * of all requests, the rest are follow-ups, ~27%). */
+/* Kinds come in blocks of 20 requests, shuffled within the block: 3 single questions (15%),
+ * 5 document questions (25%), 12 chat turns (60%: about a fifth open a conversation, the rest
+ * are follow-ups). Chat-heavy, as assistant traffic is: the history a follow-up repeats is the
+ * prefix that only affinity can reuse. */
 #define MT_MIX_BLOCK 20
-#define MT_MIX_SINGLE 6
-#define MT_MIX_DOC 6
-#define MT_MIX_CHAT 8
+#define MT_MIX_SINGLE 3
+#define MT_MIX_DOC 5
+#define MT_MIX_CHAT 12
 /* Chat turns are laid out in epochs of MT_LANES lanes x MT_SLOTS turn slots: chat turn j is
  * slot (j / MT_LANES) % MT_SLOTS of lane j % MT_LANES, so consecutive turns of one
  * conversation are MT_LANES chat turns (~100 requests) apart, long enough for the previous
  * answer to have arrived at any sensible concurrency. A lane holds conversations of
  * MT_DEPTH_MIN..MT_SLOTS turns back to back (the last one cut at the epoch's end). */
-#define MT_LANES 40
-#define MT_SLOTS 6
-#define MT_DEPTH_MIN 2
-#define MT_CHAT_MIN_WORDS 12
-#define MT_CHAT_SPAN_WORDS 29
-/* Zipf exponents: tenant popularity (tenant 0 most popular) and document popularity. */
-#define MT_TENANT_ZIPF 1.0
+#define MT_LANES 60
+#define MT_SLOTS 8
+#define MT_DEPTH_MIN 3
+#define MT_CHAT_MIN_WORDS 24
+#define MT_CHAT_SPAN_WORDS 57
+/* Zipf exponents: tenant popularity (tenant 0 most popular: 0.6 gives it ~21% of 8 tenants'
+ * traffic, the last ~6%) and document popularity. */
+#define MT_TENANT_ZIPF 0.6
 #define MT_DOC_ZIPF 1.0
 
 /* The simulated worker's generated text, copied from tools/simworker/tokenizer.c (the loadgen

@@ -150,6 +150,10 @@ static kvg_policy_config cfg_of(kvg_policy_kind kind)
     kvg_policy_config cfg;
     kvg_policy_config_init(&cfg);
     cfg.kind = kind;
+    /* The hand-made scenarios below are worked out with these weights, whatever the defaults. */
+    cfg.prefill_cost_per_block = 200;
+    cfg.queue_cost_per_request = 5000;
+    cfg.waiting_cost_per_request = 5000;
     return cfg;
 }
 
@@ -818,7 +822,7 @@ static int apply(kvg_policy_config *cfg, const char *text, char *msg, size_t msg
 #define DEFAULT_JSON                                                                               \
     "{\"policy\":\"cost\",\"block_bytes\":64,\"block_tokens\":16,\"max_blocks\":4096,"             \
     "\"cold_blocks\":4,\"load_factor\":0.25,\"prefill_cost_per_block\":200,"                       \
-    "\"queue_cost_per_request\":5000,\"waiting_cost_per_request\":5000,\"kv_usage_cost\":0}"
+    "\"queue_cost_per_request\":1000,\"waiting_cost_per_request\":5000,\"kv_usage_cost\":0}"
 
 /* Field by field: the struct has padding that memcmp would compare. */
 static void assert_config_equal(const kvg_policy_config *a, const kvg_policy_config *b)
@@ -850,7 +854,7 @@ static void test_config(void **state)
     assert_int_equal(cfg.cold_blocks, 4);
     assert_true(cfg.load_factor == 0.25);
     assert_true(cfg.prefill_cost_per_block == 200);
-    assert_true(cfg.queue_cost_per_request == 5000);
+    assert_true(cfg.queue_cost_per_request == 1000);
     assert_true(cfg.waiting_cost_per_request == 5000);
     assert_true(cfg.kv_usage_cost == 0);
     kvg_policy_config_to_json(&cfg, &b);
