@@ -55,7 +55,7 @@ void kvg_policy_config_init(kvg_policy_config *cfg)
         .block_tokens = 16,
         .max_blocks = 4096,
         .cold_blocks = 4,
-        .load_factor = 0.25,
+        .load_factor = 0.5,
         .prefill_cost_per_block = 200,
         .queue_cost_per_request = 1000,
         .waiting_cost_per_request = 5000,

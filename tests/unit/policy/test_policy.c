@@ -154,6 +154,7 @@ static kvg_policy_config cfg_of(kvg_policy_kind kind)
     cfg.prefill_cost_per_block = 200;
     cfg.queue_cost_per_request = 5000;
     cfg.waiting_cost_per_request = 5000;
+    cfg.load_factor = 0.25;
     return cfg;
 }
 
@@ -821,7 +822,7 @@ static int apply(kvg_policy_config *cfg, const char *text, char *msg, size_t msg
 
 #define DEFAULT_JSON                                                                               \
     "{\"policy\":\"cost\",\"block_bytes\":64,\"block_tokens\":16,\"max_blocks\":4096,"             \
-    "\"cold_blocks\":4,\"load_factor\":0.25,\"prefill_cost_per_block\":200,"                       \
+    "\"cold_blocks\":4,\"load_factor\":0.5,\"prefill_cost_per_block\":200,"                       \
     "\"queue_cost_per_request\":1000,\"waiting_cost_per_request\":5000,\"kv_usage_cost\":0}"
 
 /* Field by field: the struct has padding that memcmp would compare. */
@@ -852,7 +853,7 @@ static void test_config(void **state)
     assert_int_equal(cfg.block_tokens, 16);
     assert_int_equal(cfg.max_blocks, 4096);
     assert_int_equal(cfg.cold_blocks, 4);
-    assert_true(cfg.load_factor == 0.25);
+    assert_true(cfg.load_factor == 0.5);
     assert_true(cfg.prefill_cost_per_block == 200);
     assert_true(cfg.queue_cost_per_request == 1000);
     assert_true(cfg.waiting_cost_per_request == 5000);
