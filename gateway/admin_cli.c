@@ -46,7 +46,7 @@ static const char usage_text[] =
     "  keys create TENANT        prints the new key once; it cannot be shown again\n"
     "  keys delete TENANT KEYID\n"
     "  policy get\n"
-    "  policy set NAME           least_loaded, round_robin or random\n"
+    "  policy set NAME           cost, prefix_only, least_loaded, round_robin or random\n"
     "  metrics                   Prometheus text\n"
     "  health                    GET /healthz (no token needed)\n"
     "  ready                     GET /readyz (no token needed)\n"
