@@ -53,7 +53,7 @@ typedef struct bench_ctx {
     kvg_buf out;
     char *copy;
     uint64_t sink;
-    bool timed;                           /* a pass with the stage clock on */
+    bool timed;                             /* a pass with the stage clock on */
     uint64_t stages[KVG_ROUTE_STAGE_COUNT]; /* summed over the timed pass */
 } bench_ctx;
 
@@ -125,8 +125,8 @@ int main(int argc, char **argv)
     bool json = argc > 1 && strcmp(argv[1], "--json") == 0;
     if (!json)
         printf("%-8s %-8s %12s %12s %8s %8s %8s   %7s %7s %7s %7s\n", "body", "workers",
-               "decision_us", "memcpy_us", "ratio", "blocks", "matched", "parse", "hash",
-               "lookup", "choose");
+               "decision_us", "memcpy_us", "ratio", "blocks", "matched", "parse", "hash", "lookup",
+               "choose");
     else
         printf("[");
     bool first = true;
@@ -214,9 +214,9 @@ int main(int argc, char **argv)
                        first ? "" : ",", c.len, counts[ci], dec, cpy, (double)dec / (double)cpy,
                        d.nkeys, d.ncands ? d.cands[0].matched : 0, st[0], st[1], st[2], st[3]);
             } else {
-                printf("%-8zu %-8zu %12.2f %12.2f %8.1f %8u %8u   %7.2f %7.2f %7.2f %7.2f\n",
-                       c.len, counts[ci], dec / 1000.0, cpy / 1000.0, (double)dec / (double)cpy,
-                       d.nkeys, d.ncands ? d.cands[0].matched : 0, st[0], st[1], st[2], st[3]);
+                printf("%-8zu %-8zu %12.2f %12.2f %8.1f %8u %8u   %7.2f %7.2f %7.2f %7.2f\n", c.len,
+                       counts[ci], dec / 1000.0, cpy / 1000.0, (double)dec / (double)cpy, d.nkeys,
+                       d.ncands ? d.cands[0].matched : 0, st[0], st[1], st[2], st[3]);
             }
             fflush(stdout);
             first = false;
