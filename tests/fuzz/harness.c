@@ -103,6 +103,10 @@ void harness_init(void)
      * (and inputs without it exercise the 401 path). */
     if (kvg_tenants_new(&gw.tenants) < 0 || kvg_policy_state_new(&gw.policy) < 0)
         abort();
+    /* The prefix index, small: inputs that reach a worker record their keys in it. */
+    kvg_index_config icfg = {.max_entries = 1u << 16, .default_capacity = 4096};
+    if (kvg_router_new(&icfg, &gw.router) < 0)
+        abort();
     static const char secret[] = "fuzz-secret-0123456789abcdef0123456789";
     memcpy(gw.secret, secret, sizeof(secret) - 1);
     gw.secret_len = sizeof(secret) - 1;
