@@ -619,6 +619,54 @@ static void match_batch(const kvg_prefix_index *idx, const uint64_t *keys, size_
     }
 }
 
+/* Leading keys slot s holds from keys[from] on (it is known to hold keys[0..from)). */
+static uint32_t depth_of(const kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
+                         size_t from, uint32_t s)
+{
+    size_t i = from;
+    for (; i < nkeys; i++) {
+        if (i + PREFETCH_AHEAD < nkeys)
+            __builtin_prefetch(&idx->buckets[bucket_of(idx, keys[i + PREFETCH_AHEAD])]);
+        if (find_node(idx, keys[i], s) == NIL)
+            break;
+    }
+    return (uint32_t)i;
+}
+
+/* The common cases without mapping every requested id to a slot: nobody holds keys[0] (a cold
+ * request: one bucket walk), or a few workers do (walk each one's chain, then find its
+ * positions in the request by comparing ids). Same answers as match_batch; false when more
+ * than FEW_HOLDERS workers hold keys[0] (match_batch's shared walk is then cheaper). The
+ * caller holds the read lock. */
+#define FEW_HOLDERS 8
+static bool match_few(const kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
+                      const uint64_t *ids, size_t n, uint32_t *matched)
+{
+    uint32_t holders[FEW_HOLDERS];
+    size_t h = 0;
+    uint64_t k0 = keys[0];
+    for (uint32_t x = idx->buckets[bucket_of(idx, k0)]; x != NIL; x = idx->nodes[x].hnext) {
+        if (idx->nodes[x].key != k0)
+            continue;
+        if (h == FEW_HOLDERS)
+            return false;
+        holders[h++] = idx->nodes[x].slot; /* one node per (key, slot): no repeats */
+    }
+    memset(matched, 0, n * sizeof(*matched));
+    for (size_t j = 0; j < h; j++) {
+        uint64_t id = idx->slots[holders[j]].id;
+        uint32_t depth = 0;
+        for (size_t p = 0; p < n; p++) {
+            if (ids[p] != id)
+                continue;
+            if (!depth)
+                depth = depth_of(idx, keys, nkeys, 1, holders[j]);
+            matched[p] = depth;
+        }
+    }
+    return true;
+}
+
 void kvg_index_match(kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
                      const uint64_t *worker_ids, size_t nworkers, uint32_t *matched)
 {
@@ -626,6 +674,15 @@ void kvg_index_match(kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
         return;
     if (nkeys > UINT32_MAX)
         nkeys = UINT32_MAX;
+    if (nkeys == 0) {
+        memset(matched, 0, nworkers * sizeof(*matched));
+        return;
+    }
+    pthread_rwlock_rdlock(&idx->lock);
+    bool done = match_few(idx, keys, nkeys, worker_ids, nworkers, matched);
+    pthread_rwlock_unlock(&idx->lock);
+    if (done)
+        return;
 
     slot_pos stack_tab[2 * STACK_WORKERS];
     uint64_t stack_alive[STACK_WORKERS / 64], stack_next[STACK_WORKERS / 64];
