@@ -74,6 +74,7 @@ static void decide_once(bench_ctx *c, uint64_t rotation)
                             .salt = "0123456789012345678901234567890123456789abc",
                             .policy = &c->pc,
                             .rotation = rotation,
+                            .rank_limit = 64, /* as the front does */
                             .clock_ns = c->timed ? kvg_now_ns : NULL};
     uint64_t parse = c->timed ? kvg_now_ns() - t0 : 0;
     kvg_route_decision d;

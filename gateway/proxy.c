@@ -481,6 +481,7 @@ static void on_body(kvg_exchange *x)
         .salt = r->salt,
         .policy = kvg_thread_policy(x->thread),
         .rotation = atomic_fetch_add_explicit(&gw->rotation, 1, memory_order_relaxed),
+        .rank_limit = PROXY_MAX_CANDIDATES, /* the attempts never go further */
         .clock_ns = kvg_now_ns,
     };
     if (kvg_router_decide(gw->router, set, &rq, &x->arena, &r->route) < 0) {

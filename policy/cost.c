@@ -231,9 +231,28 @@ static void sift_keys(const choice *ch, const kvg_policy_candidate *c, sort_key 
     }
 }
 
+/* sift_keys with the order reversed: the root is the best-ranked key. */
+static void sift_best(const choice *ch, const kvg_policy_candidate *c, sort_key *k, size_t i,
+                      size_t n)
+{
+    for (;;) {
+        size_t best = i, l = 2 * i + 1, r = l + 1;
+        if (l < n && compare_keys(ch, c, &k[l], &k[best]) < 0)
+            best = l;
+        if (r < n && compare_keys(ch, c, &k[r], &k[best]) < 0)
+            best = r;
+        if (best == i)
+            return;
+        sort_key t = k[i];
+        k[i] = k[best];
+        k[best] = t;
+        i = best;
+    }
+}
+
 /* Sort through precomputed keys; false when the scratch memory cannot be had (the caller then
  * sorts the candidates directly, slower but the same order). */
-static bool sort_by_keys(const choice *ch, kvg_policy_candidate *c, size_t n)
+static bool sort_by_keys(const choice *ch, kvg_policy_candidate *c, size_t n, size_t top)
 {
     sort_key stack_keys[64];
     kvg_policy_candidate stack_out[64];
@@ -262,16 +281,30 @@ static bool sort_by_keys(const choice *ch, kvg_policy_candidate *c, size_t n)
         }
         k[i] = (sort_key){primary, kvg_policy_rendezvous(ch->key, x->id_hash), (uint32_t)i};
     }
-    for (size_t i = n / 2; i-- > 0;)
-        sift_keys(ch, c, k, i, n);
-    for (size_t end = n; end-- > 1;) {
-        sort_key t = k[0];
-        k[0] = k[end];
-        k[end] = t;
-        sift_keys(ch, c, k, 0, end);
+    if (top < n) {
+        /* Only the first `top` places matter: a heap whose root is the best, popped top
+         * times (O(n + top log n)); the rest stay in heap order. */
+        for (size_t i = n / 2; i-- > 0;)
+            sift_best(ch, c, k, i, n);
+        for (size_t end = n; end > n - top; end--) {
+            out[n - end] = c[k[0].pos];
+            k[0] = k[end - 1];
+            sift_best(ch, c, k, 0, end - 1);
+        }
+        for (size_t i = 0; i < n - top; i++)
+            out[top + i] = c[k[i].pos];
+    } else {
+        for (size_t i = n / 2; i-- > 0;)
+            sift_keys(ch, c, k, i, n);
+        for (size_t end = n; end-- > 1;) {
+            sort_key t = k[0];
+            k[0] = k[end];
+            k[end] = t;
+            sift_keys(ch, c, k, 0, end);
+        }
+        for (size_t i = 0; i < n; i++)
+            out[i] = c[k[i].pos];
     }
-    for (size_t i = 0; i < n; i++)
-        out[i] = c[k[i].pos];
     memcpy(c, out, n * sizeof(*c));
     if (k != stack_keys) {
         free(k);
@@ -280,12 +313,14 @@ static bool sort_by_keys(const choice *ch, kvg_policy_candidate *c, size_t n)
     return true;
 }
 
-void kvg_policy_choose(const kvg_policy_config *cfg, const kvg_policy_request *req,
-                       kvg_policy_candidate *cands, size_t n, uint64_t rotation,
-                       kvg_policy_terms *terms, kvg_policy_reason *reason)
+void kvg_policy_choose_top(const kvg_policy_config *cfg, const kvg_policy_request *req,
+                           kvg_policy_candidate *cands, size_t n, size_t top, uint64_t rotation,
+                           kvg_policy_terms *terms, kvg_policy_reason *reason)
 {
     if (n == 0)
         return;
+    if (top == 0 || top > n)
+        top = n;
     choice ch = {.cfg = cfg, .kind = cfg->kind, .blocks = req->blocks, .key = req->cold_key};
     ch.bound = load_bound(cfg, cands, n);
     kvg_policy_reason why = KVG_POLICY_REASON_LOAD;
@@ -296,7 +331,7 @@ void kvg_policy_choose(const kvg_policy_config *cfg, const kvg_policy_request *r
     } else {
         for (size_t i = 0; i < n && !ch.any_holder; i++)
             ch.any_holder = held(&ch, &cands[i]) > 0;
-        if (n > UINT32_MAX || !sort_by_keys(&ch, cands, n))
+        if (n > UINT32_MAX || !sort_by_keys(&ch, cands, n, top))
             sort(&ch, cands, n);
         why = held(&ch, &cands[0]) > 0 ? KVG_POLICY_REASON_HIT : KVG_POLICY_REASON_COLD;
     }
@@ -305,4 +340,11 @@ void kvg_policy_choose(const kvg_policy_config *cfg, const kvg_policy_request *r
             score(&ch, &cands[i], &terms[i]);
     if (reason)
         *reason = why;
+}
+
+void kvg_policy_choose(const kvg_policy_config *cfg, const kvg_policy_request *req,
+                       kvg_policy_candidate *cands, size_t n, uint64_t rotation,
+                       kvg_policy_terms *terms, kvg_policy_reason *reason)
+{
+    kvg_policy_choose_top(cfg, req, cands, n, n, rotation, terms, reason);
 }

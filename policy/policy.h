@@ -125,6 +125,13 @@ typedef struct kvg_policy_terms {
 void kvg_policy_choose(const kvg_policy_config *cfg, const kvg_policy_request *req,
                        kvg_policy_candidate *cands, size_t n, uint64_t rotation,
                        kvg_policy_terms *terms, kvg_policy_reason *reason);
+/** kvg_policy_choose when only the first `top` places are wanted (the gateway tries a few
+ *  workers, never hundreds): those places are exactly kvg_policy_choose's, the candidates after
+ *  them are in no particular order (load-only kinds and requests without a block still rank
+ *  all). top 0 or above n ranks all. */
+void kvg_policy_choose_top(const kvg_policy_config *cfg, const kvg_policy_request *req,
+                           kvg_policy_candidate *cands, size_t n, size_t top, uint64_t rotation,
+                           kvg_policy_terms *terms, kvg_policy_reason *reason);
 /** The rendezvous score of a key for a worker identity: mix(key ^ mix(id_hash +
  *  0x9e3779b97f4a7c15)) with mix the splitmix64 finaliser (cost.c). Replicas must agree on it. */
 uint64_t kvg_policy_rendezvous(uint64_t key, uint64_t id_hash);

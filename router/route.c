@@ -200,7 +200,7 @@ int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_reque
         uint32_t cold = KVG_MIN(pc->cold_blocks ? pc->cold_blocks : 1, d.nkeys);
         preq.cold_key = d.keys[cold - 1];
     }
-    kvg_policy_choose(pc, &preq, pcs, m, req->rotation, terms, &d.reason);
+    kvg_policy_choose_top(pc, &preq, pcs, m, req->rank_limit, req->rotation, terms, &d.reason);
     d.cands = kvg_arena_alloc(arena, (m ? m : 1) * sizeof(*d.cands));
     if (!d.cands)
         return -ENOMEM;

@@ -391,6 +391,8 @@ typedef struct kvg_route_request {
     const char *salt;                /* the scope salt; NULL = none */
     const kvg_policy_config *policy; /* settings (kind, block sizes, weights) */
     uint64_t rotation;               /* advanced once per decision by the caller */
+    size_t rank_limit;               /* rank only the best this many (0: all; see
+                                        kvg_policy_choose_top) */
     uint64_t (*clock_ns)(void);      /* for stage timings; NULL = none (simulation, tests) */
 } kvg_route_request;
 

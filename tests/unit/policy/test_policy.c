@@ -1046,6 +1046,45 @@ static void test_state(void **state)
     kvg_policy_state_free(NULL);
 }
 
+/* The first `top` places of choose_top are exactly choose's, for random inputs. */
+static void test_choose_top(void **state)
+{
+    (void)state;
+    uint64_t seed = 99;
+    for (int round = 0; round < 300; round++) {
+        size_t n = 1 + (size_t)(test_mix(++seed) % 300);
+        size_t top = (size_t)(test_mix(++seed) % (n + 2));
+        kvg_policy_config cfg = cfg_of(round % 3 ? KVG_POLICY_COST : KVG_POLICY_PREFIX_ONLY);
+        kvg_policy_candidate a[300], b[300];
+        for (size_t i = 0; i < n; i++) {
+            uint64_t r = test_mix(++seed);
+            a[i] = (kvg_policy_candidate){.index = (uint32_t)i,
+                                          .inflight = (uint32_t)(r % 7),
+                                          .matched =
+                                              (uint32_t)((r >> 8) % 3 == 0 ? (r >> 16) % 40 : 0),
+                                          .id_hash = test_mix(r)};
+        }
+        memcpy(b, a, n * sizeof(*a));
+        kvg_policy_request req = {.blocks = 32, .cold_key = test_mix(++seed)};
+        kvg_policy_terms ta[300], tb[300];
+        kvg_policy_reason ra, rb;
+        kvg_policy_choose(&cfg, &req, a, n, 0, ta, &ra);
+        kvg_policy_choose_top(&cfg, &req, b, n, top, 0, tb, &rb);
+        size_t want = top == 0 || top > n ? n : top;
+        assert_int_equal(ra, rb);
+        for (size_t i = 0; i < want; i++) {
+            assert_int_equal(a[i].index, b[i].index);
+            assert_true(ta[i].total == tb[i].total);
+        }
+        /* The rest is a permutation of the rest. */
+        unsigned seen[300] = {0};
+        for (size_t i = 0; i < n; i++)
+            seen[b[i].index]++;
+        for (size_t i = 0; i < n; i++)
+            assert_int_equal(seen[i], 1);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1068,6 +1107,7 @@ int main(void)
         cmocka_unit_test(test_bucket),
         cmocka_unit_test(test_scope_salt),
         cmocka_unit_test(test_config),
+        cmocka_unit_test(test_choose_top),
         cmocka_unit_test(test_state),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
