@@ -39,6 +39,9 @@ typedef struct kvg_admin_config {
     /* The router (borrowed; must outlive the admin): its index and decision series join
      * /metrics, and POST /admin/v1/route/explain asks it. NULL: explain answers 404. */
     kvg_router *router;
+    /* How old the engines' scraped load may be for route explain to use it (the gateway's
+     * 3 x scrape.interval_ms); 0 = scraping off: explain shows waiting 0. */
+    uint64_t engine_load_max_age_ns;
     /* The server secret (borrowed), for the scope salt of an explained request. */
     const uint8_t *secret;
     size_t secret_len;

@@ -38,11 +38,12 @@ static void put_candidate(kvg_buf *b, const kvg_route_candidate *rc)
     kvg_buf_puts(b, "{\"worker\":");
     kvg_buf_json_string(b, name, strlen(name));
     kvg_buf_printf(b,
-                   ",\"matched_blocks\":%u,\"inflight\":%u,\"prefill_cost\":%.3f,"
-                   "\"queue_cost\":%.3f,\"total_cost\":%.3f,\"over_bound\":%s,"
-                   "\"rendezvous\":\"%s\"}",
-                   rc->matched, rc->inflight, rc->terms.prefill_cost, rc->terms.queue_cost,
-                   rc->terms.total, rc->terms.over_bound ? "true" : "false", hex);
+                   ",\"matched_blocks\":%u,\"inflight\":%u,\"waiting\":%u,\"kv_usage\":%.4f,"
+                   "\"prefill_cost\":%.3f,\"queue_cost\":%.3f,\"total_cost\":%.3f,"
+                   "\"over_bound\":%s,\"rendezvous\":\"%s\"}",
+                   rc->matched, rc->inflight, rc->waiting, (double)rc->kv_usage,
+                   rc->terms.prefill_cost, rc->terms.queue_cost, rc->terms.total,
+                   rc->terms.over_bound ? "true" : "false", hex);
 }
 
 static void respond(admin_ctx *c, const kvg_route_decision *d, const kvg_body_info *info,
@@ -190,6 +191,8 @@ void kvg_admin_route_explain(admin_ctx *c)
         .policy = &pc,
         .rotation = 0,
         .clock_ns = kvg_now_ns,
+        .now_ns = kvg_now_ns(),
+        .engine_load_max_age_ns = admin->engine_load_max_age_ns,
     };
     kvg_route_decision d;
     if (kvg_router_decide(admin->router, set, &rq, &arena, &d) < 0) {

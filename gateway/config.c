@@ -86,6 +86,7 @@ int kvg_config_init(kvg_config *cfg)
         .rise = 2,
         .path = "/health",
     };
+    cfg->scrape = (kvg_scrape_config){.interval_ms = 0, .timeout_ms = 1000, .path = "/metrics"};
     if (set_str(&cfg->state_dir, "./kvgate-state") < 0 || set_str(&cfg->access_log, "-") < 0)
         return -ENOMEM;
     return 0;
@@ -256,6 +257,46 @@ static int load_listeners(cfg_ctx *c, const kvg_json *v, const char *key, kvg_li
         if (rc < 0)
             return rc;
     }
+    return 0;
+}
+
+/* "scrape": {"interval_ms", "timeout_ms", "path"}: the engines' own load (gateway/scrape.c). */
+static int load_scrape(cfg_ctx *c, kvg_config *cfg, const kvg_json *v)
+{
+    if (v->type != KVG_JSON_OBJECT)
+        return bad(c, "scrape", "must be an object");
+    kvg_scrape_config sc = cfg->scrape;
+    u32_field f[] = {
+        {"interval_ms", &sc.interval_ms, 0, 3600000},
+        {"timeout_ms", &sc.timeout_ms, 10, 600000},
+    };
+    for (size_t i = 0; i < v->u.obj.count; i++) {
+        const char *k = v->u.obj.keys[i];
+        const kvg_json *val = v->u.obj.values[i];
+        int rc;
+        if (strcmp(k, "path") == 0) {
+            const char *s;
+            rc = get_string(c, val, "scrape.path", &s);
+            if (rc == 0 && (s[0] != '/' || strlen(s) >= sizeof(sc.path) || strpbrk(s, " \r\n\t")))
+                rc = bad(c, "scrape.path", "must be an absolute path without spaces");
+            if (rc == 0)
+                snprintf(sc.path, sizeof(sc.path), "%s", s);
+        } else {
+            size_t m;
+            for (m = 0; m < KVG_ARRAY_LEN(f); m++)
+                if (strcmp(f[m].key, k) == 0)
+                    break;
+            char full[96];
+            snprintf(full, sizeof(full), "scrape.%s", k);
+            rc = m == KVG_ARRAY_LEN(f) ? bad(c, full, "unknown key")
+                                       : get_u32(c, val, full, f[m].min, f[m].max, f[m].dst);
+        }
+        if (rc < 0)
+            return rc;
+    }
+    if (sc.interval_ms && sc.interval_ms < 50)
+        return bad(c, "scrape.interval_ms", "must be 0 (off) or at least 50");
+    cfg->scrape = sc;
     return 0;
 }
 
@@ -469,6 +510,8 @@ static int apply_json(cfg_ctx *c, kvg_config *cfg, const kvg_json *root)
             }
             if (rc == 0 && v->type != KVG_JSON_OBJECT)
                 rc = bad(c, k, "must be an object");
+        } else if (strcmp(k, "scrape") == 0) {
+            rc = load_scrape(c, cfg, v);
         } else if (strcmp(k, "workers") == 0) {
             rc = load_workers(c, cfg, v);
         } else {

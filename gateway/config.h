@@ -51,6 +51,13 @@ typedef struct kvg_health_config {
     char path[128];
 } kvg_health_config;
 
+/* Scraping of the engines' own load (gateway/scrape.c). */
+typedef struct kvg_scrape_config {
+    uint32_t interval_ms; /* 0 = off (the default) */
+    uint32_t timeout_ms;
+    char path[128];
+} kvg_scrape_config;
+
 typedef struct kvg_config_worker {
     char *name;
     char *url;
@@ -86,6 +93,7 @@ typedef struct kvg_config {
     kvg_front_limits limits;
     kvg_upstream_config upstream;
     kvg_health_config health;
+    kvg_scrape_config scrape;
     kvg_config_worker *workers;
     size_t nworkers;
 } kvg_config;

@@ -8,6 +8,7 @@ static void stop_control(kvg_gateway *gw)
     kvg_thread_close_listeners(&gw->control);
     kvg_thread_force_close(&gw->control);
     kvg_health_stop(gw);
+    kvg_scrape_stop(gw);
     event_base_loopexit(gw->control.base, NULL);
 }
 

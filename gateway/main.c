@@ -329,7 +329,7 @@ int main(int argc, char **argv)
 
     gw->nthreads = gw->cfg.threads ? gw->cfg.threads : default_threads();
     kvg_registry_config rcfg = {
-        .nthreads = gw->nthreads + 1, /* + the control thread's slot (health checks) */
+        .nthreads = gw->nthreads + 2, /* + the control thread's slots (health, scrapes) */
         .default_max_inflight = gw->cfg.upstream.max_inflight,
         .health_fall = gw->cfg.health.fall,
         .health_rise = gw->cfg.health.rise,
@@ -383,6 +383,7 @@ int main(int argc, char **argv)
         .audit_path = strcmp(audit, "off") == 0 ? NULL : audit,
         .tenant_label_cap = gw->cfg.tenant_metrics_max,
         .router = gw->router,
+        .engine_load_max_age_ns = kvg_scrape_max_age_ns(gw),
         .secret = gw->secret,
         .secret_len = gw->secret_len,
     };
@@ -445,7 +446,7 @@ int main(int argc, char **argv)
     if (!gw->sig_term || !gw->sig_int || !gw->sig_hup || evsignal_add(gw->sig_term, NULL) < 0 ||
         evsignal_add(gw->sig_int, NULL) < 0 || evsignal_add(gw->sig_hup, NULL) < 0)
         goto out_threads;
-    if (kvg_health_start(gw) < 0)
+    if (kvg_health_start(gw) < 0 || kvg_scrape_start(gw) < 0)
         goto out_threads;
     for (unsigned i = 0; i < gw->nthreads; i++) {
         if (kvg_thread_spawn(&gw->threads[i]) < 0) {
@@ -453,6 +454,7 @@ int main(int argc, char **argv)
             atomic_store(&gw->force_stop, true);
             atomic_store(&gw->shutting_down, true);
             kvg_health_stop(gw);
+            kvg_scrape_stop(gw);
             for (unsigned j = 0; j < i; j++)
                 kvg_thread_notify(&gw->threads[j]);
             for (unsigned j = 0; j < i; j++)
@@ -474,6 +476,7 @@ int main(int argc, char **argv)
 
 out_threads:
     kvg_health_stop(gw);
+    kvg_scrape_stop(gw);
     for (unsigned i = 0; i < started; i++) {
         kvg_thread_close_listeners(&gw->threads[i]);
         kvg_thread_done(&gw->threads[i]);

@@ -483,6 +483,8 @@ static void on_body(kvg_exchange *x)
         .rotation = atomic_fetch_add_explicit(&gw->rotation, 1, memory_order_relaxed),
         .rank_limit = PROXY_MAX_CANDIDATES, /* the attempts never go further */
         .clock_ns = kvg_now_ns,
+        .now_ns = kvg_now_ns(),
+        .engine_load_max_age_ns = kvg_scrape_max_age_ns(gw),
     };
     if (kvg_router_decide(gw->router, set, &rq, &x->arena, &r->route) < 0) {
         fail(r, 500, "internal_error", "out of memory");

@@ -207,4 +207,13 @@ void kvg_upstream_thread_close_all(kvg_thread *t);
 int kvg_health_start(kvg_gateway *gw);
 void kvg_health_stop(kvg_gateway *gw);
 
+/** Start scraping the engines' load on the control thread (gateway/scrape.c); nothing when
+ *  scrape.interval_ms is 0. 0 or -ENOMEM. */
+int kvg_scrape_start(kvg_gateway *gw);
+/** Stop it and free the scrapes in flight. Safe when never started, and more than once. */
+void kvg_scrape_stop(kvg_gateway *gw);
+/** How old a scraped load may be and still count for routing: 3 x scrape.interval_ms; 0 when
+ *  scraping is off (kvg_route_request.engine_load_max_age_ns). */
+uint64_t kvg_scrape_max_age_ns(const kvg_gateway *gw);
+
 #endif

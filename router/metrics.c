@@ -90,6 +90,37 @@ static uint64_t usage_unreported_value(const kvg_worker *w)
     return atomic_load_explicit(&((kvg_worker *)w)->usage_unreported, memory_order_relaxed);
 }
 
+static uint64_t scrape_errors_value(const kvg_worker *w)
+{
+    return atomic_load_explicit(&((kvg_worker *)w)->scrape_errors, memory_order_relaxed);
+}
+
+/* The last load scraped from each engine (however old: scrape errors say when it stopped);
+ * workers never scraped have no sample. */
+static void put_engine_load(kvg_buf *out, const kvg_worker_set *set)
+{
+    put_header(out, "kvgate_worker_engine_waiting", "gauge",
+               "Requests waiting in the worker's engine (vllm:num_requests_waiting), as last "
+               "scraped.");
+    for (size_t i = 0; i < set->count; i++) {
+        uint32_t waiting;
+        if (kvg_worker_engine_load(set->workers[i], 0, 0, &waiting, NULL)) {
+            put_series(out, "kvgate_worker_engine_waiting", set->workers[i]);
+            kvg_buf_printf(out, "} %u\n", waiting);
+        }
+    }
+    put_header(out, "kvgate_worker_engine_kv_usage", "gauge",
+               "Fraction (0..1) of the worker's engine KV cache in use "
+               "(vllm:kv_cache_usage_perc), as last scraped.");
+    for (size_t i = 0; i < set->count; i++) {
+        float kv;
+        if (kvg_worker_engine_load(set->workers[i], 0, 0, NULL, &kv)) {
+            put_series(out, "kvgate_worker_engine_kv_usage", set->workers[i]);
+            kvg_buf_printf(out, "} %.6g\n", (double)kv);
+        }
+    }
+}
+
 static void put_histogram(kvg_buf *out, const kvg_worker_set *set, const char *name,
                           const char *help, size_t offset)
 {
@@ -161,6 +192,12 @@ void kvg_registry_write_metrics(kvg_registry *reg, kvg_buf *out)
                "Requests retried on another worker after a connect failure or a reset before "
                "any response byte from this one.",
                retries_value);
+
+    put_simple(out, set, "kvgate_worker_scrape_errors_total", "counter",
+               "Failed scrapes of the worker engine's metrics (connect, timeout, status, "
+               "oversized body, no vLLM load series).",
+               scrape_errors_value);
+    put_engine_load(out, set);
 
     put_simple(out, set, "kvgate_prefix_predicted_tokens_total", "counter",
                "Prompt tokens the prefix index predicted the worker had cached, over the "

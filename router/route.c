@@ -194,6 +194,10 @@ int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_reque
             .matched = matched[i],
             .id_hash = kvg_worker_name_hash(w),
         };
+        /* The engine's own queue and cache, when scraped recently enough; else unknown (0). */
+        if (req->now_ns && req->engine_load_max_age_ns)
+            kvg_worker_engine_load(w, req->now_ns, req->engine_load_max_age_ns, &pcs[i].waiting,
+                                   &pcs[i].kv_usage);
     }
     kvg_policy_request preq = {.blocks = d.nkeys};
     if (d.nkeys) {
@@ -210,6 +214,8 @@ int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_reque
             .worker = rc[c->index].worker,
             .matched = c->matched,
             .inflight = c->inflight,
+            .waiting = c->waiting,
+            .kv_usage = c->kv_usage,
             .terms = terms[i],
         };
     }

@@ -206,9 +206,46 @@ void kvg_worker_record_retry(kvg_worker *w);
  *  worker's last reference goes (the owner of the slot holds a worker reference). */
 void **kvg_worker_thread_slot(kvg_worker *w, unsigned thread);
 
+/* ---- the engines' own load (scraped from their /metrics) ------------------------------------ */
+
+/* Lines longer than this (bytes, without the line feed) are skipped by the parser. */
+#define KVG_ENGINE_METRICS_LINE_MAX 4096
+
+/* What an engine's Prometheus page says about its load. */
+typedef struct kvg_engine_load {
+    uint32_t waiting;   /* sum of vllm:num_requests_waiting over its label sets (saturates) */
+    float kv_usage;     /* max of vllm:kv_cache_usage_perc over its label sets, in [0, 1] */
+    bool have_waiting;  /* at least one sample of each was read (NaN samples do not count) */
+    bool have_kv_usage; /* false: the value above is 0 */
+} kvg_engine_load;
+
+/** Read vllm:num_requests_waiting and vllm:kv_cache_usage_perc out of a Prometheus text page
+ *  (format 0.0.4: "name[{labels}] value [timestamp]" lines; '#' lines and every other metric
+ *  ignored). Label values may hold spaces, braces and escaped quotes. Negative samples count
+ *  as 0, NaN samples are ignored, +Inf saturates; malformed samples and lines longer than
+ *  KVG_ENGINE_METRICS_LINE_MAX are skipped. Linear in len, no allocation, any bytes accepted.
+ *  Returns 0 (*out written; see its have_ flags) or -EINVAL (out NULL, or text NULL with
+ *  len > 0). */
+int kvg_engine_metrics_parse(const char *text, size_t len, kvg_engine_load *out);
+
+/** Store the load last scraped from the worker's engine, taken at now_ns (kvg_now_ns()).
+ *  kv_usage is clamped to [0, 1]. Thread-safe: three relaxed atomics published by the time
+ *  stamp, so a reader racing a writer may pair one scrape's waiting with the next one's
+ *  kv_usage - harmless for a routing hint. */
+void kvg_worker_set_engine_load(kvg_worker *w, uint32_t waiting, float kv_usage, uint64_t now_ns);
+/** The load last stored by kvg_worker_set_engine_load, when it is at most max_age_ns old at
+ *  now_ns (a time stamp later than now_ns counts as fresh). False, outputs untouched, when
+ *  never stored or older. waiting and kv_usage may be NULL. Thread-safe. */
+bool kvg_worker_engine_load(const kvg_worker *w, uint64_t now_ns, uint64_t max_age_ns,
+                            uint32_t *waiting, float *kv_usage);
+/** Count one failed scrape of the worker's metrics (kvgate_worker_scrape_errors_total). */
+void kvg_worker_record_scrape_error(kvg_worker *w);
+
 /** Append the registry's Prometheus series (kvgate_worker_up, kvgate_worker_inflight,
  *  kvgate_worker_requests_total{worker,code}, kvgate_worker_request_duration_seconds,
- *  kvgate_worker_ttfb_seconds, kvgate_worker_retries_total), with HELP and TYPE lines. */
+ *  kvgate_worker_ttfb_seconds, kvgate_worker_retries_total, kvgate_worker_scrape_errors_total,
+ *  kvgate_worker_engine_waiting and kvgate_worker_engine_kv_usage for workers scraped at least
+ *  once), with HELP and TYPE lines. */
 void kvg_registry_write_metrics(kvg_registry *reg, kvg_buf *out);
 
 /* ---- request bodies -------------------------------------------------------------------------- */
@@ -394,6 +431,10 @@ typedef struct kvg_route_request {
     size_t rank_limit;               /* rank only the best this many (0: all; see
                                         kvg_policy_choose_top) */
     uint64_t (*clock_ns)(void);      /* for stage timings; NULL = none (simulation, tests) */
+    uint64_t now_ns;                 /* kvg_now_ns() for the age of scraped engine load; 0 =
+                                        do not use scraped load */
+    uint64_t engine_load_max_age_ns; /* scraped load older than this is ignored; 0 = ignore
+                                        scraped load (scraping off) */
 } kvg_route_request;
 
 /* One eligible worker, in ranked order. */
@@ -401,6 +442,8 @@ typedef struct kvg_route_candidate {
     kvg_worker *worker; /* borrowed from the snapshot given to kvg_router_decide */
     uint32_t matched;   /* leading blocks it holds */
     uint32_t inflight;  /* as the policy saw it */
+    uint32_t waiting;   /* the engine's scraped queue as the policy saw it; 0 = unknown */
+    float kv_usage;     /* the engine's scraped KV cache usage, 0..1; 0 = unknown */
     kvg_policy_terms terms;
 } kvg_route_candidate;
 

@@ -75,6 +75,11 @@ struct kvg_worker {
     _Atomic uint64_t usage_prompt;    /* prompt tokens the engine reported */
     _Atomic uint64_t usage_unreported;
     _Atomic uint64_t usage_outcomes[KVG_USAGE_OUTCOME_COUNT];
+    /* The engine's own load, scraped (engine_metrics.c): engine_load_ns 0 = never. */
+    _Atomic uint32_t engine_waiting;
+    _Atomic uint32_t engine_kv_usage; /* float bits */
+    _Atomic uint64_t engine_load_ns;
+    _Atomic uint64_t scrape_errors;
     void *slots[]; /* nthreads per-thread slots for the gateway */
 };
 

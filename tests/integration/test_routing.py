@@ -245,8 +245,9 @@ def test_explain_contract(simworker, kvgate):
     assert ex["hash_backend"] == "cpu" and ex["serving"] == 2
     assert ex["chosen"] == ex["candidates"][0]["worker"]
     for c in ex["candidates"]:
-        assert set(c) == {"worker", "matched_blocks", "inflight", "prefill_cost", "queue_cost",
-                          "total_cost", "over_bound", "rendezvous"}
+        assert set(c) == {"worker", "matched_blocks", "inflight", "waiting", "kv_usage",
+                          "prefill_cost", "queue_cost", "total_cost", "over_bound", "rendezvous"}
+        assert c["waiting"] == 0 and c["kv_usage"] == 0  # scraping is off by default
         assert c["total_cost"] == pytest.approx(c["prefill_cost"] + c["queue_cost"], abs=1e-3)
     assert set(ex["timing_us"]) == {"parse", "hash", "lookup", "choose", "total"}
     # Explaining is not routing: nothing was counted or recorded.

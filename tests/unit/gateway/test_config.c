@@ -41,6 +41,8 @@ static void test_defaults(void **state)
     assert_string_equal(cfg.listeners[0].address, "0.0.0.0:8080");
     assert_string_equal(cfg.admin_listeners[0].address, "127.0.0.1:9090");
     assert_int_equal(cfg.limits.body_bytes, 32u << 20);
+    assert_int_equal(cfg.scrape.interval_ms, 0); /* off: not every engine speaks vLLM */
+    assert_string_equal(cfg.scrape.path, "/metrics");
     char err[256];
     assert_int_equal(kvg_config_validate(&cfg, err, sizeof(err)), 0);
     kvg_config_done(&cfg);
@@ -60,6 +62,7 @@ static void test_full_file(void **state)
              " \"threads\": 3, \"log_level\": \"debug\", \"worker_header\": false,"
              " \"limits\": {\"body_bytes\": 4096, \"streams_per_conn\": 7},"
              " \"upstream\": {\"retries\": 0}, \"health\": {\"path\": \"/ready\", \"fall\": 1},"
+             " \"scrape\": {\"interval_ms\": 250, \"timeout_ms\": 500, \"path\": \"/m\"},"
              " \"auth\": \"open\", \"secret\": \"0123456789abcdef0123456789abcdef!\","
              " \"state_file\": \"/tmp/s.json\", \"audit_log\": \"off\","
              " \"tenant_metrics_max\": 7,"
@@ -81,6 +84,9 @@ static void test_full_file(void **state)
     assert_int_equal(cfg.upstream.retries, 0);
     assert_string_equal(cfg.health.path, "/ready");
     assert_int_equal(cfg.health.fall, 1);
+    assert_int_equal(cfg.scrape.interval_ms, 250);
+    assert_int_equal(cfg.scrape.timeout_ms, 500);
+    assert_string_equal(cfg.scrape.path, "/m");
     assert_int_equal(cfg.nworkers, 1);
     assert_int_equal(cfg.workers[0].nmodels, 2);
     assert_int_equal(cfg.workers[0].kv_blocks, 10);
@@ -111,6 +117,11 @@ static void test_errors_name_the_key(void **state)
         {"{\"workers\": [{\"name\": \"a\"}]}", "workers[0]: needs \"name\" and \"url\""},
         {"{\"workers\": [{\"name\": \"a\", \"url\": \"u\", \"gpu\": 1}]}", "workers[0].gpu"},
         {"{\"health\": {\"path\": \"no-slash\"}}", "health.path"},
+        {"{\"scrape\": {\"path\": \"metrics\"}}", "scrape.path"},
+        {"{\"scrape\": {\"interval_ms\": 10}}", "scrape.interval_ms: must be 0 (off)"},
+        {"{\"scrape\": {\"timeout_ms\": 1}}", "scrape.timeout_ms: must be between"},
+        {"{\"scrape\": {\"every\": 1}}", "scrape.every: unknown key"},
+        {"{\"scrape\": 5}", "scrape: must be an object"},
         {"{\"admin\": {\"tokens\": [\"short\"]}}", "at least 16"},
         {"{\"log_level\": \"loud\"}", "log_level"},
         {"{\"threads\": 1, \"threads\": 2}", "duplicate key"},

@@ -796,7 +796,7 @@ static void test_metrics_format(void **state)
     family fams[32];
     size_t nfams;
     assert_int_equal(check_exposition(out.data, fams, &nfams), 0);
-    assert_int_equal(nfams, 13); /* + the five prefix-prediction families */
+    assert_int_equal(nfams, 16); /* + five prefix-prediction and three engine-load families */
 
     assert_int_equal(put(reg, "w1", "http://h:1", KVG_WORKER_SOURCE_ADMIN), 0);
     assert_int_equal(put(reg, "w2", "http://h:2", KVG_WORKER_SOURCE_ADMIN), 0);
@@ -814,18 +814,22 @@ static void test_metrics_format(void **state)
     for (int i = 0; i < 3; i++)
         kvg_worker_health_observe(w2, false);
     kvg_registry_drain(reg, "w2");
-    kvg_worker_record_usage(w1, 30, 100, 40); /* predicted 30 of 100, engine says 40 */
-    kvg_worker_record_usage(w1, 0, 50, 16);   /* an unpredicted hit */
-    kvg_worker_record_usage(w2, 10, 100, -1); /* no report: unreported, nothing else */
+    kvg_worker_record_usage(w1, 30, 100, 40);   /* predicted 30 of 100, engine says 40 */
+    kvg_worker_record_usage(w1, 0, 50, 16);     /* an unpredicted hit */
+    kvg_worker_record_usage(w2, 10, 100, -1);   /* no report: unreported, nothing else */
+    kvg_worker_set_engine_load(w1, 2, 0.5f, 1); /* scraped: w1 only */
 
     kvg_buf_reset(&out);
     kvg_registry_write_metrics(reg, &out);
     assert_false(out.failed);
     size_t n = check_exposition(out.data, fams, &nfams);
-    assert_int_equal(nfams, 13);
-    /* 5 gauges/counters x 2 workers + 3 code series + 2 histograms x 2 workers x 18 lines
-     * + 4 usage counters x 2 workers + 4 prediction outcomes x 2 workers */
-    assert_int_equal(n, 10 + 3 + 2 * 2 * 18 + 4 * 2 + 4 * 2);
+    assert_int_equal(nfams, 16);
+    /* 6 gauges/counters x 2 workers + 3 code series + 2 histograms x 2 workers x 18 lines
+     * + 2 engine-load gauges x 1 worker + 4 usage counters x 2 workers + 4 prediction
+     * outcomes x 2 workers */
+    assert_int_equal(n, 12 + 3 + 2 * 2 * 18 + 2 + 4 * 2 + 4 * 2);
+    expect_text(out.data, "kvgate_worker_engine_waiting{worker=\"w1\"} 2\n");
+    expect_text(out.data, "kvgate_worker_engine_kv_usage{worker=\"w1\"} 0.5\n");
     expect_text(out.data, "kvgate_prefix_predicted_tokens_total{worker=\"w1\"} 30\n");
     expect_text(out.data, "kvgate_prefix_cached_tokens_total{worker=\"w1\"} 56\n");
     expect_text(out.data, "kvgate_prefix_prompt_tokens_total{worker=\"w1\"} 150\n");
