@@ -119,6 +119,27 @@ static uint64_t time_memcpy(bench_ctx *c, unsigned iters)
     return t[ROUNDS / 2] ? t[ROUNDS / 2] : 1;
 }
 
+/* One decision outside the timed loops: recorded on w when w is not NULL (to warm the index),
+ * copied to out when out is not NULL. */
+static int decide_and_record(bench_ctx *c, const char *body, size_t len, kvg_worker *w,
+                             kvg_route_decision *out)
+{
+    static const char salt[] = "0123456789012345678901234567890123456789abc";
+    kvg_body_info info;
+    kvg_arena_reset(&c->arena);
+    kvg_buf_reset(&c->out);
+    kvg_route_request rq = {.body = &info, .salt = salt, .policy = &c->pc, .rank_limit = 64};
+    kvg_route_decision d;
+    if (kvg_body_scan(body, len, KVG_BODY_API_CHAT, salt, &c->arena, &c->out, &info, NULL) < 0 ||
+        kvg_router_decide(c->rt, c->set, &rq, &c->arena, &d) < 0)
+        return -1;
+    if (w)
+        kvg_router_record(c->rt, w, &d);
+    if (out)
+        *out = d;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const size_t sizes[] = {1024, 32 * 1024, 512 * 1024};
@@ -154,36 +175,15 @@ int main(int argc, char **argv)
             for (size_t w = 0; w < counts[ci]; w++) {
                 size_t olen;
                 char *other = make_body(sizes[si], 1000 + (unsigned)w, &olen);
-                kvg_body_info info;
-                kvg_arena_reset(&c.arena);
-                kvg_buf_reset(&c.out);
-                kvg_route_request rq = {.body = &info,
-                                        .salt = "0123456789012345678901234567890123456789abc",
-                                        .policy = &c.pc};
-                kvg_route_decision d;
-                if (kvg_body_scan(other, olen, KVG_BODY_API_CHAT, rq.salt, &c.arena, &c.out, &info,
-                                  NULL) < 0 ||
-                    kvg_router_decide(c.rt, c.set, &rq, &c.arena, &d) < 0)
+                if (decide_and_record(&c, other, olen, kvg_worker_set_at(c.set, w), NULL) < 0)
                     return 1;
-                kvg_router_record(c.rt, kvg_worker_set_at(c.set, w), &d);
                 free(other);
             }
             c.body = make_body(sizes[si], 7, &c.len);
             c.copy = malloc(c.len);
-            {
-                kvg_body_info info;
-                kvg_arena_reset(&c.arena);
-                kvg_buf_reset(&c.out);
-                kvg_route_request rq = {.body = &info,
-                                        .salt = "0123456789012345678901234567890123456789abc",
-                                        .policy = &c.pc};
-                kvg_route_decision d;
-                if (kvg_body_scan(c.body, c.len, KVG_BODY_API_CHAT, rq.salt, &c.arena, &c.out,
-                                  &info, NULL) < 0 ||
-                    kvg_router_decide(c.rt, c.set, &rq, &c.arena, &d) < 0)
-                    return 1;
-                kvg_router_record(c.rt, kvg_worker_set_at(c.set, counts[ci] / 2), &d);
-            }
+            if (decide_and_record(&c, c.body, c.len, kvg_worker_set_at(c.set, counts[ci] / 2),
+                                  NULL) < 0)
+                return 1;
             /* Batches of about 20 ms. */
             unsigned iters = (unsigned)KVG_MAX(
                 (size_t)3, (size_t)(20e6 / (sizes[si] / 4.0 + 2000.0 * counts[ci] / 8)));
@@ -198,15 +198,9 @@ int main(int argc, char **argv)
             double st[KVG_ROUTE_STAGE_COUNT];
             for (int s = 0; s < KVG_ROUTE_STAGE_COUNT; s++)
                 st[s] = (double)c.stages[s] / iters / 1000.0;
-            kvg_body_info info;
-            kvg_arena_reset(&c.arena);
-            kvg_buf_reset(&c.out);
-            kvg_body_scan(c.body, c.len, KVG_BODY_API_CHAT, NULL, &c.arena, &c.out, &info, NULL);
-            kvg_route_request rq = {.body = &info,
-                                    .salt = "0123456789012345678901234567890123456789abc",
-                                    .policy = &c.pc};
             kvg_route_decision d;
-            kvg_router_decide(c.rt, c.set, &rq, &c.arena, &d);
+            if (decide_and_record(&c, c.body, c.len, NULL, &d) < 0)
+                return 1;
             if (json) {
                 printf("%s{\"body_bytes\":%zu,\"workers\":%zu,\"decision_ns\":%" PRIu64
                        ",\"memcpy_ns\":%" PRIu64 ",\"ratio\":%.2f,\"blocks\":%u,\"matched\":%u,"
