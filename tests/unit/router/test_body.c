@@ -1198,10 +1198,54 @@ static void test_scan_api(void **state)
     kvg_arena_done(&a);
 }
 
+/* Long strings go through the 64-byte fast path: a special byte at any position of a
+ * 300-byte string must be seen there (a control character rejected at its offset, an escape
+ * or a multi-byte character accepted and kept), wherever it falls in the blocks. */
+static void test_long_strings_every_position(void **state)
+{
+    (void)state;
+    kvg_arena a;
+    kvg_buf out;
+    char body[400];
+    static const char *const inserts[] = {"\x01", "\\n", "\xc3\xa9", "\\\"", "\\u00e9"};
+    for (size_t kind = 0; kind < sizeof(inserts) / sizeof(inserts[0]); kind++) {
+        for (size_t pos = 0; pos < 300; pos++) {
+            const char *ins = inserts[kind];
+            size_t ilen = strlen(ins);
+            size_t n = 0;
+            memcpy(body, "{\"k\":\"", 6);
+            n = 6;
+            memset(body + n, 'x', pos);
+            n += pos;
+            memcpy(body + n, ins, ilen);
+            n += ilen;
+            memset(body + n, 'y', 300 - pos);
+            n += 300 - pos;
+            memcpy(body + n, "\"}", 2);
+            n += 2;
+            kvg_arena_init(&a, 0);
+            kvg_buf_init(&out);
+            kvg_json_error err = {0};
+            int rc = kvg_body_rewrite(body, n, NULL, &a, &out, NULL, &err);
+            if (kind == 0) {
+                assert_int_equal(rc, KVG_EPARSE);
+                assert_int_equal(err.offset, 6 + pos);
+            } else {
+                assert_int_equal(rc, 0);
+                assert_int_equal(out.len, n);
+                assert_memory_equal(out.data, body, n);
+            }
+            kvg_buf_done(&out);
+            kvg_arena_done(&a);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_placements),
+        cmocka_unit_test(test_long_strings_every_position),
         cmocka_unit_test(test_salt_is_escaped_and_output_appended),
         cmocka_unit_test(test_info),
         cmocka_unit_test(test_types),
