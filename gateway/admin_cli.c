@@ -46,7 +46,13 @@ static const char usage_text[] =
     "  keys create TENANT        prints the new key once; it cannot be shown again\n"
     "  keys delete TENANT KEYID\n"
     "  policy get\n"
-    "  policy set NAME           cost, prefix_only, least_loaded, round_robin or random\n"
+    "  policy set [NAME] [--load-factor X] [--queue-cost-per-request US] ...\n"
+    "                            NAME: cost, prefix_only, least_loaded, round_robin, random;\n"
+    "                            also --block-bytes --block-tokens --max-blocks --cold-blocks\n"
+    "                            --prefill-cost-per-block --waiting-cost-per-request\n"
+    "                            --kv-usage-cost (fields left out keep their values)\n"
+    "  explain FILE [--tenant ID] [--path /v1/completions]\n"
+    "                            the routing decision for the request body in FILE (- stdin)\n"
     "  metrics                   Prometheus text\n"
     "  health                    GET /healthz (no token needed)\n"
     "  ready                     GET /readyz (no token needed)\n"
@@ -467,6 +473,40 @@ static int cmd_keys(cli *c, int argc, char **argv)
     return 0;
 }
 
+/* policy set's options: each a number field of the policy settings (docs/admin-api.md). */
+/* The admin API takes bodies up to 1 MiB (KVG_ADMIN_BODY_MAX). */
+#define EXPLAIN_BODY_MAX (1024 * 1024)
+
+static const opt policy_opts[] = {
+    {"--block-bytes", true},
+    {"--block-tokens", true},
+    {"--max-blocks", true},
+    {"--cold-blocks", true},
+    {"--load-factor", true},
+    {"--prefill-cost-per-block", true},
+    {"--queue-cost-per-request", true},
+    {"--waiting-cost-per-request", true},
+    {"--kv-usage-cost", true},
+};
+
+static int policy_opt(void *ud, const char *name, const char *value)
+{
+    put_ctx *p = ud;
+    int rc = once(p, name);
+    if (rc)
+        return rc;
+    /* "--load-factor" -> "load_factor"; the gateway checks ranges and integer fields. */
+    char field[40];
+    size_t n = 0;
+    for (const char *q = name + 2; *q && n + 1 < sizeof(field); q++)
+        field[n++] = *q == '-' ? '_' : *q;
+    field[n] = '\0';
+    member(&p->c->body, field);
+    if (!parse_rate(value, &p->c->body))
+        return usage_error("%s: expected a non-negative number, got \"%s\"", name, value);
+    return 0;
+}
+
 static int cmd_policy(cli *c, int argc, char **argv)
 {
     args a = {.npos = 0};
@@ -479,13 +519,67 @@ static int cmd_policy(cli *c, int argc, char **argv)
     }
     if (strcmp(argv[0], "set") != 0)
         return usage_error("policy: unknown subcommand \"%s\"", argv[0]);
-    int rc = parse_args(argc - 1, argv + 1, NULL, 0, &a, 1, NULL, NULL);
-    if (rc || (rc = need(&a, 1, "NAME: policy set NAME")))
+    put_ctx p = {.c = c, .a = &a, .opts = policy_opts, .nopts = KVG_ARRAY_LEN(policy_opts)};
+    int rc = parse_args(argc - 1, argv + 1, policy_opts, KVG_ARRAY_LEN(policy_opts), &a, 1,
+                        policy_opt, &p);
+    if (rc)
         return rc;
-    member(&c->body, "policy");
-    put_str(&c->body, a.pos[0]);
+    if (a.npos == 1) { /* the name is optional: "policy set --load-factor 0.5" keeps it */
+        member(&c->body, "policy");
+        put_str(&c->body, a.pos[0]);
+    } else if (!c->body.len) {
+        return usage_error("policy set: give a policy NAME and/or settings (--load-factor ...)");
+    }
     finish_body(&c->body);
     c->method = "PUT";
+    return 0;
+}
+
+/* explain FILE|- [--tenant ID] [--path P]: the request body read from FILE ('-': stdin), sent
+ * as is inside {"request": ...}; the gateway validates it. */
+static int explain_opt(void *ud, const char *name, const char *value)
+{
+    put_ctx *p = ud;
+    int rc = once(p, name);
+    if (rc)
+        return rc;
+    member(&p->c->body, name + 2);
+    put_str(&p->c->body, value);
+    return 0;
+}
+
+static int cmd_explain(cli *c, int argc, char **argv)
+{
+    static const opt opts[] = {{"--tenant", true}, {"--path", true}};
+    args a = {.npos = 0};
+    put_ctx p = {.c = c, .a = &a, .opts = opts, .nopts = KVG_ARRAY_LEN(opts)};
+    int rc = parse_args(argc, argv, opts, KVG_ARRAY_LEN(opts), &a, 1, explain_opt, &p);
+    if (rc || (rc = need(&a, 1, "FILE: explain FILE (a request body; - for stdin)")))
+        return rc;
+    FILE *f = strcmp(a.pos[0], "-") == 0 ? stdin : fopen(a.pos[0], "r");
+    if (!f) {
+        fprintf(stderr, "kvgate admin: %s: %s\n", a.pos[0], strerror(errno));
+        return EXIT_USAGE;
+    }
+    member(&c->body, "request");
+    char chunk[65536];
+    size_t n, total = 0;
+    while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0 && total <= EXPLAIN_BODY_MAX) {
+        kvg_buf_append(&c->body, chunk, n);
+        total += n;
+    }
+    bool err = ferror(f);
+    if (f != stdin)
+        fclose(f);
+    if (err)
+        return usage_error("%s: read error", a.pos[0]);
+    if (total > EXPLAIN_BODY_MAX)
+        return usage_error("%s: larger than %d bytes", a.pos[0], EXPLAIN_BODY_MAX);
+    if (!total)
+        return usage_error("%s: empty", a.pos[0]);
+    finish_body(&c->body);
+    kvg_buf_puts(&c->path, "/admin/v1/route/explain");
+    c->method = "POST";
     return 0;
 }
 
@@ -511,6 +605,8 @@ static int build_call(cli *c, int argc, char **argv)
         return cmd_keys(c, argc - 1, argv + 1);
     if (strcmp(cmd, "policy") == 0)
         return cmd_policy(c, argc - 1, argv + 1);
+    if (strcmp(cmd, "explain") == 0)
+        return cmd_explain(c, argc - 1, argv + 1);
     if (strcmp(cmd, "metrics") == 0)
         return cmd_simple(c, argc, argv, "/metrics", true);
     if (strcmp(cmd, "health") == 0)

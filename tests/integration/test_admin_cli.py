@@ -79,3 +79,40 @@ def test_cli_exit_status(kvgate):
                         str(state), "tenants", "list"], capture_output=True, timeout=20,
                        env={"PATH": "/usr/bin:/bin"})
     assert p.returncode == 0, p.stderr
+
+
+def test_cli_policy_settings_and_explain(simworker, kvgate, tmp_path):
+    sw = simworker(time_scale=0)
+    gw = kvgate(sw)
+    # Settings without a name keep the policy; with a name both change; bad values are 2 or 1.
+    rc, out, err = cli(gw, "policy", "set", "--load-factor", "0.75", "--queue-cost-per-request",
+                       "250")
+    assert rc == 0, err
+    pol = json.loads(out)
+    assert (pol["policy"], pol["load_factor"], pol["queue_cost_per_request"]) == ("cost", 0.75, 250)
+    rc, out, err = cli(gw, "policy", "set", "prefix_only", "--cold-blocks", "2")
+    assert rc == 0, err
+    assert (json.loads(out)["policy"], json.loads(out)["cold_blocks"]) == ("prefix_only", 2)
+    assert cli(gw, "policy", "set", "--load-factor", "-1")[0] == 2
+    assert cli(gw, "policy", "set")[0] == 2
+    rc, out, err = cli(gw, "policy", "set", "--block-bytes", "1.5")
+    assert rc == 1 and "block_bytes" in (out + err)
+    # explain: a request body from a file or stdin.
+    body = {"model": sw.model, "messages": [{"role": "user", "content": "hello " * 40}]}
+    f = tmp_path / "req.json"
+    f.write_text(json.dumps(body))
+    rc, out, err = cli(gw, "explain", str(f))
+    assert rc == 0, err
+    ex = json.loads(out)
+    assert ex["chosen"] == sw.name and ex["api"] == "chat" and ex["prefix"]["blocks"] > 0
+    argv = [str(binary("kvgate")), "admin", "--url", gw.admin_url, "--token", gw.token,
+            "explain", "-", "--path", "/v1/completions"]
+    p = subprocess.run(argv, input=json.dumps({"model": sw.model, "prompt": [1, 2, 3]}).encode(),
+                       capture_output=True, timeout=20)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["prefix"]["unit"] == "tokens"
+    rc, out, err = cli(gw, "explain", str(f), "--tenant", "nobody")
+    assert rc == 1 and "404" in (out + err)
+    f.write_text('{"model": 1')
+    rc, out, err = cli(gw, "explain", str(f))
+    assert rc == 1 and "400" in (out + err)
