@@ -947,24 +947,44 @@ static void test_threads(void **state)
     kvg_index_free(sh.idx);
 }
 
+/* Chains longer than one hold of the write lock (RECORD_BATCH keys): the whole chain is held
+ * when it fits, its head when it does not, whatever the batch boundaries. */
+static void test_long_chains(void **state)
+{
+    (void)state;
+    enum { N = 1000 };
+    static uint64_t keys[N];
+    for (size_t i = 0; i < N; i++)
+        keys[i] = 0xabc000 + i * 7919;
+    kvg_prefix_index *idx = new_index(0, 0);
+    set1(idx, 1, 2000);
+    assert_int_equal(kvg_index_record(idx, 1, keys, N), 0);
+    assert_int_equal(match1(idx, 1, keys, N), N);
+    assert_int_equal(stats(idx).entries, N);
+    check(idx);
+    /* Capacity 600: the tail goes first, the head stays. */
+    set1(idx, 2, 0);
+    kvg_index_worker ws[] = {{.id = 1, .name = "w1", .capacity = 2000},
+                             {.id = 2, .name = "w2", .capacity = 600}};
+    assert_int_equal(kvg_index_set_workers(idx, ws, 2), 0);
+    assert_int_equal(kvg_index_record(idx, 2, keys, N), 0);
+    assert_int_equal(match1(idx, 2, keys, N), 600);
+    assert_int_equal(kvg_index_worker_entries(idx, 2), 600);
+    check(idx);
+    kvg_index_free(idx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_empty),
-        cmocka_unit_test(test_one_chain),
-        cmocka_unit_test(test_gap),
-        cmocka_unit_test(test_several_workers),
-        cmocka_unit_test(test_lru),
-        cmocka_unit_test(test_lru_refresh),
-        cmocka_unit_test(test_set_workers),
-        cmocka_unit_test(test_max_entries),
-        cmocka_unit_test(test_zero_and_repeated_keys),
-        cmocka_unit_test(test_growth),
-        cmocka_unit_test(test_many_workers),
-        cmocka_unit_test(test_metrics),
-        cmocka_unit_test(test_alloc_failures),
-        cmocka_unit_test(test_model),
-        cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_long_chains),     cmocka_unit_test(test_empty),
+        cmocka_unit_test(test_one_chain),       cmocka_unit_test(test_gap),
+        cmocka_unit_test(test_several_workers), cmocka_unit_test(test_lru),
+        cmocka_unit_test(test_lru_refresh),     cmocka_unit_test(test_set_workers),
+        cmocka_unit_test(test_max_entries),     cmocka_unit_test(test_zero_and_repeated_keys),
+        cmocka_unit_test(test_growth),          cmocka_unit_test(test_many_workers),
+        cmocka_unit_test(test_metrics),         cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_model),           cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
