@@ -11,8 +11,9 @@
 static int pick_api(admin_ctx *c, const kvg_json *path, const kvg_json *req, kvg_body_api *api)
 {
     if (path) {
-        if (path->type != KVG_JSON_STRING) {
-            kvg_admin_fail(c, 400, "path: must be a string");
+        char why[160];
+        if (!kvg_admin_c_string(path, "path", why, sizeof(why))) {
+            kvg_admin_fail(c, 400, "%s", why);
             return -1;
         }
         if (strcmp(path->u.str.ptr, "/v1/chat/completions") == 0) {
@@ -110,19 +111,16 @@ void kvg_admin_route_explain(admin_ctx *c)
     const kvg_json *root = kvg_admin_parse_body(c, &arena, false);
     if (!root)
         goto out;
-    if (root->type != KVG_JSON_OBJECT) {
-        kvg_admin_fail(c, 400, "body: must be a JSON object");
-        goto out;
-    }
     const kvg_json *tenant = NULL, *req = NULL, *path = NULL;
-    for (size_t i = 0; i < root->u.obj.count; i++) {
+    for (size_t i = 0; i < root->u.obj.count; i++) { /* parse_body gave an object */
         const char *k = root->u.obj.keys[i];
+        size_t klen = root->u.obj.key_lens[i];
         const kvg_json *v = root->u.obj.values[i];
-        if (strcmp(k, "tenant") == 0 && root->u.obj.key_lens[i] == 6)
+        if (kvg_admin_key_is(k, klen, "tenant"))
             tenant = v;
-        else if (strcmp(k, "request") == 0 && root->u.obj.key_lens[i] == 7)
+        else if (kvg_admin_key_is(k, klen, "request"))
             req = v;
-        else if (strcmp(k, "path") == 0 && root->u.obj.key_lens[i] == 4)
+        else if (kvg_admin_key_is(k, klen, "path"))
             path = v;
         else {
             kvg_admin_fail(c, 400, "%s: unknown field (expected tenant, request, path)",
@@ -134,8 +132,10 @@ void kvg_admin_route_explain(admin_ctx *c)
         kvg_admin_fail(c, 400, "request: required, the body of an OpenAI request (an object)");
         goto out;
     }
-    if (tenant && tenant->type != KVG_JSON_STRING && tenant->type != KVG_JSON_NULL) {
-        kvg_admin_fail(c, 400, "tenant: must be a string");
+    char why[160];
+    if (tenant && tenant->type != KVG_JSON_NULL &&
+        !kvg_admin_c_string(tenant, "tenant", why, sizeof(why))) {
+        kvg_admin_fail(c, 400, "%s", why);
         goto out;
     }
     kvg_body_api api;

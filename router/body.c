@@ -1128,21 +1128,28 @@ static int tokens_reserve(rewrite *rw, const unsigned char *v)
 
 #define TOKEN_ID "a token id (an integer from 0 to 4294967295)"
 
+/* "prompt[i]" or, with idx2 (not SIZE_MAX), "prompt[i][j]", into buf. */
+static const char *token_path(char *buf, size_t len, size_t idx, size_t idx2)
+{
+    if (idx2 == SIZE_MAX)
+        snprintf(buf, len, "prompt[%zu]", idx);
+    else
+        snprintf(buf, len, "prompt[%zu][%zu]", idx, idx2);
+    return buf;
+}
+
 /* One element of a token-id list at *pp (on its first byte), appended to the stream when
  * store. idx2 is SIZE_MAX for prompt[i], the inner index for prompt[i][j]. */
 static int scan_token(rewrite *rw, const unsigned char **pp, unsigned depth, bool store, size_t idx,
                       size_t idx2)
 {
     const unsigned char *v = *pp;
-    char path[48];
-    if (idx2 == SIZE_MAX)
-        snprintf(path, sizeof(path), "prompt[%zu]", idx);
-    else
-        snprintf(path, sizeof(path), "prompt[%zu][%zu]", idx, idx2);
+    char path[48]; /* written only for an error: a prompt may hold 100k ids */
     if (*v != '-' && (*v < '0' || *v > '9')) {
         int rc = scan_value(&rw->sc, pp, depth);
         if (rc == 0)
-            type_error(rw, v, "%s: must be " TOKEN_ID ", not %s", path, value_type(*v));
+            type_error(rw, v, "%s: must be " TOKEN_ID ", not %s",
+                       token_path(path, sizeof(path), idx, idx2), value_type(*v));
         return rc;
     }
     int rc = scan_number(&rw->sc, pp);
@@ -1158,7 +1165,7 @@ static int scan_token(rewrite *rw, const unsigned char **pp, unsigned depth, boo
         id = id * 10 + (uint64_t)(*q - '0');
     }
     if (id > UINT32_MAX || (*v == '-' && id != 0)) {
-        type_error(rw, v, "%s: must be " TOKEN_ID, path);
+        type_error(rw, v, "%s: must be " TOKEN_ID, token_path(path, sizeof(path), idx, idx2));
         return 0;
     }
     canon *c = &rw->canon;

@@ -680,11 +680,12 @@ void kvg_index_match(kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
         memset(matched, 0, nworkers * sizeof(*matched));
         return;
     }
+    /* One read hold for the whole answer, so both paths see the same state. */
     pthread_rwlock_rdlock(&idx->lock);
-    bool done = match_few(idx, keys, nkeys, worker_ids, nworkers, matched);
-    pthread_rwlock_unlock(&idx->lock);
-    if (done)
+    if (match_few(idx, keys, nkeys, worker_ids, nworkers, matched)) {
+        pthread_rwlock_unlock(&idx->lock);
         return;
+    }
 
     slot_pos stack_tab[2 * STACK_WORKERS];
     uint64_t stack_alive[STACK_WORKERS / 64], stack_next[STACK_WORKERS / 64];
@@ -706,7 +707,6 @@ void kvg_index_match(kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
         }
     }
 
-    pthread_rwlock_rdlock(&idx->lock);
     for (size_t off = 0; off < nworkers; off += batch) {
         size_t m = KVG_MIN(batch, nworkers - off);
         match_batch(idx, keys, nkeys, worker_ids + off, m, matched + off, tab, bits_for(2 * m, 1),
@@ -809,33 +809,30 @@ uint64_t kvg_index_worker_entries(kvg_prefix_index *idx, uint64_t worker_id)
     return count;
 }
 
-static void put_header(kvg_buf *out, const char *name, const char *type, const char *help)
-{
-    kvg_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-}
-
 void kvg_index_write_metrics(kvg_prefix_index *idx, kvg_buf *out)
 {
     /* Written under the read lock so the series agree with each other; this only holds back
      * recording for the time it takes to format a few lines per worker. */
     pthread_rwlock_rdlock(&idx->lock);
-    put_header(out, "kvgate_index_entries", "gauge",
-               "(worker, block) entries the prefix index holds.");
+    kvg_router_put_header(out, "kvgate_index_entries", "gauge",
+                          "(worker, block) entries the prefix index holds.");
     kvg_buf_printf(out, "kvgate_index_entries %llu\n", (unsigned long long)idx->entries);
-    put_header(out, "kvgate_index_capacity_entries", "gauge",
-               "Entries the prefix index may hold: the sum of the workers' KV capacities in "
-               "blocks, capped by the index's own limit.");
+    kvg_router_put_header(
+        out, "kvgate_index_capacity_entries", "gauge",
+        "Entries the prefix index may hold: the sum of the workers' KV capacities in "
+        "blocks, capped by the index's own limit.");
     kvg_buf_printf(out, "kvgate_index_capacity_entries %llu\n",
                    (unsigned long long)capacity_sum(idx));
-    put_header(out, "kvgate_index_evictions_total", "counter",
-               "Entries the prefix index evicted as least recently used to stay within a "
-               "worker's capacity or its own limit.");
+    kvg_router_put_header(
+        out, "kvgate_index_evictions_total", "counter",
+        "Entries the prefix index evicted as least recently used to stay within a "
+        "worker's capacity or its own limit.");
     kvg_buf_printf(out, "kvgate_index_evictions_total %llu\n", (unsigned long long)idx->evictions);
-    put_header(out, "kvgate_index_inserts_total", "counter",
-               "Entries added to the prefix index by recording what workers hold.");
+    kvg_router_put_header(out, "kvgate_index_inserts_total", "counter",
+                          "Entries added to the prefix index by recording what workers hold.");
     kvg_buf_printf(out, "kvgate_index_inserts_total %llu\n", (unsigned long long)idx->inserts);
-    put_header(out, "kvgate_index_worker_entries", "gauge",
-               "Blocks the prefix index believes the worker holds.");
+    kvg_router_put_header(out, "kvgate_index_worker_entries", "gauge",
+                          "Blocks the prefix index believes the worker holds.");
     for (uint32_t i = 0; i < idx->nworkers; i++) {
         const wslot *w = &idx->slots[idx->order[i]];
         kvg_buf_puts(out, "kvgate_index_worker_entries{worker=\"");

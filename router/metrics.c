@@ -19,7 +19,7 @@ void kvg_router_put_label_value(kvg_buf *out, const char *v)
     kvg_buf_puts(out, run);
 }
 
-static void put_header(kvg_buf *out, const char *name, const char *type, const char *help)
+void kvg_router_put_header(kvg_buf *out, const char *name, const char *type, const char *help)
 {
     /* help strings are constants without backslashes or line feeds, so need no escaping */
     kvg_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
@@ -38,7 +38,7 @@ static void put_series(kvg_buf *out, const char *name, const kvg_worker *w)
 static void put_simple(kvg_buf *out, const kvg_worker_set *set, const char *name, const char *type,
                        const char *help, uint64_t (*value)(const kvg_worker *))
 {
-    put_header(out, name, type, help);
+    kvg_router_put_header(out, name, type, help);
     for (size_t i = 0; i < set->count; i++) {
         put_series(out, name, set->workers[i]);
         kvg_buf_printf(out, "} %llu\n", (unsigned long long)value(set->workers[i]));
@@ -99,9 +99,10 @@ static uint64_t scrape_errors_value(const kvg_worker *w)
  * workers never scraped have no sample. */
 static void put_engine_load(kvg_buf *out, const kvg_worker_set *set)
 {
-    put_header(out, "kvgate_worker_engine_waiting", "gauge",
-               "Requests waiting in the worker's engine (vllm:num_requests_waiting), as last "
-               "scraped.");
+    kvg_router_put_header(
+        out, "kvgate_worker_engine_waiting", "gauge",
+        "Requests waiting in the worker's engine (vllm:num_requests_waiting), as last "
+        "scraped.");
     for (size_t i = 0; i < set->count; i++) {
         uint32_t waiting;
         if (kvg_worker_engine_load(set->workers[i], 0, 0, &waiting, NULL)) {
@@ -109,9 +110,9 @@ static void put_engine_load(kvg_buf *out, const kvg_worker_set *set)
             kvg_buf_printf(out, "} %u\n", waiting);
         }
     }
-    put_header(out, "kvgate_worker_engine_kv_usage", "gauge",
-               "Fraction (0..1) of the worker's engine KV cache in use "
-               "(vllm:kv_cache_usage_perc), as last scraped.");
+    kvg_router_put_header(out, "kvgate_worker_engine_kv_usage", "gauge",
+                          "Fraction (0..1) of the worker's engine KV cache in use "
+                          "(vllm:kv_cache_usage_perc), as last scraped.");
     for (size_t i = 0; i < set->count; i++) {
         float kv;
         if (kvg_worker_engine_load(set->workers[i], 0, 0, NULL, &kv)) {
@@ -124,7 +125,7 @@ static void put_engine_load(kvg_buf *out, const kvg_worker_set *set)
 static void put_histogram(kvg_buf *out, const kvg_worker_set *set, const char *name,
                           const char *help, size_t offset)
 {
-    put_header(out, name, "histogram", help);
+    kvg_router_put_header(out, name, "histogram", help);
     size_t nlen = strlen(name);
     char series[128];
     for (size_t i = 0; i < set->count; i++) {
@@ -167,9 +168,10 @@ void kvg_registry_write_metrics(kvg_registry *reg, kvg_buf *out)
     put_simple(out, set, "kvgate_worker_max_inflight", "gauge",
                "Most requests this gateway sends the worker at once.", max_inflight_value);
 
-    put_header(out, "kvgate_worker_requests_total", "counter",
-               "Requests finished by the worker, by HTTP status sent to the client (0: the "
-               "client went away before a status).");
+    kvg_router_put_header(
+        out, "kvgate_worker_requests_total", "counter",
+        "Requests finished by the worker, by HTTP status sent to the client (0: the "
+        "client went away before a status).");
     for (size_t i = 0; i < set->count; i++) {
         kvg_worker *w = set->workers[i];
         for (int code = 0; code < WORKER_CODES; code++) {
@@ -212,8 +214,9 @@ void kvg_registry_write_metrics(kvg_registry *reg, kvg_buf *out)
     put_simple(out, set, "kvgate_prefix_unreported_total", "counter",
                "Answered requests whose response carried no usage with cached tokens.",
                usage_unreported_value);
-    put_header(out, "kvgate_prefix_predictions_total", "counter",
-               "Requests by how the predicted prefix hit compared with the worker's report.");
+    kvg_router_put_header(
+        out, "kvgate_prefix_predictions_total", "counter",
+        "Requests by how the predicted prefix hit compared with the worker's report.");
     for (size_t i = 0; i < set->count; i++) {
         kvg_worker *w = set->workers[i];
         for (int o = 0; o < KVG_USAGE_OUTCOME_COUNT; o++) {

@@ -159,12 +159,12 @@ int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_reque
 
     /* Eligible workers and their matches. */
     size_t n = kvg_worker_set_count(set);
-    kvg_route_candidate *rc = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*rc));
+    kvg_worker **eligible = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*eligible));
     kvg_policy_candidate *pcs = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*pcs));
     uint64_t *ids = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*ids));
     uint32_t *matched = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*matched));
     kvg_policy_terms *terms = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*terms));
-    if (!rc || !pcs || !ids || !matched || !terms)
+    if (!eligible || !pcs || !ids || !matched || !terms)
         return -ENOMEM;
     const char *model = body->model;
     size_t m = 0;
@@ -175,7 +175,7 @@ int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_reque
         d.serving++;
         if (kvg_worker_health_get(w) != KVG_WORKER_UP || kvg_worker_draining(w))
             continue;
-        rc[m].worker = w;
+        eligible[m] = w;
         ids[m] = kvg_worker_id(w);
         m++;
     }
@@ -187,7 +187,7 @@ int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_reque
 
     /* The choice. */
     for (size_t i = 0; i < m; i++) {
-        kvg_worker *w = rc[i].worker;
+        kvg_worker *w = eligible[i];
         pcs[i] = (kvg_policy_candidate){
             .index = (uint32_t)i,
             .inflight = kvg_worker_inflight(w),
@@ -211,7 +211,7 @@ int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_reque
     for (size_t i = 0; i < m; i++) {
         const kvg_policy_candidate *c = &pcs[i];
         d.cands[i] = (kvg_route_candidate){
-            .worker = rc[c->index].worker,
+            .worker = eligible[c->index],
             .matched = c->matched,
             .inflight = c->inflight,
             .waiting = c->waiting,
@@ -268,20 +268,16 @@ uint64_t kvg_route_predicted_tokens(const kvg_route_decision *d, uint32_t matche
     return (uint64_t)((double)prompt_tokens * frac + 0.5);
 }
 
-static void put_header(kvg_buf *out, const char *name, const char *type, const char *help)
-{
-    kvg_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-}
-
 void kvg_router_write_metrics(kvg_router *rt, kvg_buf *out)
 {
     kvg_index_write_metrics(rt->index, out);
 
     const char *name = "kvgate_route_decision_seconds";
-    put_header(out, name, "histogram",
-               "Time to take a routing decision, by stage: parse (body scan and prefix stream), "
-               "hash (block keys), lookup (prefix index), choose (policy), total (hash to "
-               "choose).");
+    kvg_router_put_header(
+        out, name, "histogram",
+        "Time to take a routing decision, by stage: parse (body scan and prefix stream), "
+        "hash (block keys), lookup (prefix index), choose (policy), total (hash to "
+        "choose).");
     for (int s = 0; s < KVG_ROUTE_STAGE_COUNT; s++) {
         route_hist *h = &rt->stages[s];
         uint64_t cum = 0;
@@ -298,17 +294,19 @@ void kvg_router_write_metrics(kvg_router *rt, kvg_buf *out)
                        (unsigned long long)cum);
     }
 
-    put_header(out, "kvgate_route_blocks_total", "counter",
-               "Block keys of routed requests: hashed (looked up), and matched on the chosen "
-               "worker.");
+    kvg_router_put_header(
+        out, "kvgate_route_blocks_total", "counter",
+        "Block keys of routed requests: hashed (looked up), and matched on the chosen "
+        "worker.");
     kvg_buf_printf(out, "kvgate_route_blocks_total{kind=\"hashed\"} %llu\n",
                    (unsigned long long)atomic_load(&rt->blocks_hashed));
     kvg_buf_printf(out, "kvgate_route_blocks_total{kind=\"matched\"} %llu\n",
                    (unsigned long long)atomic_load(&rt->blocks_matched));
 
-    put_header(out, "kvgate_route_decisions_total", "counter",
-               "Routing decisions by policy and by why the chosen worker won (hit: it holds a "
-               "prefix; cold: no worker does, rendezvous placement; load: load alone).");
+    kvg_router_put_header(
+        out, "kvgate_route_decisions_total", "counter",
+        "Routing decisions by policy and by why the chosen worker won (hit: it holds a "
+        "prefix; cold: no worker does, rendezvous placement; load: load alone).");
     for (int k = 0; k < KVG_POLICY_KIND_COUNT; k++)
         for (int r = 0; r < KVG_POLICY_REASON_COUNT; r++) {
             uint64_t v = atomic_load_explicit(&rt->decisions[k][r], memory_order_relaxed);
@@ -318,9 +316,10 @@ void kvg_router_write_metrics(kvg_router *rt, kvg_buf *out)
                                kvg_policy_kind_str((kvg_policy_kind)k),
                                kvg_policy_reason_str((kvg_policy_reason)r), (unsigned long long)v);
         }
-    put_header(out, "kvgate_route_record_failures_total", "counter",
-               "Answered requests whose blocks could not be recorded in the prefix index (the "
-               "worker had left it, or memory ran out).");
+    kvg_router_put_header(
+        out, "kvgate_route_record_failures_total", "counter",
+        "Answered requests whose blocks could not be recorded in the prefix index (the "
+        "worker had left it, or memory ran out).");
     kvg_buf_printf(out, "kvgate_route_record_failures_total %llu\n",
                    (unsigned long long)atomic_load(&rt->record_failures));
 }

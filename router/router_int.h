@@ -115,5 +115,7 @@ kvg_worker_set *kvg_router_set_ref(kvg_worker_set *set);
 
 /* Append a Prometheus label value, escaping backslash, double quote and line feed. */
 void kvg_router_put_label_value(kvg_buf *out, const char *v);
+/** "# HELP name help" and "# TYPE name type" lines (help: a constant, no escaping needed). */
+void kvg_router_put_header(kvg_buf *out, const char *name, const char *type, const char *help);
 
 #endif
