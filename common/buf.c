@@ -58,7 +58,7 @@ void kvg_buf_append(kvg_buf *b, const void *data, size_t len)
     if (kvg_buf_reserve(b, len) < 0)
         return;
     if (len)
-        memcpy(b->data + b->len, data, len);
+        kvg_copy(b->data + b->len, data, len);
     b->len += len;
     b->data[b->len] = '\0';
 }

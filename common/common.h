@@ -102,6 +102,20 @@ void *kvg_arena_alloc(kvg_arena *a, size_t size);
 char *kvg_arena_strndup(kvg_arena *a, const char *s, size_t len);
 char *kvg_arena_strdup(kvg_arena *a, const char *s);
 
+/* ---- copies ------------------------------------------------------------------------------ */
+
+/** memcpy for the copies on the request path that may be large (bodies, prompt text): the
+ * regions must not overlap. From 2 KiB on it avoids glibc's REP MOVSB, which is 20x slower on
+ * AMD EPYC for half of the relative alignments (common/copy.c). */
+void kvg_copy_large(void *dst, const void *src, size_t n);
+static inline void kvg_copy(void *dst, const void *src, size_t n)
+{
+    if (n < 2048)
+        __builtin_memcpy(dst, src, n);
+    else
+        kvg_copy_large(dst, src, n);
+}
+
 /* ---- growable byte buffer ------------------------------------------------------------------ */
 
 typedef struct kvg_buf {

@@ -39,9 +39,21 @@ static uint64_t mix64(uint64_t z)
  * the key. The highest score wins: removing a worker moves only the keys it won, and adding one
  * takes about 1/n of the keys from the others (highest random weight, Thaler and Ravishankar
  * 1998). */
+uint64_t kvg_policy_rendezvous_id(uint64_t id_hash)
+{
+    return mix64(id_hash + 0x9e3779b97f4a7c15ull);
+}
+
 uint64_t kvg_policy_rendezvous(uint64_t key, uint64_t id_hash)
 {
-    return mix64(key ^ mix64(id_hash + 0x9e3779b97f4a7c15ull));
+    return mix64(key ^ kvg_policy_rendezvous_id(id_hash));
+}
+
+/* The score through a cached identity half (0: not cached; mix64 is 0 only at 0, and then the
+ * recomputed value is that same 0). */
+static inline uint64_t rendezvous_of(uint64_t key, const kvg_policy_candidate *c)
+{
+    return mix64(key ^ (c->id_mix ? c->id_mix : kvg_policy_rendezvous_id(c->id_hash)));
 }
 
 __extension__ typedef unsigned __int128 u128;
@@ -106,7 +118,7 @@ static void score(const choice *ch, const kvg_policy_candidate *c, kvg_policy_te
                     cfg->kv_usage_cost * kv_usage(c);
     t->total = t->prefill_cost + t->queue_cost;
     t->over_bound = over_bound(ch, c);
-    t->rendezvous = ch->blocks ? kvg_policy_rendezvous(ch->key, c->id_hash) : 0;
+    t->rendezvous = ch->blocks ? rendezvous_of(ch->key, c) : 0;
 }
 
 static int cmp_u64(uint64_t a, uint64_t b)
@@ -134,8 +146,7 @@ static int compare(const choice *ch, const kvg_policy_candidate *a, const kvg_po
     } else if ((r = cmp_u64(held(ch, b), held(ch, a))) != 0) { /* prefix_only: most first */
         return r;
     }
-    if ((r = cmp_u64(kvg_policy_rendezvous(ch->key, b->id_hash),
-                     kvg_policy_rendezvous(ch->key, a->id_hash))) != 0)
+    if ((r = cmp_u64(rendezvous_of(ch->key, b), rendezvous_of(ch->key, a))) != 0)
         return r; /* highest score first */
     if ((r = cmp_u64(a->id_hash, b->id_hash)) != 0 || (r = cmp_u64(a->index, b->index)) != 0 ||
         (r = cmp_u64(a->inflight, b->inflight)) != 0 ||
@@ -231,25 +242,6 @@ static void sift_keys(const choice *ch, const kvg_policy_candidate *c, sort_key 
     }
 }
 
-/* sift_keys with the order reversed: the root is the best-ranked key. */
-static void sift_best(const choice *ch, const kvg_policy_candidate *c, sort_key *k, size_t i,
-                      size_t n)
-{
-    for (;;) {
-        size_t best = i, l = 2 * i + 1, r = l + 1;
-        if (l < n && compare_keys(ch, c, &k[l], &k[best]) < 0)
-            best = l;
-        if (r < n && compare_keys(ch, c, &k[r], &k[best]) < 0)
-            best = r;
-        if (best == i)
-            return;
-        sort_key t = k[i];
-        k[i] = k[best];
-        k[best] = t;
-        i = best;
-    }
-}
-
 /* Sort through precomputed keys; false when the scratch memory cannot be had (the caller then
  * sorts the candidates directly, slower but the same order). */
 static bool sort_by_keys(const choice *ch, kvg_policy_candidate *c, size_t n, size_t top)
@@ -279,32 +271,36 @@ static bool sort_by_keys(const choice *ch, kvg_policy_candidate *c, size_t n, si
         } else {
             primary = (uint64_t)(UINT32_MAX - held(ch, x));
         }
-        k[i] = (sort_key){primary, kvg_policy_rendezvous(ch->key, x->id_hash), (uint32_t)i};
+        k[i] = (sort_key){primary, rendezvous_of(ch->key, x), (uint32_t)i};
     }
-    if (top < n) {
-        /* Only the first `top` places matter: a heap whose root is the best, popped top
-         * times (O(n + top log n)); the rest stay in heap order. */
-        for (size_t i = n / 2; i-- > 0;)
-            sift_best(ch, c, k, i, n);
-        for (size_t end = n; end > n - top; end--) {
-            out[n - end] = c[k[0].pos];
-            k[0] = k[end - 1];
-            sift_best(ch, c, k, 0, end - 1);
-        }
-        for (size_t i = 0; i < n - top; i++)
-            out[top + i] = c[k[i].pos];
-    } else {
+    if (top >= n)
         for (size_t i = n / 2; i-- > 0;)
             sift_keys(ch, c, k, i, n);
-        for (size_t end = n; end-- > 1;) {
+    if (top < n) {
+        /* Only the first `top` places matter: keep the best `top` seen so far in a heap whose
+         * root is the worst of them, so that most keys cost one comparison with the root
+         * (O(n + top log top log(n / top)) on average); then sort those. The rest keep their
+         * input order. */
+        for (size_t i = top / 2; i-- > 0;)
+            sift_keys(ch, c, k, i, top);
+        for (size_t i = top; i < n; i++) {
+            if (compare_keys(ch, c, &k[i], &k[0]) >= 0)
+                continue;
             sort_key t = k[0];
-            k[0] = k[end];
-            k[end] = t;
-            sift_keys(ch, c, k, 0, end);
+            k[0] = k[i];
+            k[i] = t;
+            sift_keys(ch, c, k, 0, top);
         }
-        for (size_t i = 0; i < n; i++)
-            out[i] = c[k[i].pos];
     }
+    size_t sorted = KVG_MIN(top, n);
+    for (size_t end = sorted; end-- > 1;) {
+        sort_key t = k[0];
+        k[0] = k[end];
+        k[end] = t;
+        sift_keys(ch, c, k, 0, end);
+    }
+    for (size_t i = 0; i < n; i++)
+        out[i] = c[k[i].pos];
     memcpy(c, out, n * sizeof(*c));
     if (k != stack_keys) {
         free(k);
@@ -335,8 +331,8 @@ void kvg_policy_choose_top(const kvg_policy_config *cfg, const kvg_policy_reques
             sort(&ch, cands, n);
         why = held(&ch, &cands[0]) > 0 ? KVG_POLICY_REASON_HIT : KVG_POLICY_REASON_COLD;
     }
-    if (terms)
-        for (size_t i = 0; i < n; i++)
+    if (terms) /* the ranked places only */
+        for (size_t i = 0; i < top; i++)
             score(&ch, &cands[i], &terms[i]);
     if (reason)
         *reason = why;

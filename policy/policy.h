@@ -29,6 +29,8 @@ typedef struct kvg_policy_candidate {
     uint32_t inflight; /* requests in flight to it (this gateway) */
     uint32_t matched;  /* leading blocks of the request it holds (prefix index) */
     uint64_t id_hash;  /* stable hash of the worker's name: its rendezvous identity */
+    uint64_t id_mix;   /* kvg_policy_rendezvous_id(id_hash) when the caller has it cached; 0 =
+                          computed here (the same value either way) */
     uint32_t waiting;  /* the engine's vllm:num_requests_waiting, scraped; 0 = unknown */
     float kv_usage;    /* the engine's vllm:kv_cache_usage_perc in [0, 1], scraped; 0 = unknown */
 } kvg_policy_candidate;
@@ -128,13 +130,16 @@ void kvg_policy_choose(const kvg_policy_config *cfg, const kvg_policy_request *r
 /** kvg_policy_choose when only the first `top` places are wanted (the gateway tries a few
  *  workers, never hundreds): those places are exactly kvg_policy_choose's, the candidates after
  *  them are in no particular order (load-only kinds and requests without a block still rank
- *  all). top 0 or above n ranks all. */
+ *  all), and terms receives the first min(top, n) places only. top 0 or above n ranks all. */
 void kvg_policy_choose_top(const kvg_policy_config *cfg, const kvg_policy_request *req,
                            kvg_policy_candidate *cands, size_t n, size_t top, uint64_t rotation,
                            kvg_policy_terms *terms, kvg_policy_reason *reason);
 /** The rendezvous score of a key for a worker identity: mix(key ^ mix(id_hash +
  *  0x9e3779b97f4a7c15)) with mix the splitmix64 finaliser (cost.c). Replicas must agree on it. */
 uint64_t kvg_policy_rendezvous(uint64_t key, uint64_t id_hash);
+/** The identity half of the score, mix(id_hash + 0x9e3779b97f4a7c15): a worker's constant, which
+ *  callers may cache in kvg_policy_candidate.id_mix. */
+uint64_t kvg_policy_rendezvous_id(uint64_t id_hash);
 
 /* ---- rate limits --------------------------------------------------------------------------- */
 

@@ -401,7 +401,7 @@ static size_t decode_string(const unsigned char *s, const unsigned char *e, unsi
     while (s < e) {
         const unsigned char *bs = memchr(s, '\\', (size_t)(e - s));
         size_t run = (size_t)((bs ? bs : e) - s);
-        memcpy(o + n, s, run);
+        kvg_copy(o + n, s, run);
         n += run;
         if (!bs)
             break;
@@ -754,7 +754,7 @@ static inline bool room(canon *c, size_t n)
 static inline void put(canon *c, const void *d, size_t n)
 {
     if (room(c, n)) {
-        memcpy(c->buf + c->len, d, n);
+        kvg_copy(c->buf + c->len, d, n);
         c->len += n;
     }
 }
@@ -777,7 +777,7 @@ static inline void put_string(canon *c, const unsigned char *s, const unsigned c
     if (escaped) {
         c->len += decode_string(s, e, c->buf + c->len);
     } else {
-        memcpy(c->buf + c->len, s, raw);
+        kvg_copy(c->buf + c->len, s, raw);
         c->len += raw;
     }
 }
@@ -833,7 +833,7 @@ static size_t reencode_string(const unsigned char *s, const unsigned char *e, un
     while (s < e) {
         const unsigned char *bs = memchr(s, '\\', (size_t)(e - s));
         size_t run = (size_t)((bs ? bs : e) - s);
-        memcpy(o + n, s, run);
+        kvg_copy(o + n, s, run);
         n += run;
         if (!bs)
             break;

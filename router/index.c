@@ -621,18 +621,33 @@ static void match_batch(const kvg_prefix_index *idx, const uint64_t *keys, size_
     }
 }
 
-/* Leading keys slot s holds from keys[from] on (it is known to hold keys[0..from)). */
+/* Leading keys slot s holds, given that it holds keys[0]. What a slot holds of one key chain is
+ * a prefix of it: key i + 1 is only ever recorded together with key i, a record touches its
+ * keys last to first (key i ends more recent than key i + 1) and eviction takes the least
+ * recent. So the end is found by doubling steps and then bisection, in 2 log2(n) probes rather
+ * than n (a 4096-key prompt: 24 instead of 4096). Where the rule is broken for a moment (a long
+ * record between its lock batches, or one cut short by memory) a gap can be stepped over: the
+ * keys past it are ones the worker has just been sent, so the answer errs towards the truth. */
 static uint32_t depth_of(const kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
-                         size_t from, uint32_t s)
+                         uint32_t s)
 {
-    size_t i = from;
-    for (; i < nkeys; i++) {
-        if (i + PREFETCH_AHEAD < nkeys)
-            __builtin_prefetch(&idx->buckets[bucket_of(idx, keys[i + PREFETCH_AHEAD])]);
-        if (find_node(idx, keys[i], s) == NIL)
+    size_t lo = 1, hi = nkeys; /* keys[0..lo) held; keys[hi] not (hi < nkeys) */
+    for (size_t step = 1; lo < nkeys; step *= 2) {
+        size_t probe = KVG_MIN(lo + step, nkeys) - 1;
+        if (find_node(idx, keys[probe], s) == NIL) {
+            hi = probe;
             break;
+        }
+        lo = probe + 1;
     }
-    return (uint32_t)i;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (find_node(idx, keys[mid], s) != NIL)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return (uint32_t)lo;
 }
 
 /* The common cases without mapping every requested id to a slot: nobody holds keys[0] (a cold
@@ -662,7 +677,7 @@ static bool match_few(const kvg_prefix_index *idx, const uint64_t *keys, size_t 
             if (ids[p] != id)
                 continue;
             if (!depth)
-                depth = depth_of(idx, keys, nkeys, 1, holders[j]);
+                depth = depth_of(idx, keys, nkeys, holders[j]);
             matched[p] = depth;
         }
     }

@@ -157,58 +157,65 @@ int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_reque
     d.stream_units = job.len;
     d.stage_ns[KVG_ROUTE_STAGE_HASH] = lap(req, &t);
 
-    /* Eligible workers and their matches. */
+    /* Eligible workers (one pass over the snapshot, reading the workers' fields directly:
+     * with hundreds of workers this loop is most of a decision) and their matches. */
     size_t n = kvg_worker_set_count(set);
     kvg_worker **eligible = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*eligible));
     kvg_policy_candidate *pcs = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*pcs));
     uint64_t *ids = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*ids));
     uint32_t *matched = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*matched));
-    kvg_policy_terms *terms = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*terms));
-    if (!eligible || !pcs || !ids || !matched || !terms)
+    if (!eligible || !pcs || !ids || !matched)
         return -ENOMEM;
     const char *model = body->model;
+    bool scraped = req->now_ns && req->engine_load_max_age_ns;
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
-        kvg_worker *w = kvg_worker_set_at(set, i);
-        if (!kvg_worker_serves(w, model))
+        kvg_worker *w = set->workers[i];
+        const worker_spec *spec = w->spec;
+        if (spec->nmodels && model && !kvg_worker_serves(w, model))
             continue;
         d.serving++;
-        if (kvg_worker_health_get(w) != KVG_WORKER_UP || kvg_worker_draining(w))
+        if ((atomic_load_explicit(&w->health, memory_order_relaxed) & HEALTH_DOWN_BIT) ||
+            atomic_load_explicit(&w->draining, memory_order_relaxed))
             continue;
         eligible[m] = w;
-        ids[m] = kvg_worker_id(w);
+        ids[m] = w->id;
+        pcs[m] = (kvg_policy_candidate){
+            .index = (uint32_t)m,
+            .inflight = atomic_load_explicit(&w->inflight, memory_order_relaxed),
+            .id_hash = spec->name_hash,
+            .id_mix = spec->rendezvous_id,
+        };
+        /* The engine's own queue and cache, when scraped recently enough; else unknown (0). */
+        if (scraped)
+            kvg_worker_engine_load(w, req->now_ns, req->engine_load_max_age_ns, &pcs[m].waiting,
+                                   &pcs[m].kv_usage);
         m++;
     }
     if (m && d.nkeys)
         kvg_index_match(rt->index, d.keys, d.nkeys, ids, m, matched);
     else
         memset(matched, 0, m * sizeof(*matched));
+    for (size_t i = 0; i < m; i++)
+        pcs[i].matched = matched[i];
     d.stage_ns[KVG_ROUTE_STAGE_LOOKUP] = lap(req, &t);
 
     /* The choice. */
-    for (size_t i = 0; i < m; i++) {
-        kvg_worker *w = eligible[i];
-        pcs[i] = (kvg_policy_candidate){
-            .index = (uint32_t)i,
-            .inflight = kvg_worker_inflight(w),
-            .matched = matched[i],
-            .id_hash = kvg_worker_name_hash(w),
-        };
-        /* The engine's own queue and cache, when scraped recently enough; else unknown (0). */
-        if (req->now_ns && req->engine_load_max_age_ns)
-            kvg_worker_engine_load(w, req->now_ns, req->engine_load_max_age_ns, &pcs[i].waiting,
-                                   &pcs[i].kv_usage);
-    }
+    size_t ranked = req->rank_limit && req->rank_limit < m ? req->rank_limit : m;
+    kvg_policy_terms *terms = kvg_arena_alloc(arena, (ranked ? ranked : 1) * sizeof(*terms));
+    if (!terms)
+        return -ENOMEM;
     kvg_policy_request preq = {.blocks = d.nkeys};
     if (d.nkeys) {
         uint32_t cold = KVG_MIN(pc->cold_blocks ? pc->cold_blocks : 1, d.nkeys);
         preq.cold_key = d.keys[cold - 1];
     }
     kvg_policy_choose_top(pc, &preq, pcs, m, req->rank_limit, req->rotation, terms, &d.reason);
-    d.cands = kvg_arena_alloc(arena, (m ? m : 1) * sizeof(*d.cands));
+    /* Only the ranked places are candidates: past them the order means nothing. */
+    d.cands = kvg_arena_alloc(arena, (ranked ? ranked : 1) * sizeof(*d.cands));
     if (!d.cands)
         return -ENOMEM;
-    for (size_t i = 0; i < m; i++) {
+    for (size_t i = 0; i < ranked; i++) {
         const kvg_policy_candidate *c = &pcs[i];
         d.cands[i] = (kvg_route_candidate){
             .worker = eligible[c->index],
@@ -219,7 +226,7 @@ int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_reque
             .terms = terms[i],
         };
     }
-    d.ncands = m;
+    d.ncands = ranked;
     d.policy = pc->kind;
     d.stage_ns[KVG_ROUTE_STAGE_CHOOSE] = lap(req, &t);
     d.stage_ns[KVG_ROUTE_STAGE_TOTAL] = req->clock_ns ? t - t0 : 0;

@@ -369,9 +369,12 @@ void kvg_index_free(kvg_prefix_index *idx);
  *  ws NULL with n > 0, more than 1 << 24 workers). */
 int kvg_index_set_workers(kvg_prefix_index *idx, const kvg_index_worker *ws, size_t n);
 /** For each of the nworkers worker ids, the number of leading keys (keys[0], keys[1], ...
- *  without a gap) that worker holds, into matched[]. Unknown ids match 0; an id may be listed
- *  twice. Read-only: it does not refresh recency. Cannot fail: allocates nothing for up to 64
- *  ids, and above that falls back to slower stack batches when memory is short. Thread-safe. */
+ *  without a gap) that worker holds, into matched[]. keys is a chain (key i a function of keys
+ *  0..i, as block keys are): what a worker holds of a chain is then a prefix of it, and the
+ *  depth is found by bisection; for key lists that are not chains the answer is only bounded
+ *  by the leading run and the held keys. Unknown ids match 0; an id may be listed twice. Read-only:
+ * it does not refresh recency. Cannot fail: allocates nothing for up to 64 ids, and above that
+ * falls back to slower stack batches when memory is short. Thread-safe. */
 void kvg_index_match(kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
                      const uint64_t *worker_ids, size_t nworkers, uint32_t *matched);
 /** Record that the worker now holds keys[0..nkeys): each becomes its most recently used entry,
@@ -449,7 +452,7 @@ typedef struct kvg_route_candidate {
 
 typedef struct kvg_route_decision {
     kvg_route_candidate *cands; /* eligible workers (serve the model, up, not draining), best
-                                   first; from the arena */
+                                   first, at most rank_limit of them; from the arena */
     size_t ncands;
     size_t serving; /* workers serving the model, eligible or not */
     uint64_t *keys; /* the request's block keys (arena), nkeys of them */

@@ -38,6 +38,7 @@ typedef struct worker_spec {
     uint32_t max_inflight;         /* effective: the registry default is already applied */
     uint32_t max_inflight_defined; /* as defined: 0 = the registry default (for the state file) */
     uint64_t name_hash;            /* XXH3-64 of the name: the worker's rendezvous identity */
+    uint64_t rendezvous_id;        /* kvg_policy_rendezvous_id(name_hash), cached */
     uint16_t port;
     bool no_cache_salt;
 } worker_spec;

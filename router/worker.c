@@ -327,6 +327,7 @@ int kvg_router_spec_new(const kvg_worker_def *def, uint32_t default_max_inflight
     s->max_inflight = def->max_inflight ? def->max_inflight : default_max_inflight;
     s->max_inflight_defined = def->max_inflight;
     s->name_hash = XXH3_64bits(s->name, name_len - 1);
+    s->rendezvous_id = kvg_policy_rendezvous_id(s->name_hash);
     s->port = pu.port;
     s->no_cache_salt = def->no_cache_salt;
     *out = s;

@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common.h"
@@ -231,6 +232,37 @@ static void test_base64url(void **state)
     assert_string_equal(out, "-_8");
 }
 
+/* kvg_copy copies exactly, at every length around its thresholds and every relative alignment,
+ * and touches nothing outside the destination. */
+static void test_copy(void **state)
+{
+    (void)state;
+    enum { MAX = 9000, PAD = 80 };
+    unsigned char *src = malloc(MAX + PAD), *dst = malloc(MAX + 2 * PAD);
+    assert_non_null(src);
+    assert_non_null(dst);
+    for (size_t i = 0; i < MAX + PAD; i++)
+        src[i] = (unsigned char)(i * 131 + (i >> 8));
+    static const size_t lens[] = {0,    1,    15,   63,   64,   65,   127,
+                                  2047, 2048, 2049, 2111, 4096, 8191, MAX};
+    for (size_t li = 0; li < KVG_ARRAY_LEN(lens); li++) {
+        for (size_t so = 0; so < 64; so += 7) {
+            for (size_t dof = 0; dof < 64; dof += 5) {
+                size_t n = lens[li];
+                memset(dst, 0xa5, MAX + 2 * PAD);
+                kvg_copy(dst + PAD + dof, src + so, n);
+                assert_memory_equal(dst + PAD + dof, src + so, n);
+                for (size_t i = 0; i < PAD + dof; i++)
+                    assert_int_equal(dst[i], 0xa5);
+                for (size_t i = PAD + dof + n; i < MAX + 2 * PAD; i++)
+                    assert_int_equal(dst[i], 0xa5);
+            }
+        }
+    }
+    free(src);
+    free(dst);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -243,6 +275,7 @@ int main(void)
         cmocka_unit_test(test_hostport),
         cmocka_unit_test(test_fmt_and_arena_reset),
         cmocka_unit_test(test_base64url),
+        cmocka_unit_test(test_copy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -132,6 +132,9 @@ static void test_one_chain(void **state)
     kvg_index_free(idx);
 }
 
+/* Keys that no real chain gives (13 after 11 here, after 12 there): the answer is only bounded,
+ * since the depth is found by bisection on the rule that what a worker holds of a chain is a
+ * prefix of it. Real chains are exact (test_model). */
 static void test_gap(void **state)
 {
     (void)state;
@@ -140,7 +143,10 @@ static void test_gap(void **state)
     uint64_t held[] = {10, 11, 13};
     assert_int_equal(kvg_index_record(idx, 1, held, 3), 0);
     uint64_t req[] = {10, 11, 12, 13};
-    assert_int_equal(match1(idx, 1, req, 4), 2);
+    uint32_t got = match1(idx, 1, req, 4);
+    assert_true(got == 2 || got == 4);
+    uint64_t req1[] = {10, 11, 12, 14, 15};
+    assert_int_equal(match1(idx, 1, req1, 5), 2);
     uint64_t req2[] = {11, 10};
     assert_int_equal(match1(idx, 1, req2, 2), 2);
     uint64_t req3[] = {12, 10};
@@ -725,21 +731,20 @@ static uint64_t rnd(void)
     return z ^ (z >> 31);
 }
 
-/* A request: a prefix of one of a few documents, sometimes diverging, sometimes noise from a
- * tiny alphabet (repeated keys, key 0). */
+/* A request: a real key chain (key i a hash of key i - 1 and block i), the blocks those of one of
+ * a few documents, sometimes diverging into blocks from a tiny alphabet (so that diverged
+ * chains meet again), sometimes all from that alphabet. */
 static size_t random_chain(uint64_t *keys, size_t max)
 {
     size_t n = (size_t)(rnd() % (max + 1));
     uint64_t doc = rnd() % 6;
     size_t diverge = rnd() % 3 == 0 ? (size_t)(rnd() % (max + 1)) : max;
     bool noise = rnd() % 8 == 0;
+    uint64_t prev = 0x5eed;
     for (size_t i = 0; i < n; i++) {
-        if (noise)
-            keys[i] = rnd() % 5;
-        else if (i < diverge)
-            keys[i] = doc * 1000 + i + 1;
-        else
-            keys[i] = 100000 + rnd() % 200;
+        uint64_t block = noise ? rnd() % 2 : i < diverge ? doc * 1000 + i + 1 : 100 + rnd() % 3;
+        uint64_t z = (prev ^ block) * UINT64_C(0x9E3779B97F4A7C15);
+        prev = keys[i] = z ^ (z >> 29);
     }
     return n;
 }
