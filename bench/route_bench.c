@@ -74,7 +74,7 @@ static void decide_once(bench_ctx *c, uint64_t rotation)
                             .salt = "0123456789012345678901234567890123456789abc",
                             .policy = &c->pc,
                             .rotation = rotation,
-                            .rank_limit = 64, /* as the front does */
+                            .rank_limit = 16, /* as the front does (gateway/proxy.c) */
                             .clock_ns = c->timed ? kvg_now_ns : NULL};
     uint64_t parse = c->timed ? kvg_now_ns() - t0 : 0;
     kvg_route_decision d;
@@ -128,7 +128,7 @@ static int decide_and_record(bench_ctx *c, const char *body, size_t len, kvg_wor
     kvg_body_info info;
     kvg_arena_reset(&c->arena);
     kvg_buf_reset(&c->out);
-    kvg_route_request rq = {.body = &info, .salt = salt, .policy = &c->pc, .rank_limit = 64};
+    kvg_route_request rq = {.body = &info, .salt = salt, .policy = &c->pc, .rank_limit = 16};
     kvg_route_decision d;
     if (kvg_body_scan(body, len, KVG_BODY_API_CHAT, salt, &c->arena, &c->out, &info, NULL) < 0 ||
         kvg_router_decide(c->rt, c->set, &rq, &c->arena, &d) < 0)

@@ -12,7 +12,10 @@
 #include "tenancy.h"
 #include "upstream.h"
 
-#define PROXY_MAX_CANDIDATES 64
+/* Workers a request may be offered to, best first: an attempt per connect failure (retries is
+ * at most 16) plus skips of workers at max_inflight. Only these places are ranked; ranking all
+ * costs microseconds per decision with hundreds of workers (bench/route). */
+#define PROXY_MAX_CANDIDATES 16
 
 typedef struct proxy_req {
     kvg_exchange *x;
