@@ -569,8 +569,11 @@ static int cb_body(http_parser *p, const char *at, size_t len)
         h->pending_error_msg = "request body too large";
         return -1;
     }
-    if (!h->discard_body)
-        evbuffer_add(x->body, at, len);
+    if (!h->discard_body && kvg_exchange_body_append(x, at, len) < 0) {
+        h->pending_error = 503;
+        h->pending_error_msg = "out of memory for the request body";
+        return -1;
+    }
     kvg_conn_set_timer(h->conn, h->conn->thread->gw->cfg.limits.read_timeout_ms);
     return 0;
 }

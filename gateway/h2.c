@@ -429,7 +429,8 @@ static int on_data_chunk_recv(nghttp2_session *session, uint8_t flags, int32_t s
                                       "too many request body bytes in flight on this connection");
         return 0;
     }
-    evbuffer_add(x->body, data, len);
+    if (kvg_exchange_body_append(x, data, len) < 0)
+        return NGHTTP2_ERR_CALLBACK_FAILURE;
     s->buffered += len;
     s->h->body_buffered += len;
     arm_body_timer(s);

@@ -387,12 +387,16 @@ static struct evbuffer *rewrite(proxy_req *r, kvg_body_api api, const char *salt
                                 kvg_json_error *err)
 {
     kvg_exchange *x = r->x;
-    size_t len = evbuffer_get_length(x->body);
-    const char *data = len ? (const char *)evbuffer_pullup(x->body, -1) : "";
+    size_t len;
+    const char *data = kvg_exchange_body_bytes(x, &len);
+    if (!data) {
+        *rc = -ENOMEM;
+        return NULL;
+    }
     kvg_buf out;
     kvg_buf_init(&out);
     kvg_buf_reserve(&out, len + KVG_SALT_LEN + 32);
-    *rc = kvg_body_scan(data ? data : "", len, api, salt, &x->arena, &out, &r->info, err);
+    *rc = kvg_body_scan(data, len, api, salt, &x->arena, &out, &r->info, err);
     if (*rc < 0 || out.failed) {
         if (*rc == 0)
             *rc = -ENOMEM;
