@@ -102,20 +102,31 @@ static uint32_t held(const choice *ch, const kvg_policy_candidate *c)
 }
 
 /* A scraped occupancy in [0, 1]; NaN (a bad scrape) counts as unknown, 0. */
-static double kv_usage(const kvg_policy_candidate *c)
+static inline double kv_usage(const kvg_policy_candidate *c)
 {
     double u = c->kv_usage;
     return u > 0 ? (u < 1 ? u : 1) : 0;
 }
 
-static void score(const choice *ch, const kvg_policy_candidate *c, kvg_policy_terms *t)
+/* The two halves of the cost; score() and the sort keys both add them this way, so the totals
+ * they compare are the same doubles. */
+static inline double prefill_cost(const choice *ch, const kvg_policy_candidate *c)
+{
+    return ch->cfg->prefill_cost_per_block * (double)(ch->blocks - held(ch, c));
+}
+
+static inline double queue_cost(const choice *ch, const kvg_policy_candidate *c)
 {
     const kvg_policy_config *cfg = ch->cfg;
+    return cfg->queue_cost_per_request * (double)c->inflight +
+           cfg->waiting_cost_per_request * (double)c->waiting + cfg->kv_usage_cost * kv_usage(c);
+}
+
+static void score(const choice *ch, const kvg_policy_candidate *c, kvg_policy_terms *t)
+{
     t->index = c->index;
-    t->prefill_cost = cfg->prefill_cost_per_block * (double)(ch->blocks - held(ch, c));
-    t->queue_cost = cfg->queue_cost_per_request * (double)c->inflight +
-                    cfg->waiting_cost_per_request * (double)c->waiting +
-                    cfg->kv_usage_cost * kv_usage(c);
+    t->prefill_cost = prefill_cost(ch, c);
+    t->queue_cost = queue_cost(ch, c);
     t->total = t->prefill_cost + t->queue_cost;
     t->over_bound = over_bound(ch, c);
     t->rendezvous = ch->blocks ? rendezvous_of(ch->key, c) : 0;
@@ -262,11 +273,8 @@ static bool sort_by_keys(const choice *ch, kvg_policy_candidate *c, size_t n, si
         uint64_t primary;
         if (ch->kind == KVG_POLICY_COST) {
             uint64_t cost = 0;
-            if (ch->any_holder) {
-                kvg_policy_terms t;
-                score(ch, x, &t);
-                cost = cost_bits(t.total);
-            }
+            if (ch->any_holder)
+                cost = cost_bits(prefill_cost(ch, x) + queue_cost(ch, x));
             primary = (over_bound(ch, x) ? 1ull << 63 : 0) | cost;
         } else {
             primary = (uint64_t)(UINT32_MAX - held(ch, x));

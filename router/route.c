@@ -157,8 +157,8 @@ int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_reque
     d.stream_units = job.len;
     d.stage_ns[KVG_ROUTE_STAGE_HASH] = lap(req, &t);
 
-    /* Eligible workers (one pass over the snapshot, reading the workers' fields directly:
-     * with hundreds of workers this loop is most of a decision) and their matches. */
+    /* Eligible workers (one pass over the snapshot, reading the fields each worker keeps in
+     * its first cache line for this loop) and their matches. */
     size_t n = kvg_worker_set_count(set);
     kvg_worker **eligible = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*eligible));
     kvg_policy_candidate *pcs = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*pcs));
@@ -171,8 +171,7 @@ int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_reque
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         kvg_worker *w = set->workers[i];
-        const worker_spec *spec = w->spec;
-        if (spec->nmodels && model && !kvg_worker_serves(w, model))
+        if (!w->serves_all_models && model && !kvg_worker_serves(w, model))
             continue;
         d.serving++;
         if ((atomic_load_explicit(&w->health, memory_order_relaxed) & HEALTH_DOWN_BIT) ||
@@ -183,8 +182,8 @@ int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_reque
         pcs[m] = (kvg_policy_candidate){
             .index = (uint32_t)m,
             .inflight = atomic_load_explicit(&w->inflight, memory_order_relaxed),
-            .id_hash = spec->name_hash,
-            .id_mix = spec->rendezvous_id,
+            .id_hash = w->name_hash,
+            .id_mix = w->rendezvous_id,
         };
         /* The engine's own queue and cache, when scraped recently enough; else unknown (0). */
         if (scraped)

@@ -56,16 +56,22 @@ typedef struct worker_hist {
 #define HEALTH_STREAK_MASK 0x7fffffffu
 
 struct kvg_worker {
-    _Atomic size_t refs;
+    /* What every routing decision reads of every worker, together at the start (the struct is
+     * 64-byte aligned): with hundreds of workers a second cache line each would be most of
+     * the decision. The identity fields are copies of the spec's, which never changes. */
     uint64_t id;
+    _Atomic uint32_t health;
+    _Atomic uint32_t inflight;
+    _Atomic bool draining;
+    bool serves_all_models; /* spec->nmodels == 0 */
+    uint64_t name_hash;     /* spec->name_hash */
+    uint64_t rendezvous_id; /* spec->rendezvous_id */
     worker_spec *spec;
+    _Atomic size_t refs;
     unsigned fall, rise;
     unsigned nthreads;
     _Atomic int source;
-    _Atomic bool draining;
     _Atomic bool retired;
-    _Atomic uint32_t health;
-    _Atomic uint32_t inflight;
     _Atomic uint64_t retries;
     _Atomic uint64_t codes[WORKER_CODES];
     worker_hist duration;
@@ -83,6 +89,8 @@ struct kvg_worker {
     _Atomic uint64_t scrape_errors;
     void *slots[]; /* nthreads per-thread slots for the gateway */
 };
+_Static_assert(offsetof(struct kvg_worker, spec) + sizeof(void *) <= 64,
+               "the fields a routing decision reads fit in the first cache line");
 
 struct kvg_worker_set {
     _Atomic size_t refs;

@@ -363,14 +363,19 @@ bool kvg_router_spec_equal(const worker_spec *a, const worker_spec *b)
 int kvg_router_worker_new(worker_spec *spec, kvg_worker_source source, unsigned nthreads,
                           unsigned fall, unsigned rise, kvg_worker **out)
 {
-    kvg_worker *w = calloc(1, sizeof(*w) + (size_t)nthreads * sizeof(void *));
+    size_t size = (sizeof(kvg_worker) + (size_t)nthreads * sizeof(void *) + 63) / 64 * 64;
+    kvg_worker *w = aligned_alloc(64, size);
     if (!w) {
         kvg_router_spec_unref(spec);
         return -ENOMEM;
     }
+    memset(w, 0, size);
     atomic_init(&w->refs, 1);
     w->id = atomic_fetch_add_explicit(&next_worker_id, 1, memory_order_relaxed);
     w->spec = spec;
+    w->serves_all_models = spec->nmodels == 0;
+    w->name_hash = spec->name_hash;
+    w->rendezvous_id = spec->rendezvous_id;
     w->fall = fall;
     w->rise = rise;
     w->nthreads = nthreads;
