@@ -134,7 +134,7 @@ static int decide_and_record(bench_ctx *c, const char *body, size_t len, kvg_wor
         kvg_router_decide(c->rt, c->set, &rq, &c->arena, &d) < 0)
         return -1;
     if (w)
-        kvg_router_record(c->rt, w, &d);
+        kvg_router_record(c->rt, w, &d, 0);
     if (out)
         *out = d;
     return 0;

@@ -191,7 +191,7 @@ static void up_head(void *ud, int status, const kvg_header *hdrs, size_t n, int6
     /* The engine took the request: it holds the prompt's blocks from now on (it computes them
      * before its first token). */
     if (status == 200 && r->routed)
-        kvg_router_record(x->thread->gw->router, r->worker, &r->route);
+        kvg_router_record(x->thread->gw->router, r->worker, &r->route, r->attempt_matched);
     kvg_exchange_respond(x, status, content_length);
 }
 

@@ -247,17 +247,17 @@ void kvg_router_count(kvg_router *rt, const kvg_route_decision *d)
     for (int s = 0; s < KVG_ROUTE_STAGE_COUNT; s++)
         hist_observe(&rt->stages[s], d->stage_ns[s]);
     atomic_fetch_add_explicit(&rt->blocks_hashed, d->nkeys, memory_order_relaxed);
-    if (d->ncands)
-        atomic_fetch_add_explicit(&rt->blocks_matched, d->cands[0].matched, memory_order_relaxed);
     if ((unsigned)d->policy < KVG_POLICY_KIND_COUNT &&
         (unsigned)d->reason < KVG_POLICY_REASON_COUNT)
         atomic_fetch_add_explicit(&rt->decisions[d->policy][d->reason], 1, memory_order_relaxed);
 }
 
-int kvg_router_record(kvg_router *rt, const kvg_worker *w, const kvg_route_decision *d)
+int kvg_router_record(kvg_router *rt, const kvg_worker *w, const kvg_route_decision *d,
+                      uint32_t matched)
 {
     if (!d->nkeys)
         return 0;
+    atomic_fetch_add_explicit(&rt->blocks_matched, matched, memory_order_relaxed);
     int rc = kvg_index_record(rt->index, kvg_worker_id(w), d->keys, d->nkeys);
     if (rc < 0)
         atomic_fetch_add_explicit(&rt->record_failures, 1, memory_order_relaxed);
@@ -302,8 +302,8 @@ void kvg_router_write_metrics(kvg_router *rt, kvg_buf *out)
 
     kvg_router_put_header(
         out, "kvgate_route_blocks_total", "counter",
-        "Block keys of routed requests: hashed (looked up), and matched on the chosen "
-        "worker.");
+        "Block keys of routed requests: hashed (looked up), and matched: the leading blocks "
+        "the worker that answered 200 was predicted to hold.");
     kvg_buf_printf(out, "kvgate_route_blocks_total{kind=\"hashed\"} %llu\n",
                    (unsigned long long)atomic_load(&rt->blocks_hashed));
     kvg_buf_printf(out, "kvgate_route_blocks_total{kind=\"matched\"} %llu\n",

@@ -474,9 +474,11 @@ int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_reque
                       kvg_arena *arena, kvg_route_decision *out);
 /** Count a decision in the metrics (stage histograms, blocks, decisions by policy and reason). */
 void kvg_router_count(kvg_router *rt, const kvg_route_decision *d);
-/** The worker answered 200: it now holds the decision's blocks. 0, KVG_ENOTFOUND (the worker
- *  left the index meanwhile), -ENOMEM. */
-int kvg_router_record(kvg_router *rt, const kvg_worker *w, const kvg_route_decision *d);
+/** The worker answered 200: it now holds the decision's blocks; matched is how many of them
+ *  it was predicted to hold (its candidate's matched, counted in kvgate_route_blocks_total).
+ *  0, KVG_ENOTFOUND (the worker left the index meanwhile), -ENOMEM. */
+int kvg_router_record(kvg_router *rt, const kvg_worker *w, const kvg_route_decision *d,
+                      uint32_t matched);
 /** Prompt tokens predicted cached on a worker that matched `matched` blocks, in the engine's
  *  units: prompt_tokens x (matched x block_size / stream_units), at most prompt_tokens. */
 uint64_t kvg_route_predicted_tokens(const kvg_route_decision *d, uint32_t matched,

@@ -311,3 +311,32 @@ def test_policy_can_be_switched_at_run_time(simworker, kvgate):
     a = send(gw, chat(ws[0].model, system, "x"))[0]
     b = send(gw, chat(ws[0].model, system, "y"))[0]
     assert a == b
+
+
+def test_matched_blocks_count_the_worker_that_answered(simworker, kvgate):
+    """kvgate_route_blocks_total{kind="matched"} adds, per answered request, the blocks the
+    answering worker was predicted to hold: what route/explain showed for it just before."""
+    ws = workers(simworker, 2, kv_blocks=4096)
+    gw = kvgate(*ws)
+    model = ws[0].model
+    system = text(7, 3000)
+    send(gw, chat(model, system, "first"))
+    m0 = gw.scrape()
+    assert gw.metric("kvgate_route_blocks_total", m0, kind="matched") == 0
+    want = 0
+    for q in range(3):
+        body = chat(model, system, f"follow-up {q}")
+        ex = explain(gw, body)
+        top = ex["candidates"][0]
+        assert top["matched_blocks"] > 0
+        w, _ = send(gw, body)
+        assert w == top["worker"]
+        want += top["matched_blocks"]
+    # The engine refuses this one (vLLM: max_tokens must be at least 1): predicted, not counted.
+    bad = chat(model, system, "follow-up 0", max_tokens=-5)
+    assert explain(gw, bad)["candidates"][0]["matched_blocks"] > 0
+    r = http.post(gw.url + CHAT, json=bad)
+    assert r.status_code == 400, r.text
+    m = gw.scrape()
+    assert gw.metric("kvgate_route_blocks_total", m, kind="matched") == want
+    assert gw.metric("kvgate_route_blocks_total", m, kind="hashed") > want
