@@ -38,9 +38,10 @@ typedef struct kvg_hash_job {
 
 /** The root of a job's chain: a function of (salt, model, adapter, unit, block_size) alone. */
 uint64_t kvg_hash_root(const kvg_hash_job *job);
-/** Fill keys and nkeys of each job: key[0] = H(root, block 0), key[i] = H(key[i-1], block i),
- *  full blocks only (docs/hashing.md). 0, or -EINVAL (a job with block_size 0 or above
- *  KVG_HASH_BLOCK_MAX, an unknown unit, or data/keys NULL where needed; no job is hashed). */
+/** Fill keys and nkeys of each job: d[i] = XXH3(block i, seed root), key[0] = link(root ^ d[0]),
+ *  key[i] = link(key[i-1] ^ d[i]), full blocks only (docs/hashing.md). 0, or -EINVAL (a job
+ *  with block_size 0 or above KVG_HASH_BLOCK_MAX, an unknown unit, or data/keys NULL where
+ *  needed; no job is hashed). */
 int kvg_hash_batch(kvg_hash_job *jobs, size_t n);
 /** The backend that hashes ("cpu", or "cuda" when built with one and a device is present). */
 const char *kvg_hash_backend(void);

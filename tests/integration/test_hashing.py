@@ -4,10 +4,11 @@
 docs/hashing.md specifies the block-key function so that another implementation (a Redis-side
 script, a GPU kernel, an engine-side exporter) can produce the same keys. This test is that
 second implementation: Python's xxhash package (Debian's python3-xxhash, not the C library's
-code path the gateway inlines) computes the root and the chain from the spec's text, and
-tests/unit/gpu_hash/hash_driver must print the same keys, for the document's vectors and for
-random inputs (bytes and token ids, empty and long salts, multi-byte UTF-8, block sizes from 1
-to a few KB).
+code path the gateway inlines) computes the root, the per-block hashes and the links from the
+spec's text, with the 128-bit product in Python integers, and tests/unit/gpu_hash/hash_driver
+must print the same keys, for the document's vectors and for random inputs (bytes and token
+ids, empty and long salts, multi-byte UTF-8, block sizes from 1 to a few KB, the 64-byte
+constant-length path as text and as 16 tokens).
 """
 import random
 import struct
@@ -18,11 +19,19 @@ from conftest import REPO_ROOT, binary
 
 xxhash = pytest.importorskip("xxhash", reason="python3-xxhash is not installed")
 
-ROOT_TAG = b"kvgate-block-v1\x00"
+ROOT_TAG = b"kvgate-block-v2\x00"
+LINK_PRIME = 0x9E3779B185EBCA87  # XXH_PRIME64_1
+MASK64 = (1 << 64) - 1
 
 
 def le32(v: int) -> bytes:
     return struct.pack("<I", v)
+
+
+def link(a: int) -> int:
+    """lo64(a * P) XOR hi64(a * P) of the full 128-bit product."""
+    p = a * LINK_PRIME
+    return (p & MASK64) ^ (p >> 64)
 
 
 def spec_keys(unit: str, block: int, salt: bytes, model: bytes, adapter: bytes, data):
@@ -36,9 +45,12 @@ def spec_keys(unit: str, block: int, salt: bytes, model: bytes, adapter: bytes, 
     else:
         raw = data
         width = block
+    # d[i] for every block first (any order would do), then the chain of links.
+    d = [xxhash.xxh3_64_intdigest(raw[i * width:(i + 1) * width], seed=root)
+         for i in range(len(raw) // width)]
     keys, h = [], root
-    for i in range(len(raw) // width):
-        h = xxhash.xxh3_64_intdigest(raw[i * width:(i + 1) * width], seed=h)
+    for di in d:
+        h = link(h ^ di)
         keys.append(h)
     return root, keys
 
