@@ -8,7 +8,10 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include <xxhash.h>
 
 #include "gpu_hash.h"
 
@@ -173,12 +176,52 @@ static void test_limits_and_batches(void **state)
     assert_string_equal(kvg_hash_unit_str(KVG_HASH_TOKENS), "tokens");
 }
 
+/* The root from one buffer (short preimages) and from the streaming state (long ones) is the
+ * same function: checked against the preimage of docs/hashing.md built here, for model names
+ * around the size where kvg_hash_root switches. */
+static void put32(unsigned char *o, uint32_t v)
+{
+    o[0] = (unsigned char)v, o[1] = (unsigned char)(v >> 8);
+    o[2] = (unsigned char)(v >> 16), o[3] = (unsigned char)(v >> 24);
+}
+
+static void test_root_any_length(void **state)
+{
+    (void)state;
+    static const char salt[] = "0123456789012345678901234567890123456789abc";
+    char model[1200];
+    for (size_t i = 0; i < sizeof(model); i++)
+        model[i] = (char)('a' + i % 26);
+    for (size_t mlen = 380; mlen < sizeof(model); mlen += 7) {
+        kvg_hash_job j = {.unit = KVG_HASH_BYTES,
+                          .block_size = 64,
+                          .salt = salt,
+                          .salt_len = sizeof(salt) - 1,
+                          .model = model,
+                          .model_len = mlen,
+                          .adapter = "lora",
+                          .adapter_len = 4};
+        unsigned char pre[2048];
+        size_t n = 0;
+        memcpy(pre, "kvgate-block-v2", 16), n = 16;
+        put32(pre + n, 0), n += 4;
+        put32(pre + n, 64), n += 4;
+        put32(pre + n, (uint32_t)j.salt_len), n += 4;
+        memcpy(pre + n, salt, j.salt_len), n += j.salt_len;
+        put32(pre + n, (uint32_t)mlen), n += 4;
+        memcpy(pre + n, model, mlen), n += mlen;
+        put32(pre + n, 4), n += 4;
+        memcpy(pre + n, "lora", 4), n += 4;
+        assert_true(kvg_hash_root(&j) == XXH3_64bits(pre, n));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vector_plain),       cmocka_unit_test(test_vector_tokens),
         cmocka_unit_test(test_vector_salted),      cmocka_unit_test(test_chaining),
-        cmocka_unit_test(test_limits_and_batches),
+        cmocka_unit_test(test_limits_and_batches), cmocka_unit_test(test_root_any_length),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
