@@ -31,9 +31,10 @@
  *
  * kvg_body_scan extends this pass: for a completions or chat body the values of prompt,
  * messages and tools get scanners of their own in scan_member() that validate, check types and
- * emit the canonical prefix stream (docs/canonical.md) as they go, without a tree: decoded string
- * runs are copied in bulk once the string scanner has found their end, and only strings that
- * hold escapes are decoded.
+ * emit the canonical prefix stream (docs/canonical.md) as they go, without a tree: a string that
+ * goes into the stream as it stands (a message's content, a prompt) is decoded into it by the
+ * string scanner in the same pass (scan_put_string); one that waits for a later member (a text
+ * part's text) is copied in bulk afterwards, decoded only if it holds escapes.
  */
 
 #define BODY_MAX_DEPTH 64
@@ -219,9 +220,11 @@ __attribute__((cold, noinline)) static int check_escapes(const scanner *sc, cons
     return 0;
 }
 
-/* Escapes that stand for one character after the backslash. */
+/* The byte that each escape standing for one character (after the backslash) decodes to; 0 for
+ * the others. */
 static const unsigned char simple_escape[256] = {
-    ['"'] = 1, ['\\'] = 1, ['/'] = 1, ['b'] = 1, ['f'] = 1, ['n'] = 1, ['r'] = 1, ['t'] = 1,
+    ['"'] = '"',  ['\\'] = '\\', ['/'] = '/',  ['b'] = '\b',
+    ['f'] = '\f', ['n'] = '\n',  ['r'] = '\r', ['t'] = '\t',
 };
 
 /* Length of the valid escape at p (p[0] == '\\', p + 1 < end), or 0 when it is not one. */
@@ -242,131 +245,15 @@ static inline size_t valid_escape(const unsigned char *p, const unsigned char *e
     return lo >= 0xDC00 && lo <= 0xDFFF ? 12 : 0;
 }
 
-/* Offset of the first byte of the 16 (SSE2) or 8 at p that is special in a string, or the
- * block size when none is. */
-/* KVG_BODY_NO_SIMD builds the portable path on x86 too, so that its tests run here. */
-#if defined(__SSE2__) && !defined(KVG_BODY_NO_SIMD)
-#include <emmintrin.h>
-#define STRING_BLOCK 16
-static inline unsigned first_special(const unsigned char *p)
+/* The code point of the valid escape at p, n bytes long (valid_escape's length). */
+static inline unsigned long escape_cp(const unsigned char *p, size_t n)
 {
-    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
-    /* Signed compare: bytes >= 0x80 are negative, so one compare finds them and controls. */
-    __m128i m = _mm_or_si128(
-        _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('"')), _mm_cmpeq_epi8(v, _mm_set1_epi8('\\'))),
-        _mm_cmplt_epi8(v, _mm_set1_epi8(0x20)));
-    unsigned mask = (unsigned)_mm_movemask_epi8(m);
-    return mask ? (unsigned)__builtin_ctz(mask) : STRING_BLOCK;
-}
-
-/* Whether any of the 64 bytes at p is special: four blocks tested together, so long plain runs
- * (documents, histories) cost one branch per 64 bytes instead of a ctz per 16. */
-#define STRING_WIDE 64
-static inline bool any_special_wide(const unsigned char *p)
-{
-    const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\');
-    const __m128i ctl = _mm_set1_epi8(0x20);
-    __m128i acc = _mm_setzero_si128();
-    for (int k = 0; k < 4; k++) {
-        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(p + 16 * k));
-        acc = _mm_or_si128(
-            acc, _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
-                              _mm_cmplt_epi8(v, ctl)));
-    }
-    return _mm_movemask_epi8(acc) != 0;
-}
-#else
-#define STRING_BLOCK 8
-/* SWAR: a mask with the high bit set in (at least) the first byte of v that is special in a
- * string; bytes after a special one may be flagged spuriously (borrows only run upwards). */
-static inline uint64_t special_mask(uint64_t v)
-{
-    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
-    uint64_t q = v ^ (ones * '"');
-    uint64_t b = v ^ (ones * '\\');
-    uint64_t lt = (v - ones * 0x20) & ~v;
-    uint64_t lq = (q - ones) & ~q;
-    uint64_t lb = (b - ones) & ~b;
-    return (lt | lq | lb | v) & highs;
-}
-
-static inline unsigned first_special(const unsigned char *p)
-{
-    uint64_t v;
-    memcpy(&v, p, sizeof(v));
-    uint64_t m = special_mask(v);
-    if (!m)
-        return STRING_BLOCK;
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    return (unsigned)__builtin_ctzll(m) / 8;
-#else
-    unsigned i = 0;
-    while (!string_special[p[i]])
-        i++;
-    return i;
-#endif
-}
-#endif
-
-/* Scan the string literal whose opening quote is at *pp: on success *pp is past the closing
- * quote and *escaped tells whether the contents hold any escape. The fast path looks at a block
- * of bytes at a time and leaves them alone unless one is special. A bad escape does not stop
- * the scan: json.c finds the end of a string (checking controls and UTF-8, skipping the byte
- * after each backslash) before it decodes escapes, and its errors come in that order. */
-static inline int scan_string(const scanner *sc, const unsigned char **pp, bool *escaped)
-{
-    const unsigned char *p = *pp + 1;
-    const unsigned char *end = sc->end;
-    bool esc = false, bad_escape = false;
-    for (;;) {
-#ifdef STRING_WIDE
-        while (end - p >= STRING_WIDE && !any_special_wide(p))
-            p += STRING_WIDE;
-#endif
-        while (end - p >= STRING_BLOCK) {
-            unsigned i = first_special(p);
-            p += i;
-            if (i < STRING_BLOCK)
-                goto special;
-        }
-        while (p < end && !string_special[*p])
-            p++;
-        if (p == end)
-            return fail(sc, KVG_EPARSE, p, "unterminated string");
-    special:;
-        unsigned char c = *p;
-        if (c == '"')
-            break;
-        if (c == '\\') {
-            if (end - p < 2)
-                return fail(sc, KVG_EPARSE, p, "unterminated string");
-            size_t n = valid_escape(p, end);
-            if (!n) {
-                bad_escape = true;
-                n = 2;
-            }
-            p += n;
-            esc = true;
-        } else if (c >= 0x80) {
-            /* Runs of non-ASCII text (CJK, emoji) stay in this loop. */
-            do {
-                size_t n = utf8_len(p, (size_t)(end - p));
-                if (!n)
-                    return fail(sc, KVG_EPARSE, p, "invalid UTF-8 in string");
-                p += n;
-            } while (p < end && *p >= 0x80);
-        } else {
-            return fail(sc, KVG_EPARSE, p, "control character in string");
-        }
-    }
-    if (bad_escape) {
-        int rc = check_escapes(sc, *pp + 1, p);
-        /* check_escapes and valid_escape agree; should they not, still never accept. */
-        return rc < 0 ? rc : fail(sc, KVG_EPARSE, p, "invalid escape in string");
-    }
-    *pp = p + 1;
-    *escaped = esc;
-    return 0;
+    if (n == 2)
+        return simple_escape[p[1]];
+    unsigned long cp = (unsigned long)hex4(p + 2);
+    if (n == 12)
+        cp = 0x10000 + ((cp - 0xD800) << 10) + ((unsigned long)hex4(p + 8) - 0xDC00);
+    return cp;
 }
 
 static size_t put_utf8(unsigned char *o, unsigned long cp)
@@ -393,6 +280,216 @@ static size_t put_utf8(unsigned char *o, unsigned long cp)
     return 4;
 }
 
+/* first_special(p, o): offset of the first byte of the 16 (SSE2) or 8 at p that is special in
+ * a string, or the block size when none is; with o, the whole block is copied there as well. */
+/* KVG_BODY_NO_SIMD builds the portable path on x86 too, so that its tests run here. */
+#if defined(__SSE2__) && !defined(KVG_BODY_NO_SIMD)
+#include <immintrin.h>
+#define STRING_BLOCK 16
+/* 0xff in the special bytes of v. Flipping bit 1 sends '"' (0x22) to 0x20 and the controls
+ * onto themselves, so one signed compare finds them, '"' and the bytes >= 0x80 (negative), and
+ * a second finds '\\'. */
+static inline __m128i special16(__m128i v)
+{
+    return _mm_or_si128(_mm_cmplt_epi8(_mm_xor_si128(v, _mm_set1_epi8(2)), _mm_set1_epi8(0x21)),
+                        _mm_cmpeq_epi8(v, _mm_set1_epi8('\\')));
+}
+
+static inline unsigned first_special(const unsigned char *p, unsigned char *o)
+{
+    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
+    if (o)
+        _mm_storeu_si128((__m128i *)(void *)o, v);
+    unsigned mask = (unsigned)_mm_movemask_epi8(special16(v));
+    return mask ? (unsigned)__builtin_ctz(mask) : STRING_BLOCK;
+}
+
+/* Long plain runs (documents, histories) are left to plain_run, called once per run: it tests
+ * 64 bytes per branch, with AVX2 where the CPU has it (chosen on first use). A plain_fn returns
+ * the length of the plain run at p, or n rounded down to 64 when the run goes on into the last
+ * n % 64 bytes; with o, it copies the 64-byte blocks it read there (up to 64 bytes more). */
+#define STRING_WIDE 64
+typedef size_t plain_fn(const unsigned char *p, size_t n, unsigned char *o);
+
+static size_t plain_sse2(const unsigned char *p, size_t n, unsigned char *o)
+{
+    for (size_t i = 0; n - i >= STRING_WIDE; i += STRING_WIDE) {
+        __m128i v[4], any = _mm_setzero_si128();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm_loadu_si128((const __m128i *)(const void *)(p + i + 16 * k));
+            if (o)
+                _mm_storeu_si128((__m128i *)(void *)(o + i + 16 * k), v[k]);
+            any = _mm_or_si128(any, special16(v[k]));
+        }
+        if (!_mm_movemask_epi8(any))
+            continue;
+        uint64_t mask = 0;
+        for (int k = 0; k < 4; k++)
+            mask |= (uint64_t)(unsigned)_mm_movemask_epi8(special16(v[k])) << (16 * k);
+        return i + (size_t)__builtin_ctzll(mask);
+    }
+    return n - n % STRING_WIDE;
+}
+
+/* special16 on 32 bytes. */
+__attribute__((target("avx2"))) static inline __m256i special32(__m256i v)
+{
+    return _mm256_or_si256(
+        _mm256_cmpgt_epi8(_mm256_set1_epi8(0x21), _mm256_xor_si256(v, _mm256_set1_epi8(2))),
+        _mm256_cmpeq_epi8(v, _mm256_set1_epi8('\\')));
+}
+
+__attribute__((target("avx2"))) static size_t plain_avx2(const unsigned char *p, size_t n,
+                                                         unsigned char *o)
+{
+    for (size_t i = 0; n - i >= STRING_WIDE; i += STRING_WIDE) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(p + i));
+        __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(p + i + 32));
+        if (o) {
+            _mm256_storeu_si256((__m256i *)(void *)(o + i), a);
+            _mm256_storeu_si256((__m256i *)(void *)(o + i + 32), b);
+        }
+        uint64_t mask = (uint32_t)_mm256_movemask_epi8(special32(a)) |
+                        (uint64_t)(uint32_t)_mm256_movemask_epi8(special32(b)) << 32;
+        if (mask)
+            return i + (size_t)__builtin_ctzll(mask);
+    }
+    return n - n % STRING_WIDE;
+}
+
+static size_t plain_run(const unsigned char *p, size_t n, unsigned char *o)
+{
+    static plain_fn *impl; /* chosen on first use: every thread chooses the same */
+    plain_fn *f = __atomic_load_n(&impl, __ATOMIC_RELAXED);
+    if (!f) {
+        f = __builtin_cpu_supports("avx2") ? plain_avx2 : plain_sse2;
+        __atomic_store_n(&impl, f, __ATOMIC_RELAXED);
+    }
+    return f(p, n, o);
+}
+#else
+#define STRING_BLOCK 8
+/* SWAR: a mask with the high bit set in (at least) the first byte of v that is special in a
+ * string; bytes after a special one may be flagged spuriously (borrows only run upwards). */
+static inline uint64_t special_mask(uint64_t v)
+{
+    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+    uint64_t q = v ^ (ones * '"');
+    uint64_t b = v ^ (ones * '\\');
+    uint64_t lt = (v - ones * 0x20) & ~v;
+    uint64_t lq = (q - ones) & ~q;
+    uint64_t lb = (b - ones) & ~b;
+    return (lt | lq | lb | v) & highs;
+}
+
+static inline unsigned first_special(const unsigned char *p, unsigned char *o)
+{
+    uint64_t v;
+    memcpy(&v, p, sizeof(v));
+    if (o)
+        memcpy(o, &v, sizeof(v));
+    uint64_t m = special_mask(v);
+    if (!m)
+        return STRING_BLOCK;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    return (unsigned)__builtin_ctzll(m) / 8;
+#else
+    unsigned i = 0;
+    while (!string_special[p[i]])
+        i++;
+    return i;
+#endif
+}
+#endif
+
+/* Scan the string literal whose opening quote is at *pp: on success *pp is past the closing
+ * quote and *escaped tells whether the contents hold any escape. The fast path looks at a block
+ * of bytes at a time and leaves them alone unless one is special. A bad escape does not stop
+ * the scan: json.c finds the end of a string (checking controls and UTF-8, skipping the byte
+ * after each backslash) before it decodes escapes, and its errors come in that order.
+ *
+ * With op, the contents are also decoded (as decode_string does) to *op, which is left past
+ * them: the bytes are stored while they are in registers, instead of found again and copied in
+ * a second pass. Decoding never grows, so the writes (blocks may run up to 64 bytes past the
+ * decoded ones) stay within as many bytes from *op as the body has after the opening quote.
+ * Inlined into two copies, with and without op, so that the scan alone pays nothing for it. */
+static inline __attribute__((always_inline)) int
+scan_string_to(const scanner *sc, const unsigned char **pp, bool *escaped, unsigned char **op)
+{
+    const unsigned char *p = *pp + 1;
+    const unsigned char *end = sc->end;
+    unsigned char *o = op ? *op : NULL;
+    bool esc = false, bad_escape = false;
+    for (;;) {
+        while (end - p >= STRING_BLOCK) {
+            unsigned i = first_special(p, o);
+            p += i;
+            if (o)
+                o += i;
+            if (i < STRING_BLOCK)
+                goto special;
+#ifdef STRING_WIDE
+            size_t n = plain_run(p, (size_t)(end - p), o);
+            p += n;
+            if (o)
+                o += n;
+#endif
+        }
+        for (; p < end && !string_special[*p]; p++)
+            if (o)
+                *o++ = *p;
+        if (p == end)
+            return fail(sc, KVG_EPARSE, p, "unterminated string");
+    special:;
+        unsigned char c = *p;
+        if (c == '"')
+            break;
+        if (c == '\\') {
+            if (end - p < 2)
+                return fail(sc, KVG_EPARSE, p, "unterminated string");
+            size_t n = valid_escape(p, end);
+            if (!n) {
+                bad_escape = true;
+                n = 2;
+            } else if (o) {
+                o += put_utf8(o, escape_cp(p, n));
+            }
+            p += n;
+            esc = true;
+        } else if (c >= 0x80) {
+            /* Runs of non-ASCII text (CJK, emoji) stay in this loop. */
+            const unsigned char *run = p;
+            do {
+                size_t n = utf8_len(p, (size_t)(end - p));
+                if (!n)
+                    return fail(sc, KVG_EPARSE, p, "invalid UTF-8 in string");
+                p += n;
+            } while (p < end && *p >= 0x80);
+            if (o) {
+                memcpy(o, run, (size_t)(p - run));
+                o += p - run;
+            }
+        } else {
+            return fail(sc, KVG_EPARSE, p, "control character in string");
+        }
+    }
+    if (bad_escape) {
+        int rc = check_escapes(sc, *pp + 1, p);
+        /* check_escapes and valid_escape agree; should they not, still never accept. */
+        return rc < 0 ? rc : fail(sc, KVG_EPARSE, p, "invalid escape in string");
+    }
+    *pp = p + 1;
+    *escaped = esc;
+    if (op)
+        *op = o;
+    return 0;
+}
+
+static inline int scan_string(const scanner *sc, const unsigned char **pp, bool *escaped)
+{
+    return scan_string_to(sc, pp, escaped, NULL);
+}
+
 /* Decode the contents [s, e) of a string that scan_string accepted into o (room for e - s
  * bytes: decoding never grows). Returns the decoded length. */
 static size_t decode_string(const unsigned char *s, const unsigned char *e, unsigned char *o)
@@ -405,37 +502,9 @@ static size_t decode_string(const unsigned char *s, const unsigned char *e, unsi
         n += run;
         if (!bs)
             break;
-        s = bs + 2;
-        switch (bs[1]) {
-        case 'b':
-            o[n++] = '\b';
-            break;
-        case 'f':
-            o[n++] = '\f';
-            break;
-        case 'n':
-            o[n++] = '\n';
-            break;
-        case 'r':
-            o[n++] = '\r';
-            break;
-        case 't':
-            o[n++] = '\t';
-            break;
-        case 'u': {
-            unsigned long cp = (unsigned long)hex4(bs + 2);
-            s = bs + 6;
-            if (cp >= 0xD800 && cp <= 0xDBFF) {
-                cp = 0x10000 + ((cp - 0xD800) << 10) + ((unsigned long)hex4(bs + 8) - 0xDC00);
-                s = bs + 12;
-            }
-            n += put_utf8(o + n, cp);
-            break;
-        }
-        default: /* '"', '\\', '/' stand for themselves */
-            o[n++] = bs[1];
-            break;
-        }
+        size_t len = valid_escape(bs, e);
+        n += put_utf8(o + n, escape_cp(bs, len));
+        s = bs + len;
     }
     return n;
 }
@@ -724,7 +793,9 @@ static int scan_stream(rewrite *rw, const unsigned char **pp)
  * many bytes of JSON syntax (a message `{"role":""}` is 11 bytes, its frame 3), except a media
  * part: at least 37 bytes of JSON (`{"type":"file","file":{"file_id":""}}`) that become at most
  * 2 bytes more than that (`\x1cvideo_url:<32 hex>\x1c` is 44 bytes for a 43-byte part). rem/8
- * covers that, 64 the tools frame (whose key may lie before the counted bytes). */
+ * covers that, 64 the tools frame (whose key may lie before the counted bytes). As this holds
+ * piece by piece, it holds at every point of the body: the stream written so far leaves room
+ * for as many bytes as the body has left (which scan_put_string relies on). */
 static size_t stream_capacity(size_t rem)
 {
     return rem + rem / 8 + 64;
@@ -782,6 +853,22 @@ static inline void put_string(canon *c, const unsigned char *s, const unsigned c
     }
 }
 
+/* Scan the string at *pp (on its quote) and append its decoded contents, as put_string would,
+ * in the same pass. The writes stay within the rest of the body's length, which the stream has
+ * room for at every point of the body (see stream_capacity). */
+static int scan_put_string(rewrite *rw, const unsigned char **pp)
+{
+    canon *c = &rw->canon;
+    bool escaped;
+    if (!room(c, (size_t)(rw->sc.end - *pp)))
+        return scan_string(&rw->sc, pp, &escaped);
+    unsigned char *o = c->buf + c->len;
+    int rc = scan_string_to(&rw->sc, pp, &escaped, &o);
+    if (rc == 0)
+        c->len = (size_t)(o - c->buf);
+    return rc;
+}
+
 /* One character of a string in canonical JSON: '"' and '\\' escaped, the controls with a short
  * escape in that form, the other controls as \\u00xx (lowercase hex), everything else as UTF-8.
  * The rule of Python's json.dumps(..., ensure_ascii=False). */
@@ -837,37 +924,9 @@ static size_t reencode_string(const unsigned char *s, const unsigned char *e, un
         n += run;
         if (!bs)
             break;
-        unsigned long cp;
-        s = bs + 2;
-        switch (bs[1]) {
-        case 'b':
-            cp = '\b';
-            break;
-        case 'f':
-            cp = '\f';
-            break;
-        case 'n':
-            cp = '\n';
-            break;
-        case 'r':
-            cp = '\r';
-            break;
-        case 't':
-            cp = '\t';
-            break;
-        case 'u':
-            cp = (unsigned long)hex4(bs + 2);
-            s = bs + 6;
-            if (cp >= 0xD800 && cp <= 0xDBFF) {
-                cp = 0x10000 + ((cp - 0xD800) << 10) + ((unsigned long)hex4(bs + 8) - 0xDC00);
-                s = bs + 12;
-            }
-            break;
-        default: /* '"', '\\', '/' */
-            cp = bs[1];
-            break;
-        }
-        n += put_json_char(o + n, cp);
+        size_t len = valid_escape(bs, e);
+        n += put_json_char(o + n, escape_cp(bs, len));
+        s = bs + len;
     }
     return n;
 }
@@ -1232,11 +1291,11 @@ static int scan_prompt_array(rewrite *rw, const unsigned char **pp)
             rc = scan_token(rw, &p, DEPTH_ITEM, true, i, SIZE_MAX);
         } else if (kind == '[') {
             rc = scan_token_list(rw, &p, i == 0, i);
+        } else if (kind == '"' && *e == '"' && i == 0) {
+            rc = scan_put_string(rw, &p);
         } else if (kind == '"' && *e == '"') {
             bool escaped;
             rc = scan_string(&rw->sc, &p, &escaped);
-            if (rc == 0 && i == 0)
-                put_string(c, e + 1, p - 1, escaped);
         } else {
             rc = scan_value(&rw->sc, &p, DEPTH_ITEM);
             if (rc == 0 && kind == '"')
@@ -1274,12 +1333,9 @@ static int scan_prompt(rewrite *rw, const unsigned char **pp)
             type_error(rw, v, "prompt: must be a string or an array, not %s", value_type(*v));
         return rc;
     }
-    bool escaped;
     rc = canon_reserve(rw, v);
     if (rc == 0)
-        rc = scan_string(&rw->sc, pp, &escaped);
-    if (rc == 0)
-        put_string(&rw->canon, v + 1, *pp - 1, escaped);
+        rc = scan_put_string(rw, pp);
     return rc;
 }
 
@@ -1517,23 +1573,21 @@ static int scan_piece(rewrite *rw, piece kind, const unsigned char **pp, size_t 
     const scanner *sc = &rw->sc;
     canon *c = &rw->canon;
     const unsigned char *v = *pp;
-    bool escaped;
     int rc;
     switch (kind) {
     case PIECE_ROLE:
     case PIECE_NAME:
     case PIECE_TOOL_CALL_ID:
         if (*v == '"') {
-            rc = scan_string(sc, pp, &escaped);
-            if (rc < 0)
-                return rc;
             if (kind == PIECE_ROLE)
                 put1(c, SEP_RECORD);
             else if (kind == PIECE_NAME)
                 PUT_LIT(c, "name=");
             else
                 PUT_LIT(c, "\x1ftool_call_id=");
-            put_string(c, v + 1, *pp - 1, escaped);
+            rc = scan_put_string(rw, pp);
+            if (rc < 0)
+                return rc;
             if (kind != PIECE_TOOL_CALL_ID)
                 put1(c, SEP_UNIT);
             return 0;
@@ -1556,12 +1610,8 @@ static int scan_piece(rewrite *rw, piece kind, const unsigned char **pp, size_t 
                        value_type(*v));
         return rc;
     case PIECE_CONTENT:
-        if (*v == '"') {
-            rc = scan_string(sc, pp, &escaped);
-            if (rc == 0)
-                put_string(c, v + 1, *pp - 1, escaped);
-            return rc;
-        }
+        if (*v == '"')
+            return scan_put_string(rw, pp);
         if (*v == '[') {
             const unsigned char *p = v;
             bool prev_text = false;
