@@ -1241,11 +1241,47 @@ static void test_long_strings_every_position(void **state)
     }
 }
 
+/* The prefix stream of a long prompt with one escape or multi-byte character at every position,
+ * across the 16-, 64-byte and wide (AVX2) steps of the scanner: decoded while scanned, it must
+ * be the plain runs around the decoded character, byte for byte. */
+static void test_stream_every_position(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *raw, *decoded;
+    } inserts[] = {
+        {"\\n", "\n"},
+        {"\xc3\xa9", "\xc3\xa9"},
+        {"\\\"", "\""},
+        {"\\u00e9", "\xc3\xa9"},
+        {"\\ud83d\\ude00", "\xf0\x9f\x98\x80"},
+        {"\\/", "/"},
+    };
+    enum { LEN = 700 };
+    char body[LEN + 64], want[LEN + 8];
+    for (size_t kind = 0; kind < sizeof(inserts) / sizeof(inserts[0]); kind++) {
+        size_t rlen = strlen(inserts[kind].raw), dlen = strlen(inserts[kind].decoded);
+        for (size_t pos = 0; pos <= LEN; pos += pos < 140 ? 1 : 13) {
+            size_t n = 0, w = 0;
+            memcpy(body, "{\"prompt\":\"", 11), n = 11;
+            for (size_t i = 0; i < pos; i++)
+                body[n++] = want[w++] = (char)('a' + i % 23);
+            memcpy(body + n, inserts[kind].raw, rlen), n += rlen;
+            memcpy(want + w, inserts[kind].decoded, dlen), w += dlen;
+            for (size_t i = pos; i < LEN; i++)
+                body[n++] = want[w++] = (char)('A' + i % 19);
+            memcpy(body + n, "\"}", 3);
+            check_text(body, KVG_BODY_API_COMPLETIONS, want, w);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_placements),
         cmocka_unit_test(test_long_strings_every_position),
+        cmocka_unit_test(test_stream_every_position),
         cmocka_unit_test(test_salt_is_escaped_and_output_appended),
         cmocka_unit_test(test_info),
         cmocka_unit_test(test_types),
