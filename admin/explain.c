@@ -103,8 +103,6 @@ void kvg_admin_route_explain(admin_ctx *c)
     kvg_arena_init(&arena, 0);
     kvg_buf body;
     kvg_buf_init(&body);
-    kvg_buf out;
-    kvg_buf_init(&out);
     kvg_tenant_set *ts = NULL;
     kvg_worker_set *set = NULL;
 
@@ -171,10 +169,11 @@ void kvg_admin_route_explain(admin_ctx *c)
     kvg_body_info info;
     kvg_json_error err = {0};
     uint64_t t0 = kvg_now_ns();
-    int rc =
-        kvg_body_scan(body.data ? body.data : "", body.len, api, salt, &arena, &out, &info, &err);
+    kvg_body_plan plan; /* the forwarded body is not needed here */
+    int rc = kvg_body_scan_plan(body.data ? body.data : "", body.len, api, salt, &arena, &plan,
+                                &info, &err);
     uint64_t parse_ns = kvg_now_ns() - t0;
-    if (rc < 0 || body.failed || out.failed) {
+    if (rc < 0 || body.failed) {
         if (rc == KVG_ETYPE)
             kvg_admin_fail(c, 400, "request.%s", err.message);
         else
@@ -206,7 +205,6 @@ out:
         kvg_worker_set_unref(set);
     if (ts)
         kvg_tenant_set_unref(ts);
-    kvg_buf_done(&out);
     kvg_buf_done(&body);
     kvg_arena_done(&arena);
 }

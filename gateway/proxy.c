@@ -36,6 +36,7 @@ typedef struct proxy_req {
     bool routed;
     uint32_t attempt_matched;  /* blocks the current worker was predicted to hold */
     kvg_usage_scan usage;      /* the engine's usage report, read from a 200 response */
+    kvg_body_plan plan;        /* the body with the scope's cache_salt, as pieces */
     struct evbuffer *salted;   /* the body with the scope's cache_salt (and no client salt) */
     struct evbuffer *unsalted; /* the body without any cache_salt, for workers that take none */
     char salt[KVG_SALT_LEN + 1];
@@ -381,25 +382,26 @@ static void free_buf_data(const void *data, size_t len, void *arg)
     free((void *)data);
 }
 
-/* Rewrite the client's body for salt (NULL: no salt) into a new evbuffer that owns the bytes.
- * Returns NULL with the error in *rc and err. */
-static struct evbuffer *rewrite(proxy_req *r, kvg_body_api api, const char *salt, int *rc,
-                                kvg_json_error *err)
+/* Scan the client's body for salt (NULL: no salt) into a plan of the rewritten body (pieces in
+ * the exchange's arena). 0, or the error with err filled. */
+static int scan_body(proxy_req *r, kvg_body_api api, const char *salt, kvg_body_plan *plan,
+                     kvg_body_info *info, kvg_json_error *err)
 {
     kvg_exchange *x = r->x;
     size_t len;
     const char *data = kvg_exchange_body_bytes(x, &len);
-    if (!data) {
-        *rc = -ENOMEM;
-        return NULL;
-    }
+    if (!data)
+        return -ENOMEM;
+    return kvg_body_scan_plan(data, len, api, salt, &x->arena, plan, info, err);
+}
+
+/* The rewritten body in a new evbuffer that owns the bytes: the copy the forwarding needs,
+ * made once the worker is chosen. NULL when out of memory. */
+static struct evbuffer *plan_buffer(const kvg_body_plan *plan)
+{
     kvg_buf out;
     kvg_buf_init(&out);
-    kvg_buf_reserve(&out, len + KVG_SALT_LEN + 32);
-    *rc = kvg_body_scan(data, len, api, salt, &x->arena, &out, &r->info, err);
-    if (*rc < 0 || out.failed) {
-        if (*rc == 0)
-            *rc = -ENOMEM;
+    if (kvg_body_plan_write(plan, &out) < 0) {
         kvg_buf_done(&out);
         return NULL;
     }
@@ -410,24 +412,26 @@ static struct evbuffer *rewrite(proxy_req *r, kvg_body_api api, const char *salt
         if (b)
             evbuffer_free(b);
         free(bytes);
-        *rc = -ENOMEM;
         return NULL;
     }
     return b;
 }
 
 /* The body worker w gets: with the scope's salt, or - for engines without the field - none.
- * Either way the client's own cache_salt is gone. */
+ * Either way the client's own cache_salt is gone. NULL when out of memory. */
 static struct evbuffer *body_for(proxy_req *r, kvg_worker *w)
 {
-    if (kvg_worker_injects_salt(w))
+    if (kvg_worker_injects_salt(w)) {
+        if (!r->salted)
+            r->salted = plan_buffer(&r->plan);
         return r->salted;
+    }
     if (!r->unsalted) {
-        int rc;
         kvg_json_error err;
-        kvg_body_info keep = r->info;
-        r->unsalted = rewrite(r, KVG_BODY_API_OTHER, NULL, &rc, &err);
-        r->info = keep;
+        kvg_body_info info;
+        kvg_body_plan plan;
+        if (scan_body(r, KVG_BODY_API_OTHER, NULL, &plan, &info, &err) == 0)
+            r->unsalted = plan_buffer(&plan);
     }
     return r->unsalted;
 }
@@ -445,9 +449,9 @@ static void on_body(kvg_exchange *x)
     int rc;
     kvg_json_error err = {0};
     uint64_t parse_start = kvg_now_ns();
-    r->salted = rewrite(r, r->api, r->salt, &rc, &err);
+    rc = scan_body(r, r->api, r->salt, &r->plan, &r->info, &err);
     uint64_t parse_ns = kvg_now_ns() - parse_start;
-    if (!r->salted) {
+    if (rc < 0) {
         if (rc == -ENOMEM)
             kvg_exchange_send_error(x, 500, "internal_error", "out of memory");
         else if (rc == KVG_ETYPE)

@@ -79,8 +79,9 @@ typedef struct canon {
 typedef struct rewrite {
     scanner sc;
     kvg_arena *arena;
-    kvg_buf *out;
-    const unsigned char *flush;    /* input before this is settled in out */
+    kvg_body_plan *plan;
+    bool plan_failed;              /* a piece could not be added (arena) */
+    const unsigned char *flush;    /* input before this is settled in the plan */
     const unsigned char *kept_end; /* end of the last kept member's value; NULL: none yet */
     bool skip_separator;           /* the separator after a removed first member must go */
     unsigned seen[MEMBER_KIND_COUNT];
@@ -1798,10 +1799,32 @@ static int scan_member(rewrite *rw, member_kind kind, const unsigned char **pp)
     }
 }
 
+/* Add a piece to the output plan: a run of the body, or bytes that live as long as the arena. */
+static void add_piece(rewrite *rw, const void *data, size_t len)
+{
+    kvg_body_plan *pl = rw->plan;
+    if (!len)
+        return;
+    if (pl->npieces == pl->cap) {
+        size_t cap = pl->cap ? 2 * pl->cap : 8;
+        kvg_body_piece *ps = kvg_arena_alloc(rw->arena, cap * sizeof(*ps));
+        if (!ps) {
+            rw->plan_failed = true;
+            return;
+        }
+        if (pl->npieces)
+            memcpy(ps, pl->pieces, pl->npieces * sizeof(*ps));
+        pl->pieces = ps;
+        pl->cap = cap;
+    }
+    pl->pieces[pl->npieces++] = (kvg_body_piece){(const char *)data, len};
+    pl->len += len;
+}
+
 static inline void emit(rewrite *rw, const unsigned char *from, const unsigned char *to)
 {
     if (to > from)
-        kvg_buf_append(rw->out, from, (size_t)(to - from));
+        add_piece(rw, from, (size_t)(to - from));
 }
 
 /* Drop the member [key, value_end) (see the comment at the top for which comma goes). */
@@ -1825,7 +1848,7 @@ static void add_salt(rewrite *rw, const unsigned char *close, const char *salt)
             emit(rw, rw->flush, rw->kept_end);
             rw->flush = rw->kept_end;
         }
-        kvg_buf_append(rw->out, ",\"cache_salt\":", 14);
+        add_piece(rw, ",\"cache_salt\":", 14);
     } else {
         /* In the place of the first removed member, if any, so that rewriting an output
          * gives the same bytes again. */
@@ -1833,9 +1856,21 @@ static void add_salt(rewrite *rw, const unsigned char *close, const char *salt)
             emit(rw, rw->flush, close);
             rw->flush = close;
         }
-        kvg_buf_append(rw->out, "\"cache_salt\":", 13);
+        add_piece(rw, "\"cache_salt\":", 13);
     }
-    kvg_buf_json_string(rw->out, salt, strlen(salt));
+    /* The salt as a JSON string, in the arena (43 base64url characters: never escaped, but
+     * any salt would be). */
+    kvg_buf quoted;
+    kvg_buf_init(&quoted);
+    kvg_buf_json_string(&quoted, salt, strlen(salt));
+    char *copy = quoted.failed ? NULL : kvg_arena_alloc(rw->arena, quoted.len);
+    if (copy) {
+        memcpy(copy, quoted.data, quoted.len);
+        add_piece(rw, copy, quoted.len);
+    } else {
+        rw->plan_failed = true;
+    }
+    kvg_buf_done(&quoted);
 }
 
 /* The body's top-level object, from its '{' at *pp to just past its '}'. */
@@ -1915,9 +1950,37 @@ int kvg_body_rewrite(const char *body, size_t len, const char *salt, kvg_arena *
     return kvg_body_scan(body, len, KVG_BODY_API_OTHER, salt, arena, out, info, err);
 }
 
+int kvg_body_plan_write(const kvg_body_plan *plan, kvg_buf *out)
+{
+    if (plan->len > SIZE_MAX / 2 || kvg_buf_reserve(out, plan->len) < 0)
+        return -ENOMEM;
+    for (size_t i = 0; i < plan->npieces; i++)
+        kvg_buf_append(out, plan->pieces[i].data, plan->pieces[i].len);
+    return out->failed ? -ENOMEM : 0;
+}
+
 int kvg_body_scan(const char *body, size_t len, kvg_body_api api, const char *salt,
                   kvg_arena *arena, kvg_buf *out, kvg_body_info *info, kvg_json_error *err)
 {
+    kvg_body_plan plan;
+    int rc = kvg_body_scan_plan(body, len, api, salt, arena, &plan, info, err);
+    if (rc < 0)
+        return rc;
+    if (kvg_body_plan_write(&plan, out) < 0) {
+        if (err) {
+            err->offset = 0;
+            snprintf(err->message, sizeof(err->message), "out of memory");
+        }
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+int kvg_body_scan_plan(const char *body, size_t len, kvg_body_api api, const char *salt,
+                       kvg_arena *arena, kvg_body_plan *plan, kvg_body_info *info,
+                       kvg_json_error *err)
+{
+    *plan = (kvg_body_plan){0};
     if ((unsigned)api >= KVG_BODY_API_COUNT)
         return -EINVAL;
     if (!body) {
@@ -1928,17 +1991,13 @@ int kvg_body_scan(const char *body, size_t len, kvg_body_api api, const char *sa
     rewrite rw = {
         .sc = {(const unsigned char *)body, (const unsigned char *)body + len, err},
         .arena = arena,
-        .out = out,
+        .plan = plan,
         .flush = (const unsigned char *)body,
         .api = api,
     };
     const scanner *sc = &rw.sc;
     const unsigned char *p = skip_ws(sc->start, sc->end);
     int rc;
-    /* Room for the body and the salt up front: the copies below never reallocate. */
-    size_t salt_room = salt ? 6 * strlen(salt) + 16 : 0;
-    if (len > SIZE_MAX / 2 - salt_room || kvg_buf_reserve(out, len + salt_room) < 0)
-        return fail(sc, -ENOMEM, sc->start, "out of memory");
 
     if (p == sc->end)
         return fail(sc, KVG_EPARSE, p, "unexpected end of input");
@@ -1957,7 +2016,7 @@ int kvg_body_scan(const char *body, size_t len, kvg_body_api api, const char *sa
     if (rw.type_rc)
         return fail(sc, rw.type_rc, sc->start + rw.type_offset, rw.type_message);
     emit(&rw, rw.flush, sc->end);
-    if (out->failed)
+    if (rw.plan_failed)
         return fail(sc, -ENOMEM, sc->start, "out of memory");
     if (rw.canon.overflow) /* stream_capacity is a proven bound: never, but never write past */
         return fail(sc, KVG_ELIMIT, sc->start, "canonical stream over its bound");

@@ -313,6 +313,28 @@ int kvg_body_rewrite(const char *body, size_t len, const char *salt, kvg_arena *
 int kvg_body_scan(const char *body, size_t len, kvg_body_api api, const char *salt,
                   kvg_arena *arena, kvg_buf *out, kvg_body_info *info, kvg_json_error *err);
 
+/* The rewritten body as a plan: runs of the original body and the bytes kvgate adds, in order.
+ * The pieces point into the body and into the arena; kvg_body_plan_write joins them. */
+typedef struct kvg_body_piece {
+    const char *data;
+    size_t len;
+} kvg_body_piece;
+
+typedef struct kvg_body_plan {
+    kvg_body_piece *pieces; /* from the arena */
+    size_t npieces, cap;
+    size_t len; /* the rewritten body's length */
+} kvg_body_plan;
+
+/** kvg_body_scan without the copy: the same checks, errors and info, and the rewritten body as
+ *  a plan (valid while body and arena are), so that a routing decision does not pay for the
+ *  copy the forwarding needs and an explanation pays for none. */
+int kvg_body_scan_plan(const char *body, size_t len, kvg_body_api api, const char *salt,
+                       kvg_arena *arena, kvg_body_plan *plan, kvg_body_info *info,
+                       kvg_json_error *err);
+/** Append the rewritten body of a plan to out. 0 or -ENOMEM. */
+int kvg_body_plan_write(const kvg_body_plan *plan, kvg_buf *out);
+
 /* ---- the engine's usage report ------------------------------------------------------------- */
 
 typedef enum kvg_usage_field {
