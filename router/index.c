@@ -733,20 +733,60 @@ void kvg_index_match(kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
 
 /* ---- recording ------------------------------------------------------------------------------- */
 
+/* How many of keys[0..] are the worker's most recent entries, in this order (at most max),
+ * with their nodes into nodes[] when it is not NULL: a walk of the LRU list from its head,
+ * where a key probe would cost a hash-bucket miss. The caller holds the lock. */
+static size_t recent_run(const kvg_prefix_index *idx, const wslot *w, const uint64_t *keys,
+                         size_t max, uint32_t *nodes)
+{
+    size_t j = 0;
+    for (uint32_t x = w->head; j < max && x != NIL; x = idx->nodes[x].next, j++) {
+        if (idx->nodes[x].key != keys[j])
+            break;
+        if (nodes)
+            nodes[j] = x;
+    }
+    return j;
+}
+
+/* Nodes a record remembers from its recent_run (the stack it can spare). */
+#define RECORD_RUN 512
+
 int kvg_index_record(kvg_prefix_index *idx, uint64_t worker_id, const uint64_t *keys, size_t nkeys)
 {
     if (!keys && nkeys)
         return -EINVAL;
-    pthread_rwlock_wrlock(&idx->lock);
+    /* A request sent again to the worker that just answered it (the same prompt, a retry): its
+     * keys are already the worker's most recent entries in order, and recording them would
+     * change nothing. One walk under the read lock finds that, without the write lock. */
+    pthread_rwlock_rdlock(&idx->lock);
     uint32_t s = id_find(idx, worker_id);
+    bool unchanged = s != NIL && recent_run(idx, &idx->slots[s], keys, nkeys, NULL) == nkeys;
+    pthread_rwlock_unlock(&idx->lock);
+    if (unchanged)
+        return 0;
+
+    pthread_rwlock_wrlock(&idx->lock);
+    s = id_find(idx, worker_id);
     if (s == NIL) {
         pthread_rwlock_unlock(&idx->lock);
         return KVG_ENOTFOUND;
     }
     wslot *w = &idx->slots[s];
     int rc = 0;
+    /* A conversation's next turn: its opening keys[0..run) are the worker's most recent entries
+     * already, in order. The keys after them are recorded as usual, and then those nodes are
+     * moved to the front directly, without probing for them: the same result, provided that
+     * nothing evicts them meanwhile (no eviction can happen: room checked) and the lock is
+     * held throughout (fewer than RECORD_BATCH keys to record). */
+    uint32_t run_nodes[RECORD_RUN];
+    size_t run = recent_run(idx, w, keys, KVG_MIN(nkeys, (size_t)RECORD_RUN), run_nodes);
+    size_t fresh = nkeys - run;
+    if (fresh > RECORD_BATCH || w->count + fresh > w->capacity ||
+        idx->entries + fresh > idx->max_entries)
+        run = 0;
     /* Last to first: keys[0] ends the most recently used. */
-    for (size_t i = nkeys; i-- > 0;) {
+    for (size_t i = nkeys; i-- > run;) {
         /* A long new prompt costs ~0.3 us a key on a large index: let the lookups of every
          * other thread in between every RECORD_BATCH keys rather than stall them for a
          * millisecond. Readers then see the chain's tail before its head, which matches
@@ -760,6 +800,14 @@ int kvg_index_record(kvg_prefix_index *idx, uint64_t worker_id, const uint64_t *
                 return KVG_ENOTFOUND;
             }
             w = &idx->slots[s];
+        }
+        /* As in the lookup: the keys ahead are independent probes, start their misses now. */
+        if (i >= 2 * PREFETCH_AHEAD)
+            __builtin_prefetch(&idx->buckets[bucket_of(idx, keys[i - 2 * PREFETCH_AHEAD])]);
+        if (i >= PREFETCH_AHEAD) {
+            uint32_t h = idx->buckets[bucket_of(idx, keys[i - PREFETCH_AHEAD])];
+            if (h != NIL)
+                __builtin_prefetch(&idx->nodes[h]);
         }
         uint64_t k = keys[i];
         uint32_t n = find_node(idx, k, s);
@@ -775,8 +823,10 @@ int kvg_index_record(kvg_prefix_index *idx, uint64_t worker_id, const uint64_t *
         if (w->count >= w->capacity)
             evict_lru(idx, w);
         n = node_alloc(idx, w, &rc);
-        if (n == NIL)
+        if (n == NIL) {
+            run = 0; /* the keys before this one stay as they were */
             break;
+        }
         node *x = &idx->nodes[n];
         uint32_t b = bucket_of(idx, k);
         x->key = k;
@@ -787,6 +837,12 @@ int kvg_index_record(kvg_prefix_index *idx, uint64_t worker_id, const uint64_t *
         w->count++;
         idx->entries++;
         idx->inserts++;
+    }
+    for (size_t t = run; t-- > 0;) {
+        if (w->head != run_nodes[t]) {
+            lru_unlink(idx, w, run_nodes[t]);
+            lru_push_front(idx, w, run_nodes[t]);
+        }
     }
     pthread_rwlock_unlock(&idx->lock);
     return rc;
