@@ -202,6 +202,10 @@ const char *kvg_json_type_str(kvg_json_type type);
 /** Serialise a tree compactly (member order kept). */
 void kvg_json_write(kvg_buf *b, const kvg_json *v);
 
+/** Write the code point cp (at most 0x10FFFF, not a surrogate) to o as UTF-8 (room for 4 bytes);
+ *  returns the number of bytes. */
+size_t kvg_utf8_put(unsigned char *o, uint32_t cp);
+
 /* ---- small helpers ----------------------------------------------------------------------- */
 
 /** Split "host:port" or "[v6]:port" into host (NUL-terminated, <= host_len-1 bytes) and port.

@@ -122,7 +122,7 @@ static int read_hex4(parser *ps, unsigned *out)
     return 0;
 }
 
-static size_t put_utf8(unsigned char *o, unsigned cp)
+size_t kvg_utf8_put(unsigned char *o, uint32_t cp)
 {
     if (cp < 0x80) {
         o[0] = (unsigned char)cp;
@@ -241,7 +241,7 @@ static int parse_string(parser *ps, char **out, size_t *out_len)
                 cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
             } else if (cp >= 0xDC00 && cp <= 0xDFFF)
                 return fail(ps, KVG_EPARSE, "unpaired surrogate in \\u escape");
-            n += put_utf8(o + n, cp);
+            n += kvg_utf8_put(o + n, cp);
             break;
         }
         default:

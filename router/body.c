@@ -257,30 +257,6 @@ static inline unsigned long escape_cp(const unsigned char *p, size_t n)
     return cp;
 }
 
-static size_t put_utf8(unsigned char *o, unsigned long cp)
-{
-    if (cp < 0x80) {
-        o[0] = (unsigned char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (unsigned char)(0xC0 | cp >> 6);
-        o[1] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (unsigned char)(0xE0 | cp >> 12);
-        o[1] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
-        o[2] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (unsigned char)(0xF0 | cp >> 18);
-    o[1] = (unsigned char)(0x80 | (cp >> 12 & 0x3F));
-    o[2] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
-    o[3] = (unsigned char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 /* first_special(p, o): offset of the first byte of the 16 (SSE2) or 8 at p that is special in
  * a string, or the block size when none is; with o, the whole block is copied there as well. */
 /* KVG_BODY_NO_SIMD builds the portable path on x86 too, so that its tests run here. */
@@ -453,7 +429,7 @@ scan_string_to(const scanner *sc, const unsigned char **pp, bool *escaped, unsig
                 bad_escape = true;
                 n = 2;
             } else if (o) {
-                o += put_utf8(o, escape_cp(p, n));
+                o += kvg_utf8_put(o, escape_cp(p, n));
             }
             p += n;
             esc = true;
@@ -504,7 +480,7 @@ static size_t decode_string(const unsigned char *s, const unsigned char *e, unsi
         if (!bs)
             break;
         size_t len = valid_escape(bs, e);
-        n += put_utf8(o + n, escape_cp(bs, len));
+        n += kvg_utf8_put(o + n, escape_cp(bs, len));
         s = bs + len;
     }
     return n;
@@ -901,7 +877,7 @@ static size_t put_json_char(unsigned char *o, unsigned long cp)
         break;
     default:
         if (cp >= 0x20)
-            return put_utf8(o, cp);
+            return kvg_utf8_put(o, cp);
         memcpy(o, "\\u00", 4);
         o[4] = (unsigned char)hex[cp >> 4];
         o[5] = (unsigned char)hex[cp & 15];
