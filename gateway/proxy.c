@@ -442,7 +442,7 @@ static void on_body(kvg_exchange *x)
     kvg_gateway *gw = x->thread->gw;
     /* The scope decides the salt: tenants that share a scope share cache, no one else. */
     const char *scope = r->tenant ? kvg_tenant_scope(r->tenant) : "global";
-    if (kvg_policy_scope_salt(gw->secret, gw->secret_len, scope, r->salt) < 0) {
+    if (kvg_salt_cache_get(&x->thread->salts, scope, r->salt) < 0) {
         fail(r, 500, "internal_error", "cannot compute the cache salt");
         return;
     }

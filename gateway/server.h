@@ -88,9 +88,10 @@ struct kvg_thread {
     kvg_policy_config policy; /* copy of the operator's settings */
     uint64_t policy_gen;
     bool policy_loaded;
-    uint64_t rng;    /* xorshift state for request ids */
-    kvg_buf scratch; /* reused to compose heads without an allocation per request */
-    bool draining;   /* shutdown: no new requests, close when idle */
+    uint64_t rng;         /* xorshift state for request ids */
+    kvg_buf scratch;      /* reused to compose heads without an allocation per request */
+    kvg_salt_cache salts; /* the scopes' cache salts this thread has computed */
+    bool draining;        /* shutdown: no new requests, close when idle */
     bool stopped;
 };
 

@@ -64,6 +64,7 @@ int kvg_thread_init(kvg_thread *t, kvg_gateway *gw, unsigned index, bool is_cont
     t->notify_ev = event_new(t->base, t->notify_fd, EV_READ | EV_PERSIST, notify_cb, t);
     if (!t->notify_ev || event_add(t->notify_ev, NULL) < 0)
         goto fail;
+    kvg_salt_cache_init(&t->salts, t->gw->secret, t->gw->secret_len);
     uint64_t seed[2];
     kvg_random_bytes(seed, sizeof(seed));
     t->rng = seed[0] | 1;
@@ -86,6 +87,7 @@ void kvg_thread_done(kvg_thread *t)
         kvg_tenant_set_unref(t->tenants);
     t->tenants = NULL;
     kvg_buf_done(&t->scratch);
+    kvg_salt_cache_done(&t->salts);
     if (t->notify_ev)
         event_free(t->notify_ev);
     t->notify_ev = NULL;

@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "common.h"
@@ -1085,6 +1086,28 @@ static void test_choose_top(void **state)
     }
 }
 
+/* The salt memo answers what the HMAC answers, for more scopes than it has slots (entries are
+ * replaced) and again for each of them. */
+static void test_salt_cache(void **state)
+{
+    (void)state;
+    static const uint8_t secret[] = "0123456789abcdef0123456789abcdef";
+    kvg_salt_cache c;
+    kvg_salt_cache_init(&c, secret, sizeof(secret) - 1);
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < 3 * KVG_SALT_CACHE_SLOTS; i++) {
+            char scope[32], want[KVG_SALT_LEN + 1], got[KVG_SALT_LEN + 1];
+            snprintf(scope, sizeof(scope), i % 2 ? "tenant:t%d" : "group:g%d", i % (round + 40));
+            assert_int_equal(kvg_policy_scope_salt(secret, sizeof(secret) - 1, scope, want), 0);
+            assert_int_equal(kvg_salt_cache_get(&c, scope, got), 0);
+            assert_string_equal(got, want);
+        }
+    }
+    char out[KVG_SALT_LEN + 1];
+    assert_int_equal(kvg_salt_cache_get(&c, NULL, out), -EINVAL);
+    kvg_salt_cache_done(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1108,6 +1131,7 @@ int main(void)
         cmocka_unit_test(test_scope_salt),
         cmocka_unit_test(test_config),
         cmocka_unit_test(test_choose_top),
+        cmocka_unit_test(test_salt_cache),
         cmocka_unit_test(test_state),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
