@@ -117,7 +117,9 @@ static void finish(proxy_req *r, int status)
     if (r->tenant) {
         if (r->admitted)
             kvg_tenant_release(r->tenant);
-        kvg_tenant_record(r->tenant, status, r->info.prompt_bytes);
+        /* Prompt bytes count for admitted requests only: a refused one (400, 403, 429) never
+         * reached a worker. */
+        kvg_tenant_record(r->tenant, status, r->admitted ? r->info.prompt_bytes : 0);
         kvg_tenant_unref(r->tenant);
         r->tenant = NULL;
     }

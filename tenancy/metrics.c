@@ -12,7 +12,7 @@
  *       by class ("1xx".."5xx"), anything outside 100..599 as "other"; only non-zero series
  *   kvgate_tenant_rate_limited_total{tenant,reason} counter refusals by the admission check,
  *       reason "rate", "bytes" or "inflight" (all three always present)
- *   kvgate_tenant_prompt_bytes_total{tenant}       counter  prompt bytes of finished requests
+ *   kvgate_tenant_prompt_bytes_total{tenant}       counter  prompt bytes of admitted requests
  *   kvgate_tenant_inflight{tenant}                 gauge    admitted requests not yet released
  *   kvgate_tenant_prompt_tokens_total{tenant}      counter  prompt tokens the engines reported
  *   kvgate_tenant_cached_tokens_total{tenant}      counter  of which cached, as reported

@@ -107,9 +107,13 @@ def test_models_and_limits(simworker, kvgate):
     tenant(gw, "narrow", models=[sw.model])
     _, narrow = new_key(gw, "narrow")
     assert call(gw, narrow, completion(sw.model, "x")).status_code == 200
-    r = call(gw, narrow, completion("slow-model", "x"))
+    admitted_bytes = gw.metric("kvgate_tenant_prompt_bytes_total", tenant="narrow")
+    assert admitted_bytes > 0
+    r = call(gw, narrow, completion("slow-model", "x" * 5000))
     assert r.status_code == 403
     assert "not allowed" in assert_openai_error(r.content, 403)["message"]
+    # Refused requests' prompts are not counted as the tenant's prompt bytes.
+    assert gw.metric("kvgate_tenant_prompt_bytes_total", tenant="narrow") == admitted_bytes
     # /v1/models shows a tenant only what it may use.
     r = http.get(gw.url + "/v1/models", headers={"authorization": f"Bearer {narrow}"})
     assert [m["id"] for m in r.json()["data"]] == [sw.model]
