@@ -21,6 +21,12 @@ const kvg_json *kvg_admin_parse_body(admin_ctx *c, kvg_arena *arena, bool empty_
     kvg_json_limits lim = {.max_depth = ADMIN_BODY_DEPTH_MAX, .reject_duplicate_keys = true};
     arena->limit = ADMIN_BODY_ARENA_MAX;
     int rc = kvg_json_parse(req->body, req->body_len, arena, &lim, &root, &jerr);
+    if (rc == -ENOMEM && arena->over_limit) {
+        /* Legal JSON under the size limit can still hold too many values to parse here. */
+        kvg_admin_fail(c, 413, "body: too many JSON values (more than %u MiB parsed)",
+                       ADMIN_BODY_ARENA_MAX >> 20);
+        return NULL;
+    }
     if (rc == -ENOMEM) {
         kvg_admin_fail(c, 500, "out of memory parsing the body");
         return NULL;

@@ -176,6 +176,9 @@ void kvg_admin_route_explain(admin_ctx *c)
     if (rc < 0 || body.failed) {
         if (rc == KVG_ETYPE)
             kvg_admin_fail(c, 400, "request.%s", err.message);
+        else if (rc == -ENOMEM && arena.over_limit)
+            kvg_admin_fail(c, 413, "request: too large to explain (more than %u MiB of work)",
+                           ADMIN_BODY_ARENA_MAX >> 20);
         else
             kvg_admin_fail(c, rc == -ENOMEM || body.failed ? 500 : 400, "request: %s",
                            rc == -ENOMEM || body.failed ? "out of memory" : err.message);
@@ -195,7 +198,11 @@ void kvg_admin_route_explain(admin_ctx *c)
     };
     kvg_route_decision d;
     if (kvg_router_decide(admin->router, set, &rq, &arena, &d) < 0) {
-        kvg_admin_fail(c, 500, "out of memory");
+        if (arena.over_limit)
+            kvg_admin_fail(c, 413, "request: too large to explain (more than %u MiB of work)",
+                           ADMIN_BODY_ARENA_MAX >> 20);
+        else
+            kvg_admin_fail(c, 500, "out of memory");
         goto out;
     }
     d.stage_ns[KVG_ROUTE_STAGE_PARSE] = parse_ns;

@@ -21,6 +21,7 @@ void kvg_arena_init(kvg_arena *a, size_t chunk_size)
     a->chunk_size = chunk_size ? chunk_size : ARENA_DEFAULT_CHUNK;
     a->total = 0;
     a->limit = 0;
+    a->over_limit = false;
 }
 
 void kvg_arena_done(kvg_arena *a)
@@ -56,6 +57,7 @@ void kvg_arena_reset(kvg_arena *a)
     }
     a->head = keep;
     a->total = 0;
+    a->over_limit = false;
 }
 
 void *kvg_arena_alloc(kvg_arena *a, size_t size)
@@ -63,8 +65,10 @@ void *kvg_arena_alloc(kvg_arena *a, size_t size)
     size_t rounded = (size + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
     if (rounded < size)
         return NULL;
-    if (a->limit && (a->total + rounded > a->limit || a->total + rounded < a->total))
+    if (a->limit && (a->total + rounded > a->limit || a->total + rounded < a->total)) {
+        a->over_limit = true;
         return NULL;
+    }
     kvg_arena_chunk *c = a->head;
     if (!c || c->size - c->used < rounded) {
         /* Big requests get a chunk of their own so the current chunk's tail is not wasted. */

@@ -86,8 +86,9 @@ typedef struct kvg_arena_chunk kvg_arena_chunk;
 typedef struct kvg_arena {
     kvg_arena_chunk *head;
     size_t chunk_size;
-    size_t total; /* bytes handed out, for limits */
-    size_t limit; /* 0 = unlimited; allocations past it fail */
+    size_t total;    /* bytes handed out, for limits */
+    size_t limit;    /* 0 = unlimited; allocations past it fail */
+    bool over_limit; /* an allocation failed for the limit (not for memory) */
 } kvg_arena;
 
 /** Initialise an empty arena; chunk_size 0 picks a default. Allocates nothing yet. */

@@ -604,6 +604,17 @@ static void test_put_validation(void **state)
     assert_error(&r, 413, "invalid_request_error", "request body larger than 1048576 bytes");
     free(huge);
 
+    /* under the size limit, but more values than the parse may hold: 413, not a 500 */
+    kvg_buf many;
+    kvg_buf_init(&many);
+    kvg_buf_puts(&many, "{\"url\":\"http://h:1\",\"models\":[");
+    while (many.len < KVG_ADMIN_BODY_MAX - 16)
+        kvg_buf_puts(&many, "[],");
+    kvg_buf_puts(&many, "[]]}");
+    r = call_body(f, "PUT", "/admin/v1/workers/w", AUTH, many.data, many.len);
+    assert_error(&r, 413, "invalid_request_error", "body: too many JSON values");
+    kvg_buf_done(&many);
+
     /* nothing of that reached the registry */
     kvg_worker_set *s = kvg_registry_acquire(f->reg);
     assert_int_equal(kvg_worker_set_count(s), 0);
