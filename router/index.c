@@ -542,18 +542,96 @@ static inline uint32_t slot_pos_find(const slot_pos *tab, uint32_t mask, uint32_
     }
 }
 
-/* Match up to HEAP_WORKERS requested ids. The caller holds the read lock. tab has 1 << bits
- * entries (1 << bits >= 2n); alive and next have (n + 63) / 64 words each. Ids listed twice
- * are matched once and copied. */
+/* Levels of match_batch's bisection: one bitset each (log2 of the longest chain, plus one). */
+#define BISECT_LEVELS 34
+/* Ranges this short are walked key by key. */
+#define BISECT_LINEAR 16
+
+/* What match_batch's bisection shares between its levels. */
+typedef struct bisect {
+    const kvg_prefix_index *idx;
+    const uint64_t *keys;
+    const slot_pos *tab;
+    uint32_t mask;
+    size_t words;
+    uint32_t *matched;
+} bisect;
+
+/* Into out: the requested positions whose slot holds keys[d]. */
+static void holders_at(const bisect *b, size_t d, uint64_t *out)
+{
+    const kvg_prefix_index *idx = b->idx;
+    uint64_t k = b->keys[d];
+    memset(out, 0, b->words * sizeof(*out));
+    for (uint32_t x = idx->buckets[bucket_of(idx, k)]; x != NIL; x = idx->nodes[x].hnext) {
+        const node *nd = &idx->nodes[x];
+        if (nd->key != k)
+            continue;
+        uint32_t p = slot_pos_find(b->tab, b->mask, nd->slot);
+        if (p != NIL)
+            out[p / 64] |= UINT64_C(1) << (p % 64);
+    }
+}
+
+/* Given hi_set (those holding keys[hi], or none when hi is the chain's end) within lo_set (those
+ * holding keys[lo]), give every position of lo_set \ hi_set its depth, which lies in (lo, hi].
+ * Holder sets shrink along a chain (what a worker holds of it is a prefix), so where the two
+ * sets are equal nothing ends in between and the range is skipped: a popular opening held by
+ * every worker costs a few probes, not one per key per worker. scratch has a bitset for each
+ * level below. */
+static void bisect_range(const bisect *b, size_t lo, size_t hi, const uint64_t *lo_set,
+                         const uint64_t *hi_set, uint64_t *scratch)
+{
+    bool same = true;
+    for (size_t w = 0; w < b->words && same; w++)
+        same = lo_set[w] == hi_set[w];
+    if (same)
+        return;
+    if (hi - lo <= BISECT_LINEAR) {
+        /* A short range: key by key, as many probes as the bisection would make at most, and
+         * none repeated (depths that all differ would make the bisection probe most keys of
+         * the range several times). */
+        uint64_t *cur = scratch, *next = scratch + b->words;
+        memcpy(cur, lo_set, b->words * sizeof(*cur));
+        for (size_t d = lo + 1; d < hi; d++) {
+            holders_at(b, d, next);
+            bool rest = false; /* anyone left beyond hi_set? */
+            for (size_t w = 0; w < b->words; w++) {
+                next[w] = (next[w] & cur[w]) | hi_set[w];
+                for (uint64_t end = cur[w] & ~next[w]; end; end &= end - 1)
+                    b->matched[w * 64 + (size_t)__builtin_ctzll(end)] = (uint32_t)d;
+                cur[w] = next[w];
+                rest |= (cur[w] & ~hi_set[w]) != 0;
+            }
+            if (!rest)
+                return;
+        }
+        for (size_t w = 0; w < b->words; w++)
+            for (uint64_t end = cur[w] & ~hi_set[w]; end; end &= end - 1)
+                b->matched[w * 64 + (size_t)__builtin_ctzll(end)] = (uint32_t)hi;
+        return;
+    }
+    size_t mid = lo + (hi - lo) / 2;
+    uint64_t *mid_set = scratch;
+    holders_at(b, mid, mid_set);
+    /* Kept between its neighbours, so that keys that are not a chain still give bounded
+     * answers (a holder of keys[mid] that lacks keys[lo] does not count). */
+    for (size_t w = 0; w < b->words; w++)
+        mid_set[w] = (mid_set[w] & lo_set[w]) | hi_set[w];
+    bisect_range(b, lo, mid, lo_set, mid_set, scratch + b->words);
+    bisect_range(b, mid, hi, mid_set, hi_set, scratch + b->words);
+}
+
+/* Match up to HEAP_WORKERS requested ids when more than a few hold keys[0]. The caller holds
+ * the read lock. tab has 1 << bits entries (1 << bits >= 2n); scratch has
+ * (BISECT_LEVELS + 2) x (n + 63) / 64 words. Ids listed twice are matched once and copied. */
 static void match_batch(const kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
                         const uint64_t *ids, size_t n, uint32_t *matched, slot_pos *tab,
-                        unsigned bits, uint64_t *alive, uint64_t *next)
+                        unsigned bits, uint64_t *scratch)
 {
     uint32_t mask = (UINT32_C(1) << bits) - 1;
     size_t words = (n + 63) / 64;
     memset(tab, 0xff, sizeof(*tab) << bits);
-    memset(alive, 0, words * sizeof(*alive));
-    size_t nalive = 0;
     bool dups = false;
     for (size_t p = 0; p < n; p++) {
         matched[p] = 0;
@@ -568,49 +646,15 @@ static void match_batch(const kvg_prefix_index *idx, const uint64_t *keys, size_
             continue;
         }
         tab[h] = (slot_pos){.slot = s, .pos = (uint32_t)p};
-        alive[p / 64] |= UINT64_C(1) << (p % 64);
-        nalive++;
     }
 
-    size_t i = 0;
-    for (; i < nkeys && nalive; i++) {
-        uint64_t k = keys[i];
-        size_t found = 0;
-        /* The steps are independent lookups, each two dependent cache misses (bucket head,
-         * node): start both early so a long match overlaps them instead of paying each. */
-        if (i + 2 * PREFETCH_AHEAD < nkeys)
-            __builtin_prefetch(&idx->buckets[bucket_of(idx, keys[i + 2 * PREFETCH_AHEAD])]);
-        if (i + PREFETCH_AHEAD < nkeys) {
-            uint32_t h = idx->buckets[bucket_of(idx, keys[i + PREFETCH_AHEAD])];
-            if (h != NIL)
-                __builtin_prefetch(&idx->nodes[h]);
-        }
-        memset(next, 0, words * sizeof(*next));
-        for (uint32_t x = idx->buckets[bucket_of(idx, k)]; x != NIL; x = idx->nodes[x].hnext) {
-            const node *nd = &idx->nodes[x];
-            if (nd->key != k)
-                continue;
-            uint32_t p = slot_pos_find(tab, mask, nd->slot);
-            if (p == NIL)
-                continue;
-            uint64_t bit = UINT64_C(1) << (p % 64);
-            if (!(alive[p / 64] & bit) || (next[p / 64] & bit))
-                continue;
-            next[p / 64] |= bit;
-            if (++found == nalive)
-                break;
-        }
-        for (size_t w = 0; w < words; w++) {
-            for (uint64_t dead = alive[w] & ~next[w]; dead; dead &= dead - 1)
-                matched[w * 64 + (size_t)__builtin_ctzll(dead)] = (uint32_t)i;
-            alive[w] = next[w];
-        }
-        nalive = found;
-    }
-    /* Survivors held every key. */
-    for (size_t w = 0; nalive && w < words; w++)
-        for (uint64_t live = alive[w]; live; live &= live - 1)
-            matched[w * 64 + (size_t)__builtin_ctzll(live)] = (uint32_t)i;
+    /* Those holding keys[0], then the bisection of (0, nkeys] against "nobody holds the key
+     * past the end". */
+    bisect b = {idx, keys, tab, mask, words, matched};
+    uint64_t *first = scratch, *none = scratch + words;
+    holders_at(&b, 0, first);
+    memset(none, 0, words * sizeof(*none));
+    bisect_range(&b, 0, nkeys, first, none, scratch + 2 * words);
 
     if (!dups)
         return;
@@ -703,9 +747,9 @@ void kvg_index_match(kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
     }
 
     slot_pos stack_tab[2 * STACK_WORKERS];
-    uint64_t stack_alive[STACK_WORKERS / 64], stack_next[STACK_WORKERS / 64];
+    uint64_t stack_scratch[(BISECT_LEVELS + 2) * (STACK_WORKERS / 64)];
     slot_pos *tab = stack_tab;
-    uint64_t *alive = stack_alive, *next = stack_next;
+    uint64_t *scratch = stack_scratch;
     size_t batch = STACK_WORKERS;
     void *heap = NULL;
     if (nworkers > STACK_WORKERS) {
@@ -713,11 +757,10 @@ void kvg_index_match(kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
         size_t b = KVG_MIN(nworkers, (size_t)HEAP_WORKERS);
         size_t words = (b + 63) / 64;
         unsigned bits = bits_for(2 * b, 1);
-        heap = malloc((sizeof(*tab) << bits) + 2 * words * sizeof(*alive));
+        heap = malloc((sizeof(*tab) << bits) + (BISECT_LEVELS + 2) * words * sizeof(*scratch));
         if (heap) {
             tab = heap;
-            alive = (uint64_t *)(void *)(tab + ((size_t)1 << bits));
-            next = alive + words;
+            scratch = (uint64_t *)(void *)(tab + ((size_t)1 << bits));
             batch = b;
         }
     }
@@ -725,7 +768,7 @@ void kvg_index_match(kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
     for (size_t off = 0; off < nworkers; off += batch) {
         size_t m = KVG_MIN(batch, nworkers - off);
         match_batch(idx, keys, nkeys, worker_ids + off, m, matched + off, tab, bits_for(2 * m, 1),
-                    alive, next);
+                    scratch);
     }
     pthread_rwlock_unlock(&idx->lock);
     free(heap);

@@ -979,17 +979,83 @@ static void test_long_chains(void **state)
     kvg_index_free(idx);
 }
 
+/* Many holders of one opening (a shared system prompt spread by the load bound): every worker
+ * holds a prefix of one chain, to its own depth, and some hold a branch off it. The answer for
+ * each requested id is exactly its depth along the request's chain, whatever the number of
+ * ids (stack and heap batches), with ids repeated and unknown ones among them. */
+static uint64_t chain_key(uint64_t prev, uint64_t block)
+{
+    uint64_t z = (prev ^ block) * UINT64_C(0x9E3779B97F4A7C15);
+    return z ^ (z >> 29);
+}
+
+static void test_many_holders(void **state)
+{
+    (void)state;
+    enum { WORKERS = 150, LEN = 300 };
+    kvg_prefix_index *idx = new_index(0, 4096);
+    kvg_index_worker ws[WORKERS];
+    for (int i = 0; i < WORKERS; i++)
+        ws[i] = (kvg_index_worker){.id = 1000 + (uint64_t)i, .name = "w"};
+    assert_int_equal(kvg_index_set_workers(idx, ws, WORKERS), 0);
+    uint64_t main_chain[LEN], branch[LEN];
+    uint64_t a = 7, b = 7;
+    for (int i = 0; i < LEN; i++) {
+        main_chain[i] = a = chain_key(a, (uint64_t)i);
+        /* the branch shares the first 40 blocks, then goes its own way */
+        branch[i] = b = chain_key(b, i < 40 ? (uint64_t)i : 100000 + (uint64_t)i);
+    }
+    uint32_t depth[WORKERS];
+    uint64_t r = 99;
+    for (int i = 0; i < WORKERS; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        /* a few at the same depths (the common case), the rest anywhere, some not at all */
+        depth[i] = i % 3 == 0 ? 60 : i % 7 == 0 ? 0 : (uint32_t)((r >> 33) % (LEN + 1));
+        if (depth[i])
+            assert_int_equal(kvg_index_record(idx, ws[i].id, main_chain, depth[i]), 0);
+        if (i % 5 == 0) /* a branch held too: it must not count along the main chain */
+            assert_int_equal(kvg_index_record(idx, ws[i].id, branch, LEN), 0);
+    }
+    for (size_t n = 1; n <= WORKERS + 10; n += n < 20 ? 1 : 37) {
+        uint64_t ids[WORKERS + 10];
+        uint32_t got[WORKERS + 10];
+        for (size_t p = 0; p < n; p++)
+            ids[p] = p % 11 == 10 ? 424242 : 1000 + (p * 7) % WORKERS; /* repeats, unknowns */
+        kvg_index_match(idx, main_chain, LEN, ids, n, got);
+        for (size_t p = 0; p < n; p++) {
+            uint32_t want = ids[p] == 424242 ? 0 : depth[ids[p] - 1000];
+            /* the branch shares 40 blocks with the main chain */
+            if (ids[p] != 424242 && (ids[p] - 1000) % 5 == 0 && want < 40)
+                want = 40;
+            if (got[p] != want)
+                fail_msg("n %zu, id %llu: matched %u, want %u", n, (unsigned long long)ids[p],
+                         got[p], want);
+        }
+    }
+    check(idx);
+    kvg_index_free(idx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_long_chains),     cmocka_unit_test(test_empty),
-        cmocka_unit_test(test_one_chain),       cmocka_unit_test(test_gap),
-        cmocka_unit_test(test_several_workers), cmocka_unit_test(test_lru),
-        cmocka_unit_test(test_lru_refresh),     cmocka_unit_test(test_set_workers),
-        cmocka_unit_test(test_max_entries),     cmocka_unit_test(test_zero_and_repeated_keys),
-        cmocka_unit_test(test_growth),          cmocka_unit_test(test_many_workers),
-        cmocka_unit_test(test_metrics),         cmocka_unit_test(test_alloc_failures),
-        cmocka_unit_test(test_model),           cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_long_chains),
+        cmocka_unit_test(test_empty),
+        cmocka_unit_test(test_one_chain),
+        cmocka_unit_test(test_gap),
+        cmocka_unit_test(test_many_holders),
+        cmocka_unit_test(test_several_workers),
+        cmocka_unit_test(test_lru),
+        cmocka_unit_test(test_lru_refresh),
+        cmocka_unit_test(test_set_workers),
+        cmocka_unit_test(test_max_entries),
+        cmocka_unit_test(test_zero_and_repeated_keys),
+        cmocka_unit_test(test_growth),
+        cmocka_unit_test(test_many_workers),
+        cmocka_unit_test(test_metrics),
+        cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_model),
+        cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
