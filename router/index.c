@@ -545,7 +545,7 @@ static inline uint32_t slot_pos_find(const slot_pos *tab, uint32_t mask, uint32_
 /* Levels of match_batch's bisection: one bitset each (log2 of the longest chain, plus one). */
 #define BISECT_LEVELS 34
 /* Ranges this short are walked key by key. */
-#define BISECT_LINEAR 16
+#define BISECT_LINEAR 8
 
 /* What match_batch's bisection shares between its levels. */
 typedef struct bisect {
