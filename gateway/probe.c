@@ -96,6 +96,8 @@ static int on_body(http_parser *hp, const char *at, size_t len)
 
 static int on_message_complete(http_parser *hp)
 {
+    if (hp->status_code < 200)
+        return 0; /* a 100 Continue ends before the real answer: parse on */
     probe_done(hp->data, NULL);
     return 1; /* one response per connection */
 }

@@ -300,6 +300,22 @@ def test_health_checks_take_workers_out_and_back(simworker, kvgate):
     assert "flaky" in {post(gw).headers["x-kvgate-worker"] for _ in range(6)}
 
 
+def test_health_check_reads_past_100_continue(kvgate, fake_upstream):
+    """An interim 100 Continue is not the answer: the 503 after it takes the worker down."""
+    def health(req, sock):
+        if req["path"] == "/health":
+            sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n"
+                         b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
+            return True
+        json_response(sock, {"ok": True})
+        return True
+
+    w = fake_upstream(health, name="interim", health=False)
+    gw = kvgate(config={"health": {"interval_ms": 100, "timeout_ms": 500, "fall": 2, "rise": 2},
+                        "workers": [worker_cfg(w)]})
+    assert wait_for(lambda: gw.metric("kvgate_worker_up", worker="interim") == 0, 5)
+
+
 def test_retry_resends_the_whole_body(kvgate, fake_upstream):
     def reset(req, sock):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
