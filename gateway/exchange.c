@@ -13,9 +13,9 @@ int kvg_exchange_body_append(kvg_exchange *x, const void *data, size_t len)
 {
     if (!len)
         return 0;
-    struct evbuffer_iovec v;
-    if (evbuffer_reserve_space(x->body, (ev_ssize_t)len, &v, 1) != 1 || v.iov_len < len)
-        return evbuffer_add(x->body, data, len) < 0 ? -ENOMEM : 0;
+    struct evbuffer_iovec v; /* one vector: libevent guarantees it len contiguous bytes */
+    if (evbuffer_reserve_space(x->body, (ev_ssize_t)len, &v, 1) != 1)
+        return -ENOMEM;
     kvg_copy(v.iov_base, data, len);
     v.iov_len = len;
     return evbuffer_commit_space(x->body, &v, 1) < 0 ? -ENOMEM : 0;
@@ -25,13 +25,15 @@ const char *kvg_exchange_body_bytes(kvg_exchange *x, size_t *len)
 {
     size_t n = evbuffer_get_length(x->body);
     *len = n;
+    if (x->body_bytes)
+        return x->body_bytes;
     if (!n)
         return "";
     struct evbuffer_iovec one;
     /* An explicit length: with -1, evbuffer_peek stops counting at the vectors it was given. */
     int chains = evbuffer_peek(x->body, (ev_ssize_t)n, NULL, &one, 1);
     if (chains == 1)
-        return one.iov_base;
+        return x->body_bytes = one.iov_base;
     struct evbuffer_iovec *vs = kvg_arena_alloc(&x->arena, (size_t)chains * sizeof(*vs));
     char *copy = kvg_arena_alloc(&x->arena, n);
     if (chains < 1 || !vs || !copy ||
@@ -42,7 +44,7 @@ const char *kvg_exchange_body_bytes(kvg_exchange *x, size_t *len)
         kvg_copy(copy + at, vs[i].iov_base, vs[i].iov_len);
         at += vs[i].iov_len;
     }
-    return copy;
+    return x->body_bytes = copy;
 }
 
 const char *kvg_exchange_proto_str(kvg_exchange_proto p)

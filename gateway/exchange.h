@@ -79,6 +79,7 @@ struct kvg_exchange {
 
     /* --- body, filled by the front after kvg_exchange_read_body --- */
     struct evbuffer *body;
+    const char *body_bytes; /* kvg_exchange_body_bytes' answer, once asked for */
     size_t body_limit;
     bool body_complete;
 
@@ -134,7 +135,8 @@ void kvg_exchange_read_body(kvg_exchange *x);
 int kvg_exchange_body_append(kvg_exchange *x, const void *data, size_t len);
 /** The whole request body as one contiguous run of *len bytes ("" when empty): x->body's own
  *  bytes when they sit in one chain, else a copy in x->arena (made with kvg_copy, where
- *  evbuffer_pullup would use memcpy). NULL when out of memory. Call once the body is complete. */
+ *  evbuffer_pullup would use memcpy), made once: later calls return the same bytes. NULL when
+ *  out of memory. Call once the body is complete. */
 const char *kvg_exchange_body_bytes(kvg_exchange *x, size_t *len);
 /** Add a response header (copied into the arena) before kvg_exchange_respond. */
 int kvg_exchange_add_header(kvg_exchange *x, const char *name, size_t name_len, const char *value,

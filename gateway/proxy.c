@@ -31,9 +31,8 @@ typedef struct proxy_req {
     kvg_tenant *tenant; /* referenced; NULL in open mode */
     bool admitted;      /* holds one of the tenant's in-flight slots */
     kvg_body_info info;
-    kvg_body_api api;         /* completions, chat or other: where the prompt is */
-    kvg_route_decision route; /* valid once routed */
-    bool routed;
+    kvg_body_api api;          /* completions, chat or other: where the prompt is */
+    kvg_route_decision route;  /* valid once a worker is tried */
     uint32_t attempt_matched;  /* blocks the current worker was predicted to hold */
     kvg_usage_scan usage;      /* the engine's usage report, read from a 200 response */
     kvg_body_plan plan;        /* the body with the scope's cache_salt, as pieces */
@@ -91,7 +90,7 @@ static void release_worker(proxy_req *r)
 /* Compare the prediction with what the engine reported, for a completed 200 answer. */
 static void record_usage(proxy_req *r)
 {
-    if (!r->routed || r->api == KVG_BODY_API_OTHER)
+    if (r->api == KVG_BODY_API_OTHER)
         return;
     int64_t prompt = r->usage.value[KVG_USAGE_PROMPT_TOKENS];
     int64_t cached = r->usage.value[KVG_USAGE_CACHED_TOKENS];
@@ -193,7 +192,7 @@ static void up_head(void *ud, int status, const kvg_header *hdrs, size_t n, int6
     r->ttfb_ns = kvg_now_ns() - x->start_ns;
     /* The engine took the request: it holds the prompt's blocks from now on (it computes them
      * before its first token). */
-    if (status == 200 && r->routed)
+    if (status == 200)
         kvg_router_record(x->thread->gw->router, r->worker, &r->route, r->attempt_matched);
     kvg_exchange_respond(x, status, content_length);
 }
@@ -344,7 +343,7 @@ static void try_next(proxy_req *r)
         }
         r->worker = w;
         r->inflight_held = true;
-        r->attempt_matched = r->routed ? r->route.cands[r->next - 1].matched : 0;
+        r->attempt_matched = r->route.cands[r->next - 1].matched;
         x->worker_name = kvg_arena_strdup(&x->arena, kvg_worker_name(w));
         struct evbuffer *body = body_for(r, w);
         if (!body) {
@@ -452,7 +451,7 @@ static void on_body(kvg_exchange *x)
     kvg_json_error err = {0};
     uint64_t parse_start = kvg_now_ns();
     rc = scan_body(r, r->api, r->salt, &r->plan, &r->info, &err);
-    uint64_t parse_ns = kvg_now_ns() - parse_start;
+    uint64_t parsed_at = kvg_now_ns(), parse_ns = parsed_at - parse_start;
     if (rc < 0) {
         if (rc == -ENOMEM)
             kvg_exchange_send_error(x, 500, "internal_error", "out of memory");
@@ -476,7 +475,7 @@ static void on_body(kvg_exchange *x)
     if (r->tenant) {
         unsigned retry_after = 1;
         kvg_admit_result why =
-            kvg_tenant_admit(r->tenant, kvg_now_ns(), r->info.prompt_bytes, &retry_after);
+            kvg_tenant_admit(r->tenant, parsed_at, r->info.prompt_bytes, &retry_after);
         if (why != KVG_ADMIT_OK) {
             kvg_tenant_record_refusal(r->tenant, why);
             char msg[160];
@@ -496,7 +495,7 @@ static void on_body(kvg_exchange *x)
         .rotation = atomic_fetch_add_explicit(&gw->rotation, 1, memory_order_relaxed),
         .rank_limit = PROXY_MAX_CANDIDATES, /* the attempts never go further */
         .clock_ns = kvg_now_ns,
-        .now_ns = kvg_now_ns(),
+        .now_ns = parsed_at, /* for the age of scraped load: microseconds do not matter */
         .engine_load_max_age_ns = kvg_scrape_max_age_ns(gw),
     };
     if (kvg_router_decide(gw->router, set, &rq, &x->arena, &r->route) < 0) {
@@ -515,7 +514,6 @@ static void on_body(kvg_exchange *x)
         return;
     }
     kvg_router_count(gw->router, &r->route);
-    r->routed = true;
     /* References for the attempts we may make: the best few are all a retry budget needs. */
     size_t take = KVG_MIN(r->route.ncands, (size_t)PROXY_MAX_CANDIDATES);
     for (size_t i = 0; i < take; i++)

@@ -18,14 +18,7 @@ const char *kvg_policy_reason_str(kvg_policy_reason r)
     return r < KVG_POLICY_REASON_COUNT ? reason_names[r] : "?";
 }
 
-/* The splitmix64 finaliser (Steele, Lea, Flood 2014; Stafford's "Mix13" constants): a bijection
- * on 64-bit words in which every input bit flips every output bit with probability ~1/2. */
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+#define mix64 kvg_policy_mix64
 
 /* score = mix64(key ^ mix64(id_hash + 0x9e3779b97f4a7c15)), in unsigned 64-bit arithmetic.
  *
@@ -281,10 +274,10 @@ static bool sort_by_keys(const choice *ch, kvg_policy_candidate *c, size_t n, si
         }
         k[i] = (sort_key){primary, rendezvous_of(ch->key, x), (uint32_t)i};
     }
-    if (top >= n)
+    if (top >= n) {
         for (size_t i = n / 2; i-- > 0;)
             sift_keys(ch, c, k, i, n);
-    if (top < n) {
+    } else {
         /* Only the first `top` places matter: keep the best `top` seen so far in a heap whose
          * root is the worst of them, so that most keys cost one comparison with the root
          * (O(n + top log top log(n / top)) on average); then sort those. The rest keep their

@@ -50,10 +50,7 @@ static void rotate(kvg_policy_candidate *c, size_t n, size_t r)
 /* splitmix64 (Steele, Lea, Flood 2014): a counter in, well-mixed 64-bit words out. */
 static uint64_t splitmix64(uint64_t *state)
 {
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return kvg_policy_mix64(*state += 0x9e3779b97f4a7c15ull);
 }
 
 /* Fisher-Yates shuffle driven by splitmix64 seeded with the rotation counter: a pure function

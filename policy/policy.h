@@ -122,8 +122,8 @@ typedef struct kvg_policy_terms {
  *  least loaded candidate is always within it. terms, when not NULL, receives n entries in the
  *  ranked order, computed for every kind (rendezvous 0 when req->blocks is 0); *reason (may be
  *  NULL) says why the first one won. n 0 writes nothing. cfg holds valid settings (what
- *  kvg_policy_config_apply_json accepts). Pure and deterministic; O(n log n), no allocation for
- *  the prefix-aware kinds. */
+ *  kvg_policy_config_apply_json accepts). Pure and deterministic; O(n log n); the prefix-aware
+ * kinds allocate scratch above 64 candidates (and sort in place, slower, without it). */
 void kvg_policy_choose(const kvg_policy_config *cfg, const kvg_policy_request *req,
                        kvg_policy_candidate *cands, size_t n, uint64_t rotation,
                        kvg_policy_terms *terms, kvg_policy_reason *reason);
@@ -134,6 +134,15 @@ void kvg_policy_choose(const kvg_policy_config *cfg, const kvg_policy_request *r
 void kvg_policy_choose_top(const kvg_policy_config *cfg, const kvg_policy_request *req,
                            kvg_policy_candidate *cands, size_t n, size_t top, uint64_t rotation,
                            kvg_policy_terms *terms, kvg_policy_reason *reason);
+/** The splitmix64 finaliser (Steele, Lea, Flood 2014; Stafford's "Mix13" constants): a
+ *  bijection on 64-bit words in which every input bit flips every output bit with probability
+ *  ~1/2. Rendezvous scores and the random policy's shuffle both use it. */
+static inline uint64_t kvg_policy_mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
 /** The rendezvous score of a key for a worker identity: mix(key ^ mix(id_hash +
  *  0x9e3779b97f4a7c15)) with mix the splitmix64 finaliser (cost.c). Replicas must agree on it. */
 uint64_t kvg_policy_rendezvous(uint64_t key, uint64_t id_hash);

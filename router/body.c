@@ -443,7 +443,7 @@ scan_string_to(const scanner *sc, const unsigned char **pp, bool *escaped, unsig
                 p += n;
             } while (p < end && *p >= 0x80);
             if (o) {
-                memcpy(o, run, (size_t)(p - run));
+                kvg_copy(o, run, (size_t)(p - run));
                 o += p - run;
             }
         } else {
@@ -467,9 +467,13 @@ static inline int scan_string(const scanner *sc, const unsigned char **pp, bool 
     return scan_string_to(sc, pp, escaped, NULL);
 }
 
-/* Decode the contents [s, e) of a string that scan_string accepted into o (room for e - s
- * bytes: decoding never grows). Returns the decoded length. */
-static size_t decode_string(const unsigned char *s, const unsigned char *e, unsigned char *o)
+static size_t put_json_char(unsigned char *o, unsigned long cp);
+
+/* The contents [s, e) of a string that scan_string accepted, into o (room for e - s bytes:
+ * neither form grows): plain runs copied, each escape written as UTF-8 (decoded) or, with
+ * as_json, in canonical JSON (put_json_char). Returns the length written. */
+static inline size_t transcode_string(const unsigned char *s, const unsigned char *e,
+                                      unsigned char *o, bool as_json)
 {
     size_t n = 0;
     while (s < e) {
@@ -480,10 +484,17 @@ static size_t decode_string(const unsigned char *s, const unsigned char *e, unsi
         if (!bs)
             break;
         size_t len = valid_escape(bs, e);
-        n += kvg_utf8_put(o + n, escape_cp(bs, len));
+        unsigned long cp = escape_cp(bs, len);
+        n += as_json ? put_json_char(o + n, cp) : kvg_utf8_put(o + n, (uint32_t)cp);
         s = bs + len;
     }
     return n;
+}
+
+/* Decode the contents [s, e) of an accepted string into o. Returns the decoded length. */
+static size_t decode_string(const unsigned char *s, const unsigned char *e, unsigned char *o)
+{
+    return transcode_string(s, e, o, false);
 }
 
 static int scan_number(const scanner *sc, const unsigned char **pp)
@@ -893,19 +904,7 @@ static size_t put_json_char(unsigned char *o, unsigned long cp)
  * an escape at least as long. */
 static size_t reencode_string(const unsigned char *s, const unsigned char *e, unsigned char *o)
 {
-    size_t n = 0;
-    while (s < e) {
-        const unsigned char *bs = memchr(s, '\\', (size_t)(e - s));
-        size_t run = (size_t)((bs ? bs : e) - s);
-        kvg_copy(o + n, s, run);
-        n += run;
-        if (!bs)
-            break;
-        size_t len = valid_escape(bs, e);
-        n += put_json_char(o + n, escape_cp(bs, len));
-        s = bs + len;
-    }
-    return n;
+    return transcode_string(s, e, o, true);
 }
 
 /* An accepted string [s, e) (contents) as canonical JSON, quotes included. */
@@ -920,7 +919,7 @@ static void put_json_string(canon *c, const unsigned char *s, const unsigned cha
         o += reencode_string(s, e, o);
     } else {
         /* Without escapes a string holds no '"', '\\' or control: it is minimal already. */
-        memcpy(o, s, raw);
+        kvg_copy(o, s, raw);
         o += raw;
     }
     *o++ = '"';
@@ -1450,19 +1449,17 @@ static int emit_media(rewrite *rw, const unsigned char *v, int type, size_t i, s
         n = decode_string(ref->s, ref->e, d);
         s = d;
     }
-    XXH128_canonical_t digest;
-    XXH128_canonicalFromHash(&digest, XXH3_128bits(s, n));
-    static const char hex[] = "0123456789abcdef";
+    XXH128_hash_t digest = XXH3_128bits(s, n);
     unsigned char frame[64];
     size_t tl = strlen(part_tag[type]), f = 0;
     frame[f++] = SEP_FILE;
     memcpy(frame + f, part_tag[type], tl);
     f += tl;
     frame[f++] = ':';
-    for (size_t b = 0; b < sizeof(digest.digest); b++) {
-        frame[f++] = (unsigned char)hex[digest.digest[b] >> 4];
-        frame[f++] = (unsigned char)hex[digest.digest[b] & 15];
-    }
+    /* XXH128's canonical form: high half then low, each big-endian, in lowercase hex. */
+    kvg_fmt_hex64((char *)frame + f, digest.high64);
+    kvg_fmt_hex64((char *)frame + f + 16, digest.low64);
+    f += 32;
     frame[f++] = SEP_FILE;
     put(&rw->canon, frame, f);
     return 0;
@@ -1665,7 +1662,7 @@ static int scan_message(rewrite *rw, const unsigned char **pp, size_t i)
         if (rc < 0)
             return rc;
         size_t n = c->len - mark;
-        memcpy(c->scratch, c->buf + mark, n);
+        kvg_copy(c->scratch, c->buf + mark, n);
         c->len = mark;
         for (int k = 0; k < PIECE_COUNT; k++)
             if (seen[k])
@@ -1738,9 +1735,9 @@ static int scan_tools(rewrite *rw, const unsigned char **pp)
         if (rc < 0)
             return rc;
         size_t n = c->len - t0;
-        memcpy(c->scratch, c->buf + t0, n);
+        kvg_copy(c->scratch, c->buf + t0, n);
         memmove(c->buf + n, c->buf, t0);
-        memcpy(c->buf, c->scratch, n);
+        kvg_copy(c->buf, c->scratch, n);
     }
     return 0;
 }
@@ -1839,9 +1836,8 @@ static void add_salt(rewrite *rw, const unsigned char *close, const char *salt)
     kvg_buf quoted;
     kvg_buf_init(&quoted);
     kvg_buf_json_string(&quoted, salt, strlen(salt));
-    char *copy = quoted.failed ? NULL : kvg_arena_alloc(rw->arena, quoted.len);
+    char *copy = quoted.failed ? NULL : kvg_arena_strndup(rw->arena, quoted.data, quoted.len);
     if (copy) {
-        memcpy(copy, quoted.data, quoted.len);
         add_piece(rw, copy, quoted.len);
     } else {
         rw->plan_failed = true;

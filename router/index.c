@@ -127,16 +127,16 @@ struct kvg_prefix_index {
     uint64_t inserts;
 };
 
-static inline uint32_t bucket_of(const kvg_prefix_index *idx, uint64_t key)
-{
-    /* Fibonacci hashing: keys are normally hashes already, but this also spreads small
-     * sequential ones (tests, a weak hash) evenly over the high bits. */
-    return (uint32_t)((key * UINT64_C(0x9E3779B97F4A7C15)) >> (64 - idx->bucket_bits));
-}
-
+/* Fibonacci hashing: keys are normally hashes already, but this also spreads small sequential
+ * ones (tests, a weak hash, worker ids) evenly over the high bits. */
 static inline uint32_t id_hash(uint64_t id, unsigned bits)
 {
     return (uint32_t)((id * UINT64_C(0x9E3779B97F4A7C15)) >> (64 - bits));
+}
+
+static inline uint32_t bucket_of(const kvg_prefix_index *idx, uint64_t key)
+{
+    return id_hash(key, idx->bucket_bits);
 }
 
 static uint32_t id_find(const kvg_prefix_index *idx, uint64_t id)

@@ -194,9 +194,6 @@ kvg_usage_outcome kvg_usage_outcome_of(uint64_t predicted_tokens, uint64_t cache
  *  response carried no such number: counted as unreported, nothing else). */
 void kvg_worker_record_usage(kvg_worker *w, uint64_t predicted_tokens, int64_t prompt_tokens,
                              int64_t cached_tokens);
-/** XXH3-64 of the worker's name: its identity for rendezvous hashing (the same on every
- *  gateway replica). */
-uint64_t kvg_worker_name_hash(const kvg_worker *w);
 
 /** Count one retry away from this worker (connect failure or reset before a response). */
 void kvg_worker_record_retry(kvg_worker *w);

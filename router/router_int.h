@@ -37,8 +37,6 @@ typedef struct worker_spec {
     uint32_t kv_blocks;
     uint32_t max_inflight;         /* effective: the registry default is already applied */
     uint32_t max_inflight_defined; /* as defined: 0 = the registry default (for the state file) */
-    uint64_t name_hash;            /* XXH3-64 of the name: the worker's rendezvous identity */
-    uint64_t rendezvous_id;        /* kvg_policy_rendezvous_id(name_hash), cached */
     uint16_t port;
     bool no_cache_salt;
 } worker_spec;
@@ -58,14 +56,14 @@ typedef struct worker_hist {
 struct kvg_worker {
     /* What every routing decision reads of every worker, together at the start (the struct is
      * 64-byte aligned): with hundreds of workers a second cache line each would be most of
-     * the decision. The identity fields are copies of the spec's, which never changes. */
+     * the decision. The identity fields come from the spec's name, which never changes. */
     uint64_t id;
     _Atomic uint32_t health;
     _Atomic uint32_t inflight;
     _Atomic bool draining;
     bool serves_all_models; /* spec->nmodels == 0 */
-    uint64_t name_hash;     /* spec->name_hash */
-    uint64_t rendezvous_id; /* spec->rendezvous_id */
+    uint64_t name_hash;     /* XXH3-64 of the name: the rendezvous identity, same on replicas */
+    uint64_t rendezvous_id; /* kvg_policy_rendezvous_id(name_hash) */
     worker_spec *spec;
     _Atomic size_t refs;
     unsigned fall, rise;

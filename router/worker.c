@@ -326,8 +326,6 @@ int kvg_router_spec_new(const kvg_worker_def *def, uint32_t default_max_inflight
     s->kv_blocks = def->kv_blocks;
     s->max_inflight = def->max_inflight ? def->max_inflight : default_max_inflight;
     s->max_inflight_defined = def->max_inflight;
-    s->name_hash = XXH3_64bits(s->name, name_len - 1);
-    s->rendezvous_id = kvg_policy_rendezvous_id(s->name_hash);
     s->port = pu.port;
     s->no_cache_salt = def->no_cache_salt;
     *out = s;
@@ -374,8 +372,8 @@ int kvg_router_worker_new(worker_spec *spec, kvg_worker_source source, unsigned 
     w->id = atomic_fetch_add_explicit(&next_worker_id, 1, memory_order_relaxed);
     w->spec = spec;
     w->serves_all_models = spec->nmodels == 0;
-    w->name_hash = spec->name_hash;
-    w->rendezvous_id = spec->rendezvous_id;
+    w->name_hash = XXH3_64bits(spec->name, strlen(spec->name));
+    w->rendezvous_id = kvg_policy_rendezvous_id(w->name_hash);
     w->fall = fall;
     w->rise = rise;
     w->nthreads = nthreads;
@@ -614,11 +612,6 @@ void kvg_worker_record_usage(kvg_worker *w, uint64_t predicted_tokens, int64_t p
     atomic_fetch_add_explicit(&w->usage_prompt, (uint64_t)prompt_tokens, memory_order_relaxed);
     kvg_usage_outcome o = kvg_usage_outcome_of(predicted_tokens, (uint64_t)cached_tokens);
     atomic_fetch_add_explicit(&w->usage_outcomes[o], 1, memory_order_relaxed);
-}
-
-uint64_t kvg_worker_name_hash(const kvg_worker *w)
-{
-    return w->spec->name_hash;
 }
 
 void kvg_worker_record_retry(kvg_worker *w)

@@ -211,24 +211,44 @@ static char *buf_to_arena(kvg_buf *b, kvg_arena *arena)
     return kvg_arena_strndup(arena, b->data ? b->data : "", b->len);
 }
 
+static int arena_text(kvg_buf *b, kvg_arena *arena, lg_message *m, const char *role)
+{
+    char *s = buf_to_arena(b, arena);
+    m->len = b->len;
+    kvg_buf_done(b);
+    if (!s)
+        return -ENOMEM;
+    m->role = role;
+    m->content = s;
+    return 0;
+}
+
+static int steal_text(kvg_buf *b, char **text, size_t *len)
+{
+    if (b->failed) {
+        kvg_buf_done(b);
+        return -ENOMEM;
+    }
+    *text = kvg_buf_steal(b, len);
+    return 0;
+}
+
+/* "Question <index>:" and a few words from r, then '?': the varying tail of a user turn. */
+static void append_question(kvg_buf *b, rng *r, uint64_t index)
+{
+    kvg_buf_printf(b, "Question %llu:", (unsigned long long)index);
+    append_words(b, r, USER_MIN_WORDS + rng_below(r, USER_SPAN_WORDS));
+    kvg_buf_putc(b, '?');
+}
+
 /* The short, always different user turn of request index. */
 static int user_message(const lg_workload *wl, uint64_t index, kvg_arena *arena, lg_message *m)
 {
     rng r = rng_for(wl->seed, STREAM_USER, index);
     kvg_buf b;
     kvg_buf_init(&b);
-    kvg_buf_printf(&b, "Question %llu:", (unsigned long long)index);
-    append_words(&b, &r, USER_MIN_WORDS + rng_below(&r, USER_SPAN_WORDS));
-    kvg_buf_putc(&b, '?');
-    char *s = buf_to_arena(&b, arena);
-    size_t len = b.len;
-    kvg_buf_done(&b);
-    if (!s)
-        return -ENOMEM;
-    m->role = "user";
-    m->content = s;
-    m->len = len;
-    return 0;
+    append_question(&b, &r, index);
+    return arena_text(&b, arena, m, "user");
 }
 
 static lg_message *messages_alloc(kvg_arena *arena, size_t n)
@@ -253,11 +273,8 @@ static int shared_prefix_init(lg_workload *wl)
         kvg_buf_printf(&b, "You are the %s %s assistant number %zu.", words[rng_below(&r, N_WORDS)],
                        words[rng_below(&r, N_WORDS)], k + 1);
         append_sentences(&b, &r, SYSTEM_MIN_BYTES + rng_below(&r, SYSTEM_SPAN_BYTES));
-        if (b.failed) {
-            kvg_buf_done(&b);
+        if (steal_text(&b, &wl->texts[k], &wl->text_lens[k]) < 0)
             return -ENOMEM;
-        }
-        wl->texts[k] = kvg_buf_steal(&b, &wl->text_lens[k]);
     }
     return 0;
 }
@@ -352,16 +369,6 @@ static uint32_t pick_doc(rng *r)
     return pick_cdf(r, cdf, MT_DOCS_PER_GROUP);
 }
 
-static int steal_text(kvg_buf *b, char **text, size_t *len)
-{
-    if (b->failed) {
-        kvg_buf_done(b);
-        return -ENOMEM;
-    }
-    *text = kvg_buf_steal(b, len);
-    return 0;
-}
-
 static int multi_tenant_init(lg_workload *wl)
 {
     uint32_t t_count = wl->tenants;
@@ -447,18 +454,6 @@ static void mt_locate(const lg_workload *wl, uint64_t j, mt_turn *out)
     out->tenant = pick_cdf(&cr, wl->tenant_cdf, wl->tenants);
 }
 
-static int arena_text(kvg_buf *b, kvg_arena *arena, lg_message *m, const char *role)
-{
-    char *s = buf_to_arena(b, arena);
-    m->len = b->len;
-    kvg_buf_done(b);
-    if (!s)
-        return -ENOMEM;
-    m->role = role;
-    m->content = s;
-    return 0;
-}
-
 /* User message of turn k of conversation conv. */
 static int mt_turn_message(const lg_workload *wl, uint64_t conv, uint32_t k, kvg_arena *arena,
                            lg_message *m)
@@ -503,6 +498,20 @@ static int mt_chat(const lg_workload *wl, uint64_t j, kvg_arena *arena, lg_item 
     return 0;
 }
 
+/* Finish an item of two messages whose user message (m[1]) is written: the tenant's system
+ * prompt first. */
+static int system_and_user(const lg_workload *wl, uint32_t tenant, lg_message *m, lg_item *out)
+{
+    m[0].role = "system";
+    m[0].content = wl->texts[tenant];
+    m[0].len = wl->text_lens[tenant];
+    out->messages = m;
+    out->n_messages = 2;
+    out->tenant = tenant;
+    out->prefix = tenant;
+    return 0;
+}
+
 static int mt_document(const lg_workload *wl, uint64_t index, uint32_t tenant, kvg_arena *arena,
                        lg_item *out)
 {
@@ -515,20 +524,12 @@ static int mt_document(const lg_workload *wl, uint64_t index, uint32_t tenant, k
     kvg_buf_init(&b);
     kvg_buf_puts(&b, "Answer from this document only.\n\n");
     kvg_buf_append(&b, wl->docs[doc], wl->doc_lens[doc]);
-    kvg_buf_printf(&b, "\n\nQuestion %llu:", (unsigned long long)index);
-    append_words(&b, &r, USER_MIN_WORDS + rng_below(&r, USER_SPAN_WORDS));
-    kvg_buf_putc(&b, '?');
+    kvg_buf_puts(&b, "\n\n");
+    append_question(&b, &r, index);
     int rc = arena_text(&b, arena, &m[1], "user");
     if (rc < 0)
         return rc;
-    m[0].role = "system";
-    m[0].content = wl->texts[tenant];
-    m[0].len = wl->text_lens[tenant];
-    out->messages = m;
-    out->n_messages = 2;
-    out->tenant = tenant;
-    out->prefix = tenant;
-    return 0;
+    return system_and_user(wl, tenant, m, out);
 }
 
 static int multi_tenant_item(const lg_workload *wl, uint64_t index, kvg_arena *arena, lg_item *out)
@@ -561,14 +562,7 @@ static int multi_tenant_item(const lg_workload *wl, uint64_t index, kvg_arena *a
     int rc = user_message(wl, index, arena, &m[1]);
     if (rc < 0)
         return rc;
-    m[0].role = "system";
-    m[0].content = wl->texts[tenant];
-    m[0].len = wl->text_lens[tenant];
-    out->messages = m;
-    out->n_messages = 2;
-    out->tenant = tenant;
-    out->prefix = tenant;
-    return 0;
+    return system_and_user(wl, tenant, m, out);
 }
 
 /* ---- registry ------------------------------------------------------------------------------- */
