@@ -230,6 +230,13 @@ void kvg_fmt_hex64(char *buf, uint64_t v);
 bool kvg_strcaseeq(const char *a, size_t alen, const char *b);
 /** Case-insensitive ASCII comparison of two counted strings. */
 bool kvg_strncaseeq(const char *a, size_t alen, const char *b, size_t blen);
+/** True when [s, s+len) is an RFC 9110 token (5.6.2: one or more of ALPHA, DIGIT and
+ *  !#$%&'*+-.^_`|~): what a header field name must be. Whitespace, controls, ':' and
+ *  non-ASCII make it false; so does an empty name. */
+bool kvg_http_token_valid(const char *s, size_t len);
+/** True when [s, s+len) may be a header field value (RFC 9110 5.5): visible ASCII, obs-text
+ *  (0x80-0xFF), space and horizontal tab; no other control character (NUL, CR, LF, DEL). */
+bool kvg_http_field_value_valid(const char *s, size_t len);
 /** Length (1-4) of the well-formed UTF-8 sequence at s (RFC 3629: no overlongs, surrogates
  *  or code points past U+10FFFF), or 0 when it is not one. avail > 0 bytes are readable. */
 size_t kvg_utf8_seq_len(const unsigned char *s, size_t avail);

@@ -101,6 +101,43 @@ bool kvg_strcaseeq(const char *a, size_t alen, const char *b)
     return kvg_strncaseeq(a, alen, b, strlen(b));
 }
 
+/* RFC 9110 5.6.2 tchar. A table: header names are checked on every request. */
+static const bool tchar[256] = {
+    ['!'] = true, ['#'] = true, ['$'] = true, ['%'] = true, ['&'] = true, ['\''] = true,
+    ['*'] = true, ['+'] = true, ['-'] = true, ['.'] = true, ['^'] = true, ['_'] = true,
+    ['`'] = true, ['|'] = true, ['~'] = true, ['0'] = true, ['1'] = true, ['2'] = true,
+    ['3'] = true, ['4'] = true, ['5'] = true, ['6'] = true, ['7'] = true, ['8'] = true,
+    ['9'] = true, ['A'] = true, ['B'] = true, ['C'] = true, ['D'] = true, ['E'] = true,
+    ['F'] = true, ['G'] = true, ['H'] = true, ['I'] = true, ['J'] = true, ['K'] = true,
+    ['L'] = true, ['M'] = true, ['N'] = true, ['O'] = true, ['P'] = true, ['Q'] = true,
+    ['R'] = true, ['S'] = true, ['T'] = true, ['U'] = true, ['V'] = true, ['W'] = true,
+    ['X'] = true, ['Y'] = true, ['Z'] = true, ['a'] = true, ['b'] = true, ['c'] = true,
+    ['d'] = true, ['e'] = true, ['f'] = true, ['g'] = true, ['h'] = true, ['i'] = true,
+    ['j'] = true, ['k'] = true, ['l'] = true, ['m'] = true, ['n'] = true, ['o'] = true,
+    ['p'] = true, ['q'] = true, ['r'] = true, ['s'] = true, ['t'] = true, ['u'] = true,
+    ['v'] = true, ['w'] = true, ['x'] = true, ['y'] = true, ['z'] = true,
+};
+
+bool kvg_http_token_valid(const char *s, size_t len)
+{
+    if (len == 0)
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if (!tchar[(unsigned char)s[i]])
+            return false;
+    return true;
+}
+
+bool kvg_http_field_value_valid(const char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if ((c < 0x20 && c != '\t') || c == 0x7f)
+            return false;
+    }
+    return true;
+}
+
 size_t kvg_utf8_seq_len(const unsigned char *s, size_t avail)
 {
     unsigned char c = s[0];

@@ -384,6 +384,22 @@ static int cb_url(http_parser *p, const char *at, size_t len)
 static int push_header(h1_conn *h)
 {
     kvg_exchange *x = h->x;
+    /* Debian's http-parser is built lenient: it lets spaces into a name and still matches
+     * "Content-Length :" as a framing header, while the name kept here would not match the
+     * hop-by-hop filter and would be forwarded next to the gateway's own length (request
+     * smuggling). RFC 9112 5.1 and 5.5: 400. Only names and values that pass reach the
+     * handler, so only they can reach a worker's head. */
+    if (!kvg_http_token_valid(h->field.data, h->field.len)) {
+        h->pending_error = 400;
+        h->pending_error_msg = "invalid header field name: only RFC 9110 token characters, "
+                               "and no whitespace before the colon";
+        return -1;
+    }
+    if (!kvg_http_field_value_valid(h->value.data, h->value.len)) {
+        h->pending_error = 400;
+        h->pending_error_msg = "invalid header field value: control character";
+        return -1;
+    }
     if (h->nheaders == h->cap_headers) {
         size_t cap = h->cap_headers ? h->cap_headers * 2 : 16;
         kvg_header *nh = kvg_arena_alloc(&x->arena, cap * sizeof(*nh));
@@ -578,6 +594,21 @@ static int cb_body(http_parser *p, const char *at, size_t len)
     return 0;
 }
 
+/* p->content_length is the size of the chunk that starts. One that cannot fit under the body
+ * limit is refused now: waiting for its bytes would hold the connection until the read
+ * timeout for a body that is refused anyway. */
+static int cb_chunk_header(http_parser *p)
+{
+    h1_conn *h = p->data;
+    kvg_exchange *x = h->x;
+    if (x && p->content_length > x->body_limit - KVG_MIN(x->bytes_in, x->body_limit)) {
+        h->pending_error = 413;
+        h->pending_error_msg = "request body too large";
+        return -1;
+    }
+    return 0;
+}
+
 static int cb_message_complete(http_parser *p)
 {
     h1_conn *h = p->data;
@@ -595,6 +626,7 @@ static const http_parser_settings h1_settings = {
     .on_header_value = cb_header_value,
     .on_headers_complete = cb_headers_complete,
     .on_body = cb_body,
+    .on_chunk_header = cb_chunk_header,
     .on_message_complete = cb_message_complete,
 };
 

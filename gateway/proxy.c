@@ -140,17 +140,24 @@ static void fail(proxy_req *r, int status, const char *type, const char *msg)
 
 /* ---- upstream callbacks ---------------------------------------------------------------------- */
 
+/* The x-kvgate- namespace is the gateway's: what it says there in either direction is its own
+ * (x-kvgate-worker on responses), never a client's or a worker's. */
+static bool gateway_namespace(const kvg_header *h)
+{
+    return h->name_len >= 9 && kvg_strncaseeq(h->name, 9, "x-kvgate-", 9);
+}
+
 /* Response headers not passed to the client: hop-by-hop ones, and ours that the gateway sets. */
 static bool hop_by_hop(const kvg_header *h)
 {
     static const char *const names[] = {
         "connection", "keep-alive", "proxy-connection", "transfer-encoding", "te",
-        "trailer",    "upgrade",    "content-length",   "x-kvgate-worker",   "x-request-id",
+        "trailer",    "upgrade",    "content-length",   "x-request-id",
     };
     for (size_t i = 0; i < KVG_ARRAY_LEN(names); i++)
         if (kvg_strcaseeq(h->name, h->name_len, names[i]))
             return true;
-    return false;
+    return gateway_namespace(h);
 }
 
 /* Headers named in the Connection header are hop-by-hop too (RFC 9110 7.6.1). */
@@ -284,7 +291,7 @@ static bool forwardable(const kvg_header *h)
     for (size_t i = 0; i < KVG_ARRAY_LEN(drop); i++)
         if (kvg_strcaseeq(h->name, h->name_len, drop[i]))
             return false;
-    return true;
+    return !gateway_namespace(h);
 }
 
 /* The request head for worker w, composed into the thread's scratch buffer (one copy into the

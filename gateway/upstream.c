@@ -46,7 +46,7 @@ struct kvg_upstream {
     bool message_complete;
     bool paused;
     bool in_value;
-    int parse_error;
+    bool bad_header; /* the response had a header that is not valid HTTP */
     kvg_buf field;
     kvg_buf value;
     kvg_arena arena; /* response headers of the current response */
@@ -232,6 +232,14 @@ static void release_to_pool(kvg_upstream *u)
 
 static int push_header(kvg_upstream *u)
 {
+    /* As on the front (h1.c): a name that is not a token ("Content-Length :", which the
+     * lenient parser still reads as framing) or a value with a control character makes the
+     * response malformed (502), never a header passed on to the client. */
+    if (!kvg_http_token_valid(u->field.data, u->field.len) ||
+        !kvg_http_field_value_valid(u->value.data, u->value.len)) {
+        u->bad_header = true;
+        return -1;
+    }
     if (u->nheaders == u->cap_headers) {
         size_t cap = u->cap_headers ? u->cap_headers * 2 : 16;
         kvg_header *h = kvg_arena_alloc(&u->arena, cap * sizeof(*h));
@@ -361,8 +369,9 @@ static void process_input(kvg_upstream *u)
             return;
         }
         if (err != HPE_OK) {
-            kvg_log_warn("worker %s sent a malformed response: %s",
-                         kvg_worker_name(u->pool->worker), http_errno_description(err));
+            kvg_log_warn(
+                "worker %s sent a malformed response: %s", kvg_worker_name(u->pool->worker),
+                u->bad_header ? "invalid header field name or value" : http_errno_description(err));
             fail_error(u, 502, "the worker sent a malformed response");
             return;
         }
@@ -563,6 +572,7 @@ int kvg_upstream_request(kvg_thread *t, kvg_worker *w, const char *head, size_t 
     u->cbs = cbs;
     u->ud = ud;
     u->got_bytes = u->head_passed = u->message_complete = u->paused = u->in_value = false;
+    u->bad_header = false;
     u->nheaders = u->cap_headers = u->head_bytes = 0;
     u->headers = NULL;
     kvg_arena_reset(&u->arena);

@@ -263,6 +263,30 @@ static void test_copy(void **state)
     free(dst);
 }
 
+/* Header names are RFC 9110 tokens; every byte outside tchar makes a name invalid (the
+ * "Content-Length : 5" smuggling case is a trailing space). Values refuse controls but HTAB. */
+static void test_http_fields(void **state)
+{
+    (void)state;
+    const char *tchars = "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
+                         "ABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    for (unsigned c = 0; c < 256; c++) {
+        char name[3] = {'x', (char)c, 'y'};
+        bool want = c != 0 && strchr(tchars, (int)c) != NULL;
+        assert_int_equal(kvg_http_token_valid(name, 3), want);
+        bool value_ok = c == '\t' || (c >= 0x20 && c != 0x7f);
+        assert_int_equal(kvg_http_field_value_valid(name, 3), value_ok);
+    }
+    assert_false(kvg_http_token_valid("", 0));
+    assert_false(kvg_http_token_valid("content-length ", 15));
+    assert_false(kvg_http_token_valid(" content-length", 15));
+    assert_false(kvg_http_token_valid("content length", 14));
+    assert_true(kvg_http_token_valid("content-length", 14));
+    assert_true(kvg_http_field_value_valid("", 0));
+    assert_true(kvg_http_field_value_valid("a\tb \x80\xff", 7));
+    assert_false(kvg_http_field_value_valid("a\r\nb", 4));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -276,6 +300,7 @@ int main(void)
         cmocka_unit_test(test_fmt_and_arena_reset),
         cmocka_unit_test(test_base64url),
         cmocka_unit_test(test_copy),
+        cmocka_unit_test(test_http_fields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
