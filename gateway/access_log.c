@@ -70,6 +70,12 @@ static void counter(kvg_buf *out, const char *name, const char *help, uint64_t v
                    (unsigned long long)v);
 }
 
+static void gauge(kvg_buf *out, const char *name, const char *help, int64_t v)
+{
+    kvg_buf_printf(out, "# HELP %s %s\n# TYPE %s gauge\n%s %lld\n", name, help, name, name,
+                   (long long)v);
+}
+
 void kvg_front_stats_write(kvg_buf *out, void *arg)
 {
     kvg_gateway *gw = arg;
@@ -80,10 +86,34 @@ void kvg_front_stats_write(kvg_buf *out, void *arg)
                    (unsigned long long)atomic_load(&s->connections_total[KVG_PROTO_HTTP1]));
     kvg_buf_printf(out, "kvgate_connections_total{protocol=\"http2\"} %llu\n",
                    (unsigned long long)atomic_load(&s->connections_total[KVG_PROTO_HTTP2]));
-    kvg_buf_printf(out,
-                   "# HELP kvgate_connections_open Front connections open now.\n"
-                   "# TYPE kvgate_connections_open gauge\nkvgate_connections_open %lld\n",
-                   (long long)atomic_load(&s->connections_open));
+    gauge(out, "kvgate_connections_open",
+          "Front connections open now (TLS handshakes and protocol detection included).",
+          atomic_load(&s->connections_open));
+    gauge(out, "kvgate_connections_limit",
+          "Front connections the gateway serves at once (limits.max_connections, or derived "
+          "from the descriptor limit); past it new ones are refused politely.",
+          gw->max_connections);
+    gauge(out, "kvgate_admin_connections_open", "Admin connections open now.",
+          atomic_load(&s->admin_connections_open));
+    kvg_buf_puts(out, "# HELP kvgate_connections_refused_total Connections refused at a "
+                      "connection limit (HTTP/1.1: 503, HTTP/2: GOAWAY, TLS: closed).\n"
+                      "# TYPE kvgate_connections_refused_total counter\n");
+    static const char *const listener_kinds[2] = {"front", "admin"};
+    for (unsigned i = 0; i < 2; i++)
+        kvg_buf_printf(out, "kvgate_connections_refused_total{listener=\"%s\"} %llu\n",
+                       listener_kinds[i],
+                       (unsigned long long)atomic_load(&s->connections_refused[i]));
+    counter(out, "kvgate_admin_connections_evicted_total",
+            "Idle admin connections closed to make room for a new one at admin.max_connections.",
+            atomic_load(&s->admin_connections_evicted));
+    kvg_buf_puts(out, "# HELP kvgate_accept_errors_total Failed accepts: descriptors (EMFILE, "
+                      "ENFILE) and memory (ENOBUFS, ENOMEM) pause the listener for 500 ms.\n"
+                      "# TYPE kvgate_accept_errors_total counter\n");
+    static const char *const accept_kinds[KVG_ACCEPT_ERR_COUNT] = {"descriptors", "memory",
+                                                                   "other"};
+    for (unsigned i = 0; i < KVG_ACCEPT_ERR_COUNT; i++)
+        kvg_buf_printf(out, "kvgate_accept_errors_total{reason=\"%s\"} %llu\n", accept_kinds[i],
+                       (unsigned long long)atomic_load(&s->accept_errors[i]));
     kvg_buf_puts(out, "# HELP kvgate_http_requests_total Requests answered by the front, by status "
                       "class (0xx: the client left before a status).\n"
                       "# TYPE kvgate_http_requests_total counter\n");
@@ -96,8 +126,33 @@ void kvg_front_stats_write(kvg_buf *out, void *arg)
             "Connections or requests dropped for malformed HTTP/1.1 or HTTP/2.",
             atomic_load(&s->protocol_errors));
     counter(out, "kvgate_timeouts_total",
-            "Front read timeouts and upstream connect/response timeouts.",
+            "Front read and send timeouts and upstream connect/response timeouts.",
             atomic_load(&s->timeouts));
+    counter(out, "kvgate_send_timeouts_total",
+            "Responses aborted because no byte moved toward the client for "
+            "limits.send_timeout_ms (the worker's request is cancelled).",
+            atomic_load(&s->send_timeouts));
+    const kvg_budget *budgets[2] = {&gw->body_budget, &gw->response_budget};
+    static const char *const budget_kinds[2] = {"request_body", "response"};
+    kvg_buf_puts(out, "# HELP kvgate_buffer_bytes Bytes held for requests in flight: request "
+                      "bodies (received and rewritten) and responses queued toward clients.\n"
+                      "# TYPE kvgate_buffer_bytes gauge\n");
+    for (unsigned i = 0; i < 2; i++)
+        kvg_buf_printf(out, "kvgate_buffer_bytes{kind=\"%s\"} %llu\n", budget_kinds[i],
+                       (unsigned long long)atomic_load(&budgets[i]->used));
+    kvg_buf_puts(out, "# HELP kvgate_buffer_budget_bytes The budget of kvgate_buffer_bytes "
+                      "(limits.body_budget_mib, limits.response_budget_mib).\n"
+                      "# TYPE kvgate_buffer_budget_bytes gauge\n");
+    for (unsigned i = 0; i < 2; i++)
+        kvg_buf_printf(out, "kvgate_buffer_budget_bytes{kind=\"%s\"} %llu\n", budget_kinds[i],
+                       (unsigned long long)budgets[i]->limit);
+    kvg_buf_puts(out, "# HELP kvgate_buffer_refusals_total Request bodies refused at the body "
+                      "budget: the gateway's whole budget (503) or a tenant's share of it "
+                      "(429).\n# TYPE kvgate_buffer_refusals_total counter\n");
+    static const char *const scopes[2] = {"gateway", "tenant"};
+    for (unsigned i = 0; i < 2; i++)
+        kvg_buf_printf(out, "kvgate_buffer_refusals_total{scope=\"%s\"} %llu\n", scopes[i],
+                       (unsigned long long)atomic_load(&gw->body_budget.refused[i]));
     kvg_buf_printf(out,
                    "# HELP kvgate_shutting_down 1 while the gateway drains for exit.\n"
                    "# TYPE kvgate_shutting_down gauge\nkvgate_shutting_down %d\n",

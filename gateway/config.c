@@ -69,7 +69,14 @@ int kvg_config_init(kvg_config *cfg)
         .header_timeout_ms = 10000,
         .idle_timeout_ms = 75000,
         .read_timeout_ms = 30000,
+        .body_min_rate = 1024,
+        .send_timeout_ms = 60000,
+        .max_connections = 0,
+        .body_budget_bytes = 1ull << 30,
+        .tenant_body_share = 25,
+        .response_budget_bytes = 1ull << 30,
     };
+    cfg->admin_max_connections = 64;
     cfg->upstream = (kvg_upstream_config){
         .connect_timeout_ms = 3000,
         .response_timeout_ms = 300000,
@@ -300,6 +307,36 @@ static int load_scrape(cfg_ctx *c, kvg_config *cfg, const kvg_json *v)
     return 0;
 }
 
+/* The budgets are byte counts past 4 GiB on a large machine: in MiB in the file, so that the
+ * u32 field table carries them too. */
+static int load_limits(cfg_ctx *c, kvg_front_limits *lim, const kvg_json *v)
+{
+    uint32_t header_bytes = (uint32_t)lim->header_bytes;
+    uint32_t body_bytes = (uint32_t)lim->body_bytes;
+    uint32_t body_budget_mib = (uint32_t)(lim->body_budget_bytes >> 20);
+    uint32_t response_budget_mib = (uint32_t)(lim->response_budget_bytes >> 20);
+    u32_field f[] = {
+        {"header_bytes", &header_bytes, 1024, 1u << 20},
+        {"body_bytes", &body_bytes, 1024, 1u << 30},
+        {"streams_per_conn", &lim->streams_per_conn, 1, 10000},
+        {"header_timeout_ms", &lim->header_timeout_ms, 100, 3600000},
+        {"idle_timeout_ms", &lim->idle_timeout_ms, 100, 86400000},
+        {"read_timeout_ms", &lim->read_timeout_ms, 100, 3600000},
+        {"body_min_rate", &lim->body_min_rate, 0, 1u << 30},
+        {"send_timeout_ms", &lim->send_timeout_ms, 100, 86400000},
+        {"max_connections", &lim->max_connections, 0, 10000000},
+        {"body_budget_mib", &body_budget_mib, 1, 1u << 20},
+        {"tenant_body_share", &lim->tenant_body_share, 1, 100},
+        {"response_budget_mib", &response_budget_mib, 1, 1u << 20},
+    };
+    int rc = apply_u32_fields(c, v, "limits", f, KVG_ARRAY_LEN(f));
+    lim->header_bytes = header_bytes;
+    lim->body_bytes = body_bytes;
+    lim->body_budget_bytes = (uint64_t)body_budget_mib << 20;
+    lim->response_budget_bytes = (uint64_t)response_budget_mib << 20;
+    return rc;
+}
+
 static int load_workers(cfg_ctx *c, kvg_config *cfg, const kvg_json *v)
 {
     if (v->type != KVG_JSON_ARRAY)
@@ -378,6 +415,11 @@ static int load_admin(cfg_ctx *c, kvg_config *cfg, const kvg_json *v)
                                     &cfg->nadmin_listeners);
             if (rc < 0)
                 return rc;
+        } else if (strcmp(k, "max_connections") == 0) {
+            int rc =
+                get_u32(c, val, "admin.max_connections", 1, 100000, &cfg->admin_max_connections);
+            if (rc < 0)
+                return rc;
         } else if (strcmp(k, "tokens") == 0) {
             if (val->type != KVG_JSON_ARRAY || val->u.arr.count > KVG_MAX_ADMIN_TOKENS)
                 return bad(c, "admin.tokens", "must be an array of at most 16 strings");
@@ -454,19 +496,7 @@ static int apply_json(cfg_ctx *c, kvg_config *cfg, const kvg_json *root)
         } else if (strcmp(k, "shutdown_timeout_ms") == 0) {
             rc = get_u32(c, v, k, 0, 3600000, &cfg->shutdown_timeout_ms);
         } else if (strcmp(k, "limits") == 0) {
-            uint32_t header_bytes = (uint32_t)cfg->limits.header_bytes;
-            uint32_t body_bytes = (uint32_t)cfg->limits.body_bytes;
-            u32_field f[] = {
-                {"header_bytes", &header_bytes, 1024, 1u << 20},
-                {"body_bytes", &body_bytes, 1024, 1u << 30},
-                {"streams_per_conn", &cfg->limits.streams_per_conn, 1, 10000},
-                {"header_timeout_ms", &cfg->limits.header_timeout_ms, 100, 3600000},
-                {"idle_timeout_ms", &cfg->limits.idle_timeout_ms, 100, 86400000},
-                {"read_timeout_ms", &cfg->limits.read_timeout_ms, 100, 3600000},
-            };
-            rc = apply_u32_fields(c, v, k, f, KVG_ARRAY_LEN(f));
-            cfg->limits.header_bytes = header_bytes;
-            cfg->limits.body_bytes = body_bytes;
+            rc = load_limits(c, &cfg->limits, v);
         } else if (strcmp(k, "upstream") == 0) {
             u32_field f[] = {
                 {"connect_timeout_ms", &cfg->upstream.connect_timeout_ms, 10, 600000},
@@ -837,6 +867,13 @@ int kvg_config_parse_args(kvg_config *cfg, int argc, char **argv, kvg_config_act
 
 int kvg_config_validate(const kvg_config *cfg, char *err, size_t err_len)
 {
+    /* A body the budget cannot hold could never be served. */
+    if (cfg->limits.body_budget_bytes < cfg->limits.body_bytes) {
+        snprintf(err, err_len,
+                 "limits.body_budget_mib must hold at least one body of "
+                 "limits.body_bytes");
+        return KVG_ECONFIG;
+    }
     const kvg_listener_config *groups[2] = {cfg->listeners, cfg->admin_listeners};
     size_t counts[2] = {cfg->nlisteners, cfg->nadmin_listeners};
     for (int g = 0; g < 2; g++) {

@@ -31,6 +31,12 @@ typedef struct kvg_front_limits {
     uint32_t header_timeout_ms; /* complete a request head within this */
     uint32_t idle_timeout_ms;   /* keep-alive connection with nothing in flight */
     uint32_t read_timeout_ms;   /* gap between request body bytes */
+    uint32_t body_min_rate;     /* bytes/s a body must average over each read_timeout_ms */
+    uint32_t send_timeout_ms;   /* a response that moves no byte toward the client this long */
+    uint32_t max_connections;   /* front connections at once, all threads; 0: from the fd limit */
+    uint64_t body_budget_bytes; /* request bodies held at once, all requests together */
+    uint32_t tenant_body_share; /* percent of body_budget_bytes one tenant may hold */
+    uint64_t response_budget_bytes; /* response bytes queued toward clients, all together */
 } kvg_front_limits;
 
 typedef struct kvg_upstream_config {
@@ -83,6 +89,7 @@ typedef struct kvg_config {
     size_t nadmin_listeners;
     char *admin_tokens[KVG_MAX_ADMIN_TOKENS];
     size_t nadmin_tokens;
+    uint32_t admin_max_connections; /* admin connections at once (the oldest idle one makes room) */
     char *state_dir;
     unsigned threads; /* 0 = one per core */
     kvg_log_level log_level;

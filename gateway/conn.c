@@ -19,6 +19,12 @@
 static const char h2_preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 #define H2_PREFACE_LEN 24
 
+/* How long a refused connection may take to send its first bytes and then to close after
+ * the refusal; it holds a descriptor that long. */
+#define REFUSE_LINGER_MS 2000
+/* Connections being refused at once per thread; past it, a refused one is closed at once. */
+#define REFUSING_MAX 64
+
 static void close_cb(evutil_socket_t fd, short what, void *arg)
 {
     kvg_conn *c = arg;
@@ -33,7 +39,14 @@ static void close_cb(evutil_socket_t fd, short what, void *arg)
         close(c->fd);
     kvg_list_unlink(&c->link);
     t->nconns--;
-    t->gw->stats.connections_open--;
+    if (c->refusing)
+        t->nrefusing--;
+    if (c->counted) {
+        if (c->listener->is_admin)
+            t->gw->stats.admin_connections_open--;
+        else
+            t->gw->stats.connections_open--;
+    }
     free(c);
     if (t->draining && t->nconns == 0)
         event_base_loopexit(t->base, NULL);
@@ -54,6 +67,10 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
     kvg_conn *c = arg;
     if (c->closing)
         return;
+    if (c->refusing) { /* the refusal had its time: not a timeout of a served client */
+        kvg_conn_close(c);
+        return;
+    }
     if (c->proto_timeout) {
         c->proto_timeout(c);
         return;
@@ -168,6 +185,111 @@ static void format_addr(const struct sockaddr *sa, char *buf, size_t len)
     }
 }
 
+/* ---- refusing politely ------------------------------------------------------------------- */
+
+/* Over a connection limit, a client gets an answer it understands rather than a reset: HTTP/1.1
+ * a 503 with Retry-After, HTTP/2 a GOAWAY that says no stream was processed (safe to retry
+ * elsewhere). TLS is closed: an answer would cost a handshake, which is what the limit saves.
+ * No protocol state is built for it; the bytes are canned. */
+#define REFUSE_BODY                                                                                \
+    "{\"error\":{\"message\":\"the gateway is at its connection limit\",\"type\":\"overloaded\","  \
+    "\"param\":null,\"code\":503}}"
+#define REFUSE_BODY_LEN "106"
+_Static_assert(sizeof(REFUSE_BODY) - 1 == 106, "REFUSE_BODY_LEN is the body's length");
+static const char refuse_h1[] = "HTTP/1.1 503 Service Unavailable\r\ncontent-type: "
+                                "application/json\r\nretry-after: 1\r\nconnection: close\r\n"
+                                "content-length: " REFUSE_BODY_LEN "\r\n\r\n" REFUSE_BODY;
+/* An empty SETTINGS frame (the server preface), then GOAWAY(last stream 0, NO_ERROR). */
+static const unsigned char refuse_h2[] = {
+    0,   0,   0,   4,   0,   0,   0,   0,   0, /* SETTINGS */
+    0,   0,   24,  7,   0,   0,   0,   0,   0,   0,   0,
+    0,   0,   0,   0,   0,   0,   'c', 'o', 'n', 'n', 'e', /* GOAWAY */
+    'c', 't', 'i', 'o', 'n', ' ', 'l', 'i', 'm', 'i', 't',
+};
+
+static void refuse_drain_cb(evutil_socket_t fd, short what, void *arg)
+{
+    kvg_conn *c = arg;
+    char buf[4096];
+    for (;;) {
+        ssize_t n = recv(fd, buf, sizeof(buf), 0);
+        if (n > 0)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+            return;
+        kvg_conn_close(c); /* the client closed too (or reset) */
+        return;
+    }
+}
+
+static void refuse_peek_cb(evutil_socket_t fd, short what, void *arg)
+{
+    kvg_conn *c = arg;
+    unsigned char buf[H2_PREFACE_LEN];
+    ssize_t n = recv(fd, buf, sizeof(buf), MSG_PEEK);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        event_add(&c->peek_ev, NULL);
+        return;
+    }
+    if (n <= 0 || buf[0] == 0x16) {
+        kvg_conn_close(c);
+        return;
+    }
+    bool h2 = memcmp(buf, h2_preface, (size_t)n) == 0;
+    if (h2 && n < H2_PREFACE_LEN) {
+        event_add(&c->peek_ev, NULL);
+        return;
+    }
+    ssize_t w = h2 ? send(fd, refuse_h2, sizeof(refuse_h2), MSG_NOSIGNAL | MSG_DONTWAIT)
+                   : send(fd, refuse_h1, sizeof(refuse_h1) - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)w; /* a full socket buffer this early means a client not worth waiting for */
+    /* Closing with unread input would send a reset, which can destroy the answer before the
+     * client reads it: half-close, then read until the client closes or the timer fires. */
+    shutdown(fd, SHUT_WR);
+    event_del(&c->peek_ev);
+    event_assign(&c->peek_ev, c->thread->base, fd, EV_READ | EV_PERSIST, refuse_drain_cb, c);
+    event_add(&c->peek_ev, NULL);
+}
+
+/* The admin listener is for the operator: when it is full, the oldest connection that serves
+ * nothing (idle, or still sending its head, as a slowloris does) makes room. True when one
+ * was closed. */
+static bool evict_admin_idle(kvg_thread *t)
+{
+    for (kvg_link *l = t->conns.prev; l != &t->conns; l = l->prev) {
+        kvg_conn *c = KVG_CONTAINER_OF(l, kvg_conn, link);
+        if (!c->listener->is_admin || !c->counted || c->closing)
+            continue;
+        if (c->proto_busy && c->proto_busy(c))
+            continue;
+        kvg_log_info("admin connections at the limit: closing the oldest idle one (%s)", c->remote);
+        t->gw->stats.admin_connections_evicted++;
+        kvg_conn_close(c);
+        return true;
+    }
+    return false;
+}
+
+/* Whether a new connection on l may be served; counts it when so. */
+static bool admit(kvg_thread *t, kvg_listener *l)
+{
+    kvg_gateway *gw = t->gw;
+    if (l->is_admin) {
+        /* The control thread alone serves admin listeners: no race on the count. */
+        if ((uint64_t)atomic_load(&gw->stats.admin_connections_open) >=
+                gw->cfg.admin_max_connections &&
+            !evict_admin_idle(t))
+            return false;
+        gw->stats.admin_connections_open++;
+        return true;
+    }
+    int64_t open = atomic_fetch_add(&gw->stats.connections_open, 1);
+    if (open < (int64_t)gw->max_connections)
+        return true;
+    gw->stats.connections_open--;
+    return false;
+}
+
 void kvg_conn_accept(kvg_thread *t, kvg_listener *l, evutil_socket_t fd, const struct sockaddr *sa,
                      int salen)
 {
@@ -175,23 +297,40 @@ void kvg_conn_accept(kvg_thread *t, kvg_listener *l, evutil_socket_t fd, const s
         close(fd);
         return;
     }
+    bool admitted = admit(t, l);
+    if (!admitted) {
+        t->gw->stats.connections_refused[l->is_admin ? 1 : 0]++;
+        if (t->nrefusing >= REFUSING_MAX) {
+            close(fd);
+            return;
+        }
+    }
     kvg_conn *c = calloc(1, sizeof(*c));
     if (!c) {
+        if (admitted) {
+            if (l->is_admin)
+                t->gw->stats.admin_connections_open--;
+            else
+                t->gw->stats.connections_open--;
+        }
         close(fd);
         return;
     }
     c->thread = t;
     c->listener = l;
     c->fd = fd;
+    c->counted = admitted;
+    c->refusing = !admitted;
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     format_addr(sa, c->remote, sizeof(c->remote));
-    event_assign(&c->peek_ev, t->base, fd, EV_READ, peek_cb, c);
+    event_assign(&c->peek_ev, t->base, fd, EV_READ, admitted ? peek_cb : refuse_peek_cb, c);
     event_assign(&c->timer_ev, t->base, -1, 0, timer_cb, c);
     event_assign(&c->close_ev, t->base, -1, 0, close_cb, c);
     kvg_list_insert(&t->conns, &c->link);
     t->nconns++;
-    t->gw->stats.connections_open++;
-    kvg_conn_set_timer(c, t->gw->cfg.limits.header_timeout_ms);
+    if (c->refusing)
+        t->nrefusing++;
+    kvg_conn_set_timer(c, admitted ? t->gw->cfg.limits.header_timeout_ms : REFUSE_LINGER_MS);
     event_add(&c->peek_ev, NULL);
 }

@@ -769,6 +769,12 @@ static void timer_hook(kvg_conn *c)
     h1_timeout(c->proto_state);
 }
 
+static bool busy_hook(kvg_conn *c)
+{
+    h1_conn *h = c->proto_state;
+    return h->x && (h->state == H1_BODY || h->state == H1_WAIT);
+}
+
 int kvg_h1_start(kvg_conn *c)
 {
     h1_conn *h = calloc(1, sizeof(*h));
@@ -787,6 +793,7 @@ int kvg_h1_start(kvg_conn *c)
     c->proto_free = h1_free;
     c->proto_drain = h1_drain;
     c->proto_timeout = timer_hook;
+    c->proto_busy = busy_hook;
     kvg_conn_set_timer(c, c->thread->gw->cfg.limits.header_timeout_ms);
     const kvg_front_limits *lim = &c->thread->gw->cfg.limits;
     /* Bound what a pipelining client can park in our input buffer. */

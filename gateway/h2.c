@@ -626,6 +626,12 @@ static void h2_timeout(kvg_conn *c)
     h2_schedule_flush(h);
 }
 
+static bool h2_busy(kvg_conn *c)
+{
+    h2_conn *h = c->proto_state;
+    return h->nstreams > 0;
+}
+
 int kvg_h2_start(kvg_conn *c)
 {
     h2_conn *h = calloc(1, sizeof(*h));
@@ -675,6 +681,7 @@ int kvg_h2_start(kvg_conn *c)
     c->proto_free = h2_free;
     c->proto_drain = h2_drain;
     c->proto_timeout = h2_timeout;
+    c->proto_busy = h2_busy;
     c->sock.write_low = H2_OUTPUT_THRESHOLD / 2;
     c->sock.read_high = 256 * 1024;
     kvg_sock_set_callbacks(&c->sock, read_cb, write_cb, event_cb, c);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -143,6 +144,68 @@ static int open_access_log(const char *spec)
     if (fd < 0)
         kvg_log_error("cannot open access log %s: %s", spec, strerror(errno));
     return fd;
+}
+
+/* ---- descriptors ---------------------------------------------------------------------------- */
+
+/* Raise the soft descriptor limit to the hard one: the usual soft default (1024) caps a gateway
+ * long before memory does. Returns the limit in force. */
+static uint64_t raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0) {
+        kvg_log_warn("cannot read the descriptor limit: %s", strerror(errno));
+        return 1024;
+    }
+    rlim_t want = rl.rlim_max;
+    if (want == RLIM_INFINITY) {
+        /* The kernel refuses more than fs.nr_open whatever the hard limit says. */
+        want = 1u << 20;
+        FILE *f = fopen("/proc/sys/fs/nr_open", "r");
+        unsigned long long n;
+        if (f && fscanf(f, "%llu", &n) == 1 && n > 0)
+            want = (rlim_t)n;
+        if (f)
+            fclose(f);
+    }
+    if (want > rl.rlim_cur) {
+        rlim_t old = rl.rlim_cur;
+        rl.rlim_cur = want;
+        if (setrlimit(RLIMIT_NOFILE, &rl) == 0) {
+            kvg_log_info("descriptor limit raised from %llu to %llu (the hard limit)",
+                         (unsigned long long)old, (unsigned long long)want);
+            return (uint64_t)want;
+        }
+        kvg_log_warn("cannot raise the descriptor limit from %llu to %llu: %s",
+                     (unsigned long long)old, (unsigned long long)want, strerror(errno));
+        return (uint64_t)old;
+    }
+    kvg_log_info("descriptor limit %llu", (unsigned long long)rl.rlim_cur);
+    return (uint64_t)rl.rlim_cur;
+}
+
+/* The front connection limit: configured, or half of what the descriptors left after a reserve
+ * for the admin listener, the threads' own descriptors, probes and files, since every front
+ * connection may hold a connection to a worker as well. */
+static uint32_t front_connection_limit(const kvg_gateway *gw, uint64_t nofile)
+{
+    uint64_t reserve =
+        64 + gw->cfg.admin_max_connections + 8ull * (gw->nthreads + 1) * (gw->cfg.nlisteners + 1);
+    uint64_t usable = nofile > 2 * reserve ? (nofile - reserve) / 2 : nofile / 4;
+    if (usable < 1)
+        usable = 1;
+    uint64_t limit = gw->cfg.limits.max_connections ? gw->cfg.limits.max_connections : usable;
+    if (gw->cfg.limits.max_connections && limit > usable)
+        kvg_log_warn("limits.max_connections %llu is more than the descriptor limit %llu "
+                     "leaves room for (about %llu): accepts may fail for want of descriptors "
+                     "before it is reached",
+                     (unsigned long long)limit, (unsigned long long)nofile,
+                     (unsigned long long)usable);
+    limit = KVG_MIN(limit, (uint64_t)UINT32_MAX);
+    kvg_log_info("front connections limited to %llu (%s)", (unsigned long long)limit,
+                 gw->cfg.limits.max_connections ? "limits.max_connections"
+                                                : "from the descriptor limit");
+    return (uint32_t)limit;
 }
 
 /* ---- listeners ------------------------------------------------------------------------------- */
@@ -328,6 +391,9 @@ int main(int argc, char **argv)
         kvg_log_info("generated an admin token in %s/admin-token", gw->cfg.state_dir);
 
     gw->nthreads = gw->cfg.threads ? gw->cfg.threads : default_threads();
+    gw->max_connections = front_connection_limit(gw, raise_nofile());
+    gw->body_budget.limit = gw->cfg.limits.body_budget_bytes;
+    gw->response_budget.limit = gw->cfg.limits.response_budget_bytes;
     kvg_registry_config rcfg = {
         .nthreads = gw->nthreads + 2, /* + the control thread's slots (health, scrapes) */
         .default_max_inflight = gw->cfg.upstream.max_inflight,

@@ -25,6 +25,7 @@ struct kvg_probe {
     kvg_link link;
     kvg_buf body;
     bool done;
+    bool connected; /* the TCP connect finished */
 };
 
 static void probe_free_cb(evutil_socket_t fd, short what, void *arg)
@@ -54,6 +55,26 @@ static void probe_done(kvg_probe *p, const char *why)
         bufferevent_disable(p->bev, EV_READ | EV_WRITE);
     event_del(&p->timer);
     p->spec->done(p->gw, p->worker, why, p->body.data, p->body.len);
+    event_active(&p->close_ev, EV_READ, 0);
+}
+
+/* A probe that could not open its socket for the gateway's own shortage of descriptors or
+ * memory: that says nothing about the worker, so it ends without an outcome (the next round
+ * tries again) rather than counting against the worker's health. */
+static bool local_shortage(int err)
+{
+    return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
+}
+
+static void probe_abandon(kvg_probe *p, int err)
+{
+    if (p->done)
+        return;
+    p->done = true;
+    kvg_log_debug("probe of %s not sent: %s", kvg_worker_name(p->worker), strerror(err));
+    if (p->bev)
+        bufferevent_disable(p->bev, EV_READ | EV_WRITE);
+    event_del(&p->timer);
     event_active(&p->close_ev, EV_READ, 0);
 }
 
@@ -126,8 +147,15 @@ static void read_cb(struct bufferevent *bev, void *arg)
 static void event_cb(struct bufferevent *bev, short what, void *arg)
 {
     kvg_probe *p = arg;
-    if (what & BEV_EVENT_CONNECTED)
+    if (what & BEV_EVENT_CONNECTED) {
+        p->connected = true;
         return;
+    }
+    int err = EVUTIL_SOCKET_ERROR();
+    if ((what & BEV_EVENT_ERROR) && !p->connected && local_shortage(err)) {
+        probe_abandon(p, err);
+        return;
+    }
     if ((what & BEV_EVENT_EOF) && !p->done) {
         read_cb(bev, p);
         /* A body delimited by the end of the connection completes here. */
@@ -177,8 +205,13 @@ void kvg_probe_start(kvg_gateway *gw, kvg_worker *w, unsigned slot, const kvg_pr
                         kvg_worker_authority(w), spec->headers ? spec->headers : "");
     bufferevent_enable(p->bev, EV_READ | EV_WRITE);
     if (bufferevent_socket_connect_hostname(p->bev, t->dns, AF_UNSPEC, kvg_worker_host(w),
-                                            kvg_worker_port(w)) < 0)
-        probe_done(p, "cannot connect");
+                                            kvg_worker_port(w)) < 0) {
+        int err = EVUTIL_SOCKET_ERROR();
+        if (local_shortage(err))
+            probe_abandon(p, err);
+        else
+            probe_done(p, "cannot connect");
+    }
 }
 
 void kvg_probe_free_all(kvg_link *list)

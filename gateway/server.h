@@ -58,15 +58,37 @@ struct kvg_listener {
     bool is_admin;
 };
 
+/* Why an accept(2) failed, for kvgate_accept_errors_total. */
+typedef enum kvg_accept_error {
+    KVG_ACCEPT_ERR_DESCRIPTORS = 0, /* EMFILE, ENFILE: the process or system is out of fds */
+    KVG_ACCEPT_ERR_MEMORY,          /* ENOBUFS, ENOMEM */
+    KVG_ACCEPT_ERR_OTHER,
+    KVG_ACCEPT_ERR_COUNT,
+} kvg_accept_error;
+
 /* Counters of the front that are not tied to a worker. Atomics, written by all threads. */
 typedef struct kvg_front_stats {
     _Atomic uint64_t connections_total[KVG_PROTO_COUNT];
-    _Atomic int64_t connections_open;
+    _Atomic int64_t connections_open; /* front connections (not admin, not being refused) */
+    _Atomic int64_t admin_connections_open;
+    _Atomic uint64_t connections_refused[2]; /* [0] front over max_connections, [1] admin */
+    _Atomic uint64_t admin_connections_evicted;
+    _Atomic uint64_t accept_errors[KVG_ACCEPT_ERR_COUNT];
     _Atomic uint64_t tls_handshake_failures;
     _Atomic uint64_t requests_by_class[6]; /* 0: client gone, 1xx..5xx */
     _Atomic uint64_t protocol_errors;
     _Atomic uint64_t timeouts;
+    _Atomic uint64_t send_timeouts;
 } kvg_front_stats;
+
+/* A process-wide bound on bytes held for requests or responses. used moves with atomic adds;
+ * a charge that would pass limit is refused (request bodies) or pauses the producer
+ * (responses). */
+typedef struct kvg_budget {
+    _Atomic uint64_t used;
+    uint64_t limit;
+    _Atomic uint64_t refused[2]; /* [0] the gateway's budget, [1] a tenant's share of it */
+} kvg_budget;
 
 struct kvg_thread {
     unsigned index;
@@ -80,12 +102,16 @@ struct kvg_thread {
     struct evconnlistener *listeners[KVG_MAX_LISTENERS * 2];
     void *bindings[KVG_MAX_LISTENERS * 2];
     size_t nlisteners;
-    kvg_link conns; /* open front connections */
+    kvg_link conns; /* open connections (front or admin), newest first */
     size_t nconns;
-    kvg_link pools;           /* upstream pools of this thread */
-    kvg_worker_set *workers;  /* snapshot this thread routes with */
-    kvg_tenant_set *tenants;  /* snapshot this thread authenticates with */
-    kvg_policy_config policy; /* copy of the operator's settings */
+    size_t nrefusing;               /* connections being refused politely (over a limit) */
+    struct event *accept_resume_ev; /* re-enables the listeners after an accept failure */
+    bool accept_paused;             /* listeners disabled until accept_resume_ev */
+    uint64_t accept_failures;       /* in the current episode of failures (for the log) */
+    kvg_link pools;                 /* upstream pools of this thread */
+    kvg_worker_set *workers;        /* snapshot this thread routes with */
+    kvg_tenant_set *tenants;        /* snapshot this thread authenticates with */
+    kvg_policy_config policy;       /* copy of the operator's settings */
     uint64_t policy_gen;
     bool policy_loaded;
     uint64_t rng;         /* xorshift state for request ids */
@@ -117,8 +143,11 @@ struct kvg_gateway {
     _Atomic unsigned threads_exited;
     _Atomic uint64_t rotation; /* policy tie-break counter */
     uint64_t shutdown_deadline_ns;
-    int access_log_fd; /* -1 when off */
+    int access_log_fd;        /* -1 when off */
+    uint32_t max_connections; /* front connections at once (configured, or from the fd limit) */
     kvg_front_stats stats;
+    kvg_budget body_budget;     /* request bodies held: received bytes and rewritten copies */
+    kvg_budget response_budget; /* response bytes queued toward clients */
     struct event *sig_term, *sig_int, *sig_hup;
     struct event *shutdown_timer;
 };
@@ -138,11 +167,14 @@ struct kvg_conn {
     bool proto_known;
     bool tls;
     bool closing;
+    bool counted;  /* in connections_open or admin_connections_open */
+    bool refusing; /* over a limit: a canned refusal, then close (conn.c) */
     char remote[64];
     void *proto_state; /* h1 or h2 state */
     void (*proto_free)(kvg_conn *c);
     void (*proto_drain)(kvg_conn *c);   /* shutdown: finish in-flight, take nothing new */
     void (*proto_timeout)(kvg_conn *c); /* the connection timer fired */
+    bool (*proto_busy)(kvg_conn *c);    /* a request is being served (not idle, not in a head) */
 };
 
 /* ---- threads (threads.c) ---- */

@@ -15,6 +15,7 @@
 #include "server.h"
 
 static void notify_cb(evutil_socket_t fd, short what, void *arg);
+static void accept_resume_cb(evutil_socket_t fd, short what, void *arg);
 
 void kvg_thread_notify(kvg_thread *t)
 {
@@ -64,6 +65,9 @@ int kvg_thread_init(kvg_thread *t, kvg_gateway *gw, unsigned index, bool is_cont
     t->notify_ev = event_new(t->base, t->notify_fd, EV_READ | EV_PERSIST, notify_cb, t);
     if (!t->notify_ev || event_add(t->notify_ev, NULL) < 0)
         goto fail;
+    t->accept_resume_ev = evtimer_new(t->base, accept_resume_cb, t);
+    if (!t->accept_resume_ev)
+        goto fail;
     kvg_salt_cache_init(&t->salts, t->gw->secret, t->gw->secret_len);
     uint64_t seed[2];
     kvg_random_bytes(seed, sizeof(seed));
@@ -91,6 +95,9 @@ void kvg_thread_done(kvg_thread *t)
     if (t->notify_ev)
         event_free(t->notify_ev);
     t->notify_ev = NULL;
+    if (t->accept_resume_ev)
+        event_free(t->accept_resume_ev);
+    t->accept_resume_ev = NULL;
     if (t->notify_fd >= 0)
         close(t->notify_fd);
     t->notify_fd = -1;
@@ -157,18 +164,62 @@ typedef struct listener_binding {
     kvg_listener *listener;
 } listener_binding;
 
+/* How long the listeners of a thread stay off after an accept failed for want of descriptors
+ * or memory (nginx's accept back-off): the pending connection stays in the kernel's backlog. */
+#define ACCEPT_PAUSE_MS 500
+
 static void bound_accept_cb(struct evconnlistener *lev, evutil_socket_t fd, struct sockaddr *sa,
                             int salen, void *arg)
 {
     listener_binding *b = arg;
-    kvg_conn_accept(b->thread, b->listener, fd, sa, salen);
+    kvg_thread *t = b->thread;
+    if (t->accept_failures) {
+        kvg_log_info("thread %u accepts again after %llu failed accepts", t->index,
+                     (unsigned long long)t->accept_failures);
+        t->accept_failures = 0;
+    }
+    kvg_conn_accept(t, b->listener, fd, sa, salen);
+}
+
+static void accept_resume_cb(evutil_socket_t fd, short what, void *arg)
+{
+    kvg_thread *t = arg;
+    t->accept_paused = false;
+    for (size_t i = 0; i < t->nlisteners; i++)
+        if (t->listeners[i])
+            evconnlistener_enable(t->listeners[i]);
 }
 
 static void accept_error_cb(struct evconnlistener *lev, void *arg)
 {
+    listener_binding *b = arg;
+    kvg_thread *t = b->thread;
     int err = EVUTIL_SOCKET_ERROR();
-    /* EMFILE and friends: keep the listener; the next accept may succeed once fds free up. */
-    kvg_log_warn("accept failed: %s", evutil_socket_error_to_string(err));
+    kvg_accept_error kind = err == EMFILE || err == ENFILE    ? KVG_ACCEPT_ERR_DESCRIPTORS
+                            : err == ENOBUFS || err == ENOMEM ? KVG_ACCEPT_ERR_MEMORY
+                                                              : KVG_ACCEPT_ERR_OTHER;
+    t->gw->stats.accept_errors[kind]++;
+    if (kind == KVG_ACCEPT_ERR_OTHER) {
+        /* ECONNABORTED and the like concern one connection: the listener goes on. */
+        kvg_log_debug("accept failed: %s", evutil_socket_error_to_string(err));
+        return;
+    }
+    /* Out of descriptors the listening socket stays readable and every accept fails at once:
+     * without a pause the loop spins at 100% CPU writing this line millions of times. Stop
+     * accepting on this thread for a while; log once per episode. */
+    if (t->accept_failures++ == 0)
+        kvg_log_warn("thread %u cannot accept: %s; pausing accepts for %u ms at a time until "
+                     "they succeed (limits.max_connections keeps the front below the "
+                     "descriptor limit)",
+                     t->index, evutil_socket_error_to_string(err), ACCEPT_PAUSE_MS);
+    if (t->accept_paused || !t->accept_resume_ev)
+        return;
+    t->accept_paused = true;
+    for (size_t i = 0; i < t->nlisteners; i++)
+        if (t->listeners[i])
+            evconnlistener_disable(t->listeners[i]);
+    struct timeval tv = {0, ACCEPT_PAUSE_MS * 1000};
+    evtimer_add(t->accept_resume_ev, &tv);
 }
 
 int kvg_thread_add_listener(kvg_thread *t, kvg_listener *l, evutil_socket_t fd)
@@ -195,6 +246,9 @@ int kvg_thread_add_listener(kvg_thread *t, kvg_listener *l, evutil_socket_t fd)
 
 void kvg_thread_close_listeners(kvg_thread *t)
 {
+    if (t->accept_resume_ev)
+        evtimer_del(t->accept_resume_ev);
+    t->accept_paused = false;
     for (size_t i = 0; i < t->nlisteners; i++) {
         if (t->listeners[i])
             evconnlistener_free(t->listeners[i]);

@@ -456,6 +456,12 @@ static void start_connect(kvg_upstream *u)
     kvg_thread *t = u->pool->thread;
     u->sock_ready = true; /* kvg_sock_done is safe on whatever connect leaves behind */
     int rc = kvg_sock_connect(&u->sock, t->base, (struct sockaddr *)&u->addr, u->addr_len);
+    if (rc == -EMFILE || rc == -ENFILE || rc == -ENOBUFS || rc == -ENOMEM) {
+        /* The gateway's own shortage says nothing about the worker: no health failure (a
+         * descriptor flood would otherwise mark every worker down), no other worker tried. */
+        fail_error(u, 503, "the gateway is out of descriptors or memory for a worker connection");
+        return;
+    }
     if (rc < 0) {
         kvg_worker_health_observe(u->pool->worker, false);
         fail_retryable(u, rc, true);

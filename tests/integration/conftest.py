@@ -354,7 +354,8 @@ def kvgate(tmp_path, request):
     .reload edit it later). threads: --threads (default 2). tls: (cert, key) for --tls-cert
     and --tls-key. listen: front addresses (default ['127.0.0.1:0']; [] leaves them to the
     config). access_log: True (a file in tmp, default), False ('off'). args: more flags.
-    env: extra environment. At teardown each gateway still running gets SIGTERM and must exit
+    env: extra environment. wrap: a command that execs the gateway (e.g. ["prlimit",
+    "--nofile=256:4096", "--"]): the process keeps its pid. At teardown each gateway still running gets SIGTERM and must exit
     with .expect_exit (0), so hangs, crashes and sanitizer reports fail the test; its log is
     shown on failure."""
     exe = binary("kvgate")
@@ -363,14 +364,14 @@ def kvgate(tmp_path, request):
 
     def start(*workers, config=None, threads=2, tls=None, listen=None, access_log=True,
               args=(), env=None, log_level="info", token=ADMIN_TOKEN, name=None,
-              timeout=START_TIMEOUT_S, auth="open"):
+              timeout=START_TIMEOUT_S, auth="open", wrap=()):
         name = name or f"kvgate{len(started) + 1}"
         port_file = tmp_path / f"{name}.ports"
         log_path = tmp_path / f"{name}.log"
         state_dir = tmp_path / f"{name}-state"
         access_path = tmp_path / f"{name}-access.log" if access_log else None
         port_file.unlink(missing_ok=True)
-        argv = [str(exe), "--port-file", str(port_file), "--admin-listen", "127.0.0.1:0",
+        argv = [*wrap, str(exe), "--port-file", str(port_file), "--admin-listen", "127.0.0.1:0",
                 "--state", str(state_dir), "--log-level", log_level,
                 "--access-log", str(access_path) if access_path else "off"]
         for addr in (["127.0.0.1:0"] if listen is None else listen):
