@@ -53,10 +53,39 @@ const char *kvg_exchange_proto_str(kvg_exchange_proto p)
     return p < KVG_PROTO_COUNT ? names[p] : "?";
 }
 
+/* The client has not taken a byte of this response for a whole period while the handler
+ * waits for it: a reader that stopped (or never reads) would otherwise hold the worker's slot
+ * and the upstream connection forever, since a paused upstream has no read timeout (nginx's
+ * send_timeout). Progress of any size restarts the period. */
+static void send_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    kvg_exchange *x = arg;
+    if (x->aborted || x->front_done || x->handler_done || !x->want_writable)
+        return;
+    kvg_gateway *gw = x->thread->gw;
+    uint64_t now = x->ops->progress(x);
+    if (now != x->send_mark) {
+        x->send_mark = now;
+        uint32_t ms = gw->cfg.limits.send_timeout_ms;
+        struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+        event_add(&x->send_timer, &tv);
+        return;
+    }
+    gw->stats.send_timeouts++;
+    gw->stats.timeouts++;
+    x->error_type = "send_timeout";
+    kvg_log_info("request %s: the client took no response byte for %u ms; aborting it",
+                 x->request_id, gw->cfg.limits.send_timeout_ms);
+    kvg_exchange_deliver_abort(x); /* frees the worker's slot and cancels its request now */
+    x->aborted = true;
+    x->ops->abort_stalled(x);
+}
+
 int kvg_exchange_init(kvg_exchange *x, kvg_thread *t, kvg_exchange_proto proto,
                       const kvg_exchange_ops *ops, void *proto_data)
 {
     memset(x, 0, sizeof(*x));
+    event_assign(&x->send_timer, t->base, -1, 0, send_timeout_cb, x);
     kvg_arena_init(&x->arena, 4096);
     x->proto = proto;
     x->ops = ops;
@@ -78,6 +107,7 @@ int kvg_exchange_init(kvg_exchange *x, kvg_thread *t, kvg_exchange_proto proto,
 
 void kvg_exchange_done(kvg_exchange *x)
 {
+    event_del(&x->send_timer);
     if (x->body)
         evbuffer_free(x->body);
     if (x->out)
@@ -191,7 +221,13 @@ bool kvg_exchange_output_full(kvg_exchange *x)
     if (x->aborted || x->front_done)
         return false;
     if (x->ops->pending(x) > KVG_EXCHANGE_HIGH_WATER) {
-        x->want_writable = true;
+        if (!x->want_writable) {
+            x->want_writable = true;
+            x->send_mark = x->ops->progress(x);
+            uint32_t ms = x->thread->gw->cfg.limits.send_timeout_ms;
+            struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+            event_add(&x->send_timer, &tv);
+        }
         return true;
     }
     return false;
@@ -250,6 +286,7 @@ void kvg_exchange_deliver_writable(kvg_exchange *x)
     if (!x->want_writable || x->handler_done || x->abort_delivered || !x->handler)
         return;
     x->want_writable = false;
+    event_del(&x->send_timer);
     if (x->handler->on_writable)
         x->handler->on_writable(x);
 }

@@ -6,6 +6,7 @@
 
 #include <event2/buffer.h>
 #include <event2/event.h>
+#include <event2/event_struct.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -57,6 +58,13 @@ typedef struct kvg_exchange_ops {
     void (*reset)(kvg_exchange *x);     /* abort the response mid-way */
     size_t (*pending)(kvg_exchange *x); /* bytes queued toward the client */
     void (*release)(kvg_exchange *x);   /* both sides are done: the front frees x */
+    /* Bytes of x's response that have left toward the client so far (a count that only
+     * grows): the send timeout compares it across its period. */
+    uint64_t (*progress)(kvg_exchange *x);
+    /* The response made no progress for limits.send_timeout_ms; the handler has had on_abort.
+     * End the stream (h2: RST_STREAM, or close the connection when its socket is what is
+     * stuck; h1: close). */
+    void (*abort_stalled)(kvg_exchange *x);
 } kvg_exchange_ops;
 
 struct kvg_exchange {
@@ -99,7 +107,9 @@ struct kvg_exchange {
     bool want_writable;
     uint64_t bytes_in;
     uint64_t bytes_out;
-    uint64_t first_byte_ns; /* monotonic time the response head went out */
+    uint64_t first_byte_ns;  /* monotonic time the response head went out */
+    struct event send_timer; /* armed while the handler waits for the client (output full) */
+    uint64_t send_mark;      /* ops->progress() when the send timer was last armed */
 
     /* --- for the access log and metrics, set by handlers --- */
     const char *worker_name; /* arena copy */
@@ -150,7 +160,9 @@ void kvg_exchange_end(kvg_exchange *x);
 /** Abort a response already under way (h2: RST_STREAM, h1: close the connection). */
 void kvg_exchange_reset(kvg_exchange *x);
 /** True when more than the high-water mark is queued toward the client; the handler should
- *  stop producing until on_writable. */
+ *  stop producing until on_writable. While it waits, the send timeout runs: a response that
+ *  moves no byte toward the client for limits.send_timeout_ms is aborted (on_abort, then the
+ *  stream is reset or the connection closed) and logged with error "send_timeout". */
 bool kvg_exchange_output_full(kvg_exchange *x);
 /** The handler is finished with x (after end, reset or on_abort); x may be freed now. */
 void kvg_exchange_detach(kvg_exchange *x);

@@ -267,6 +267,18 @@ static void op_release(kvg_exchange *x)
     free(x);
 }
 
+static uint64_t op_progress(kvg_exchange *x)
+{
+    h1_conn *h = x->proto_data;
+    return h->conn->sock.bytes_written;
+}
+
+static void op_abort_stalled(kvg_exchange *x)
+{
+    h1_conn *h = x->proto_data;
+    kvg_conn_close(h->conn); /* the stream is the connection */
+}
+
 static const kvg_exchange_ops h1_ops = {
     .read_body = op_read_body,
     .send_head = op_send_head,
@@ -275,6 +287,8 @@ static const kvg_exchange_ops h1_ops = {
     .reset = op_reset,
     .pending = op_pending,
     .release = op_release,
+    .progress = op_progress,
+    .abort_stalled = op_abort_stalled,
 };
 
 /* ---- request lifecycle ---------------------------------------------------------------------- */

@@ -32,8 +32,9 @@ typedef struct h2_stream {
     bool in_head_delivery;
     bool data_deferred; /* nghttp2 is waiting for resume_data */
     bool response_submitted;
-    bool closed;     /* nghttp2 closed the stream */
-    size_t buffered; /* body bytes this stream holds, counted in the connection total */
+    bool closed;         /* nghttp2 closed the stream */
+    size_t buffered;     /* body bytes this stream holds, counted in the connection total */
+    uint64_t bytes_sent; /* response body bytes handed to the socket (the send timeout's view) */
     struct event body_timer;
 } h2_stream;
 
@@ -186,6 +187,28 @@ static void op_release(kvg_exchange *x)
     free(s);
 }
 
+static uint64_t op_progress(kvg_exchange *x)
+{
+    return stream_of(x)->bytes_sent;
+}
+
+/* A stream whose client stopped reading. When the connection's socket is what is stuck, every
+ * stream of it is, and a RST_STREAM could not even be sent: close the connection. Otherwise
+ * the client holds this stream's flow-control window shut: reset the stream alone. */
+static void op_abort_stalled(kvg_exchange *x)
+{
+    h2_stream *s = stream_of(x);
+    kvg_conn *c = s->h->conn;
+    if (evbuffer_get_length(c->sock.out) > 0) {
+        kvg_conn_close(c);
+        return;
+    }
+    if (s->closed)
+        return;
+    nghttp2_submit_rst_stream(s->h->session, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_CANCEL);
+    h2_schedule_flush(s->h);
+}
+
 static const kvg_exchange_ops h2_ops = {
     .read_body = op_read_body,
     .send_head = op_send_head,
@@ -194,6 +217,8 @@ static const kvg_exchange_ops h2_ops = {
     .reset = op_reset,
     .pending = op_pending,
     .release = op_release,
+    .progress = op_progress,
+    .abort_stalled = op_abort_stalled,
 };
 
 /* ---- stream lifecycle ------------------------------------------------------------------------ */
@@ -481,6 +506,7 @@ static int send_data_cb(nghttp2_session *session, nghttp2_frame *frame, const ui
     if (evbuffer_get_length(out) >= H2_OUTPUT_THRESHOLD)
         return NGHTTP2_ERR_WOULDBLOCK;
     evbuffer_add(out, framehd, 9);
+    s->bytes_sent += length;
     /* No padding callback is set, so padlen is always 0; handled anyway for completeness. */
     if (frame->data.padlen > 0) {
         uint8_t pad = (uint8_t)(frame->data.padlen - 1);

@@ -197,6 +197,7 @@ static bool write_out(kvg_sock *s)
             int n = SSL_write(s->ssl, v.iov_base, (int)KVG_MIN(v.iov_len, 1u << 30));
             if (n > 0) {
                 evbuffer_drain(s->out, (size_t)n);
+                s->bytes_written += (uint64_t)n;
                 continue;
             }
             int e = SSL_get_error(s->ssl, n);
@@ -217,6 +218,7 @@ static bool write_out(kvg_sock *s)
         ssize_t n = writev(s->fd, (struct iovec *)v, nv);
         if (n > 0) {
             evbuffer_drain(s->out, (size_t)n);
+            s->bytes_written += (uint64_t)n;
             continue;
         }
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))

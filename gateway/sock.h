@@ -33,6 +33,7 @@ struct kvg_sock {
     size_t write_low;  /* write_fn fires when a write from the loop brings output down to this */
     bool drain_notify; /* write_fn also fires whenever output becomes empty (close after send) */
     int error;         /* errno of the failure (ECONNRESET, ...), or EPROTO for TLS */
+    uint64_t bytes_written; /* bytes handed to the kernel (or to TLS) so far */
     /* private */
     struct event_base *base;
     struct event rev, wev, flush_ev;

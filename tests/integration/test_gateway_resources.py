@@ -47,6 +47,19 @@ def peer_closed(sock):
         sock.setblocking(True)
 
 
+def reads_to_close(sock, timeout=5.0):
+    """Read whatever is left until the other end's close (True) or the timeout (False)."""
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(1 << 20):
+            pass
+        return True
+    except socket.timeout:
+        return False
+    except OSError:
+        return True
+
+
 def served(gw):
     r = http.post(gw.url + COMPL, json=BODY, timeout=5)
     assert r.status_code == 200, r.text
@@ -193,3 +206,92 @@ def test_admin_listener_makes_room_by_closing_its_oldest_idle_connection(simwork
     finally:
         for c in slow:
             c.close()
+
+
+# ---- slow readers -------------------------------------------------------------------------------
+
+
+class EndlessWorker:
+    """A worker that streams an endless SSE body for prompts that ask for it (until the
+    gateway closes the connection, which it records as a cancellation) and answers anything
+    else with a small JSON body."""
+
+    def __init__(self, fake_upstream):
+        self.cancelled = []
+        self.up = fake_upstream(self.handle, name="endless")
+
+    def handle(self, req, sock):
+        if b"endless" not in req["body"]:
+            body = json.dumps({"ok": True}).encode()
+            sock.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                         b"content-length: %d\r\n\r\n%s" % (len(body), body))
+            return True
+        sock.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                     b"transfer-encoding: chunked\r\n\r\n")
+        event = b"data: " + b"x" * 16000 + b"\n\n"
+        chunk = b"%x\r\n%s\r\n" % (len(event), event)
+        try:
+            while True:
+                sock.sendall(chunk)
+        except OSError:
+            self.cancelled.append(time.monotonic())
+        return False
+
+
+def stalled_h1_client(port, prompt="endless"):
+    """A client with a tiny receive buffer that sends one request and never reads."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    s.sendall(request_bytes("POST", COMPL, {"model": "m", "prompt": prompt}))
+    return s
+
+
+def test_slow_reader_loses_its_worker_slot_at_the_send_timeout(kvgate, fake_upstream):
+    """Clients that stop reading their streams held every worker slot forever (a paused
+    upstream has no read timeout). With limits.send_timeout_ms the response that moves no byte
+    toward its client is aborted, the worker's request cancelled and the slot freed; the access
+    log and a metric say why."""
+    w = EndlessWorker(fake_upstream)
+    gw = kvgate(config={"limits": {"send_timeout_ms": 1000}},
+                args=["--worker", f"endless={w.up.url},max_inflight=2"])
+    stalled = [stalled_h1_client(gw.port) for _ in range(2)]
+    try:
+        assert wait_for(lambda: len(w.cancelled) == 2, 15), \
+            f"{len(w.cancelled)} of 2 stalled streams cancelled"
+        # The slots are free: a new request is served, not refused with 503.
+        r = http.post(gw.url + COMPL, json={"model": "m", "prompt": "short"}, timeout=5)
+        assert r.status_code == 200, r.text
+        assert all(reads_to_close(s) for s in stalled)  # HTTP/1.1: the connection goes
+    finally:
+        for s in stalled:
+            s.close()
+    assert gw.metric("kvgate_send_timeouts_total") == 2
+    assert gw.metric("kvgate_worker_requests_total", code="499") == 2
+    assert wait_for(lambda: gw.metric("kvgate_worker_inflight") == 0, 3)
+    timed_out = [e for e in gw.access_entries() if e["error"] == "send_timeout"]
+    assert len(timed_out) == 2 and all(e["status"] == 200 for e in timed_out), timed_out
+
+
+def test_h2_stream_with_a_shut_window_is_reset_and_the_connection_lives(kvgate, fake_upstream):
+    """An HTTP/2 client that never opens a stream's flow-control window: that stream is reset
+    (CANCEL) at the send timeout and its worker request cancelled; the connection, whose socket
+    is fine, goes on serving."""
+    w = EndlessWorker(fake_upstream)
+    gw = kvgate(config={"limits": {"send_timeout_ms": 1000}},
+                args=["--worker", f"endless={w.up.url},max_inflight=1"])
+    h = H2Client(gw.port, timeout=10, auto_ack=False)
+    try:
+        stuck = h.request("POST", COMPL, {"model": "m", "prompt": "endless"})
+        h.wait([stuck], timeout=15)
+        assert stuck.reset == h2.errors.ErrorCodes.CANCEL, stuck.reset
+        assert wait_for(lambda: len(w.cancelled) == 1, 5)
+        # The reset stream's DATA used up the connection's window too: give that back.
+        h.conn.increment_flow_control_window(1 << 20)
+        h.auto_ack = True
+        ok = h.request("POST", COMPL, {"model": "m", "prompt": "short"})
+        h.wait([ok])
+        assert ok.status == 200
+    finally:
+        h.close()
+    assert gw.metric("kvgate_send_timeouts_total") == 1
