@@ -867,11 +867,12 @@ int kvg_config_parse_args(kvg_config *cfg, int argc, char **argv, kvg_config_act
 
 int kvg_config_validate(const kvg_config *cfg, char *err, size_t err_len)
 {
-    /* A body the budget cannot hold could never be served. */
-    if (cfg->limits.body_budget_bytes < cfg->limits.body_bytes) {
+    /* A body the budget cannot hold (with the rewritten copy the forwarding makes) could
+     * never be served. */
+    if (cfg->limits.body_budget_bytes < 2 * (uint64_t)cfg->limits.body_bytes) {
         snprintf(err, err_len,
-                 "limits.body_budget_mib must hold at least one body of "
-                 "limits.body_bytes");
+                 "limits.body_budget_mib must hold one body of limits.body_bytes "
+                 "twice (the body and its rewritten copy)");
         return KVG_ECONFIG;
     }
     const kvg_listener_config *groups[2] = {cfg->listeners, cfg->admin_listeners};

@@ -9,10 +9,81 @@
 
 #include "server.h"
 
+/* Bodies of unknown length are charged ahead by at least this much, so that most chunks of
+ * an upload cost no atomic operation. */
+#define BODY_CHARGE_STEP ((uint64_t)16 * 1024)
+/* A response's charge is moved in steps at least this large: SSE events are small and many,
+ * and an atomic add for each would be most of their cost. */
+#define OUTPUT_CHARGE_STEP (16u * 1024u)
+
+int kvg_exchange_body_charge(kvg_exchange *x, uint64_t n)
+{
+    kvg_gateway *gw = x->thread->gw;
+    kvg_budget *b = &gw->body_budget;
+    uint64_t used = atomic_fetch_add_explicit(&b->used, n, memory_order_relaxed);
+    if (used + n > b->limit) {
+        atomic_fetch_sub_explicit(&b->used, n, memory_order_relaxed);
+        b->refused[0]++;
+        return -ENOBUFS;
+    }
+    if (x->body_owner) {
+        uint64_t share = b->limit / 100 * gw->cfg.limits.tenant_body_share;
+        if (!kvg_tenant_buffer_charge(x->body_owner, n, share)) {
+            atomic_fetch_sub_explicit(&b->used, n, memory_order_relaxed);
+            b->refused[1]++;
+            kvg_tenant_record_refusal(x->body_owner, KVG_ADMIT_BUFFER);
+            return KVG_ELIMIT;
+        }
+    }
+    x->body_charged += n;
+    return 0;
+}
+
+void kvg_exchange_set_body_owner(kvg_exchange *x, kvg_tenant *t)
+{
+    /* Only before anything is charged: the charge and its release must meet the same owner. */
+    if (x->body_owner || x->body_charged || !t)
+        return;
+    x->body_owner = kvg_tenant_ref(t);
+}
+
+/* The minimum upload rate, checked as bytes arrive: once a window of read_timeout_ms has
+ * passed, the bytes in it must average body_min_rate. The gap timer alone lets a client hold
+ * a nearly complete body forever by sending a byte just before each timeout. */
+static bool body_rate_ok(kvg_exchange *x, size_t len)
+{
+    const kvg_front_limits *lim = &x->thread->gw->cfg.limits;
+    if (!lim->body_min_rate)
+        return true;
+    uint64_t now = kvg_now_ns();
+    if (!x->rate_start_ns)
+        x->rate_start_ns = x->start_ns;
+    uint64_t elapsed = now - x->rate_start_ns;
+    if (elapsed >= (uint64_t)lim->read_timeout_ms * 1000000u) {
+        if ((double)x->rate_bytes * 1e9 < (double)lim->body_min_rate * (double)elapsed)
+            return false;
+        x->rate_start_ns = now;
+        x->rate_bytes = 0;
+    }
+    x->rate_bytes += len;
+    return true;
+}
+
 int kvg_exchange_body_append(kvg_exchange *x, const void *data, size_t len)
 {
     if (!len)
         return 0;
+    if (!body_rate_ok(x, len))
+        return -ETIMEDOUT;
+    uint64_t held = evbuffer_get_length(x->body) + (uint64_t)len;
+    if (held > x->body_charged) {
+        /* What arrived, rounded up to a step while the body limit leaves room for one. */
+        uint64_t need = held - x->body_charged;
+        uint64_t room = x->body_limit > x->body_charged ? x->body_limit - x->body_charged : 0;
+        int rc = kvg_exchange_body_charge(x, KVG_MAX(need, KVG_MIN(BODY_CHARGE_STEP, room)));
+        if (rc < 0)
+            return rc;
+    }
     struct evbuffer_iovec v; /* one vector: libevent guarantees it len contiguous bytes */
     if (evbuffer_reserve_space(x->body, (ev_ssize_t)len, &v, 1) != 1)
         return -ENOMEM;
@@ -108,6 +179,21 @@ int kvg_exchange_init(kvg_exchange *x, kvg_thread *t, kvg_exchange_proto proto,
 void kvg_exchange_done(kvg_exchange *x)
 {
     event_del(&x->send_timer);
+    if (x->body_charged) {
+        atomic_fetch_sub_explicit(&x->thread->gw->body_budget.used, x->body_charged,
+                                  memory_order_relaxed);
+        if (x->body_owner)
+            kvg_tenant_buffer_release(x->body_owner, x->body_charged);
+        x->body_charged = 0;
+    }
+    if (x->out_charged) {
+        atomic_fetch_sub_explicit(&x->thread->gw->response_budget.used, x->out_charged,
+                                  memory_order_relaxed);
+        x->out_charged = 0;
+    }
+    if (x->body_owner)
+        kvg_tenant_unref(x->body_owner);
+    x->body_owner = NULL;
     if (x->body)
         evbuffer_free(x->body);
     if (x->out)
@@ -216,11 +302,33 @@ void kvg_exchange_reset(kvg_exchange *x)
     x->ops->reset(x);
 }
 
+/* Move x's share of the response budget to what it has queued now, in steps. */
+static void charge_output(kvg_exchange *x, size_t pending)
+{
+    size_t was = x->out_charged;
+    _Atomic uint64_t *used = &x->thread->gw->response_budget.used;
+    if (pending >= was + OUTPUT_CHARGE_STEP) {
+        atomic_fetch_add_explicit(used, pending - was, memory_order_relaxed);
+        x->out_charged = pending;
+    } else if (was >= pending + OUTPUT_CHARGE_STEP || (pending == 0 && was)) {
+        atomic_fetch_sub_explicit(used, was - pending, memory_order_relaxed);
+        x->out_charged = pending;
+    }
+}
+
 bool kvg_exchange_output_full(kvg_exchange *x)
 {
     if (x->aborted || x->front_done)
         return false;
-    if (x->ops->pending(x) > KVG_EXCHANGE_HIGH_WATER) {
+    size_t pending = x->ops->pending(x);
+    charge_output(x, pending);
+    const kvg_budget *rb = &x->thread->gw->response_budget;
+    /* Past the response budget every response keeps only the low-water mark queued: the
+     * producers slow to their clients' pace instead of memory growing with the clients that
+     * read slowly. */
+    if (pending > KVG_EXCHANGE_HIGH_WATER ||
+        (pending > KVG_EXCHANGE_LOW_WATER &&
+         atomic_load_explicit(&rb->used, memory_order_relaxed) > rb->limit)) {
         if (!x->want_writable) {
             x->want_writable = true;
             x->send_mark = x->ops->progress(x);
@@ -287,6 +395,7 @@ void kvg_exchange_deliver_writable(kvg_exchange *x)
         return;
     x->want_writable = false;
     event_del(&x->send_timer);
+    charge_output(x, x->ops->pending(x));
     if (x->handler->on_writable)
         x->handler->on_writable(x);
 }
@@ -342,6 +451,32 @@ void kvg_exchange_send_error_retry(kvg_exchange *x, int status, const char *type
     else
         kvg_exchange_send_body(x, status, "application/json", b.data, b.len);
     kvg_buf_done(&b);
+}
+
+void kvg_exchange_send_body_error(kvg_exchange *x, int rc)
+{
+    switch (rc) {
+    case -ENOBUFS:
+        kvg_exchange_send_error_retry(x, 503, "overloaded", 1,
+                                      "the gateway holds as many request bodies as its memory "
+                                      "budget allows (limits.body_budget_mib); retry shortly");
+        break;
+    case KVG_ELIMIT:
+        kvg_exchange_send_error_retry(x, 429, "rate_limit_error", 1,
+                                      "this API key's requests hold their whole share of the "
+                                      "gateway's request-body budget; retry shortly");
+        break;
+    case -ETIMEDOUT:
+        x->thread->gw->stats.timeouts++;
+        kvg_exchange_send_error(x, 408, "invalid_request_error",
+                                "the request body arrives too slowly (under %u bytes/s)",
+                                x->thread->gw->cfg.limits.body_min_rate);
+        break;
+    default:
+        kvg_exchange_send_error_retry(x, 503, "internal_error", 1,
+                                      "out of memory for the request body");
+        break;
+    }
 }
 
 void kvg_exchange_send_error(kvg_exchange *x, int status, const char *type, const char *fmt, ...)

@@ -15,6 +15,7 @@
 typedef struct kvg_exchange kvg_exchange;
 typedef struct kvg_conn kvg_conn;
 typedef struct kvg_thread kvg_thread;
+typedef struct kvg_tenant kvg_tenant;
 
 typedef struct kvg_header {
     const char *name; /* lowercase */
@@ -90,6 +91,10 @@ struct kvg_exchange {
     const char *body_bytes; /* kvg_exchange_body_bytes' answer, once asked for */
     size_t body_limit;
     bool body_complete;
+    kvg_tenant *body_owner; /* referenced: whose share of the body budget the body counts in */
+    uint64_t body_charged;  /* bytes counted in the body budget (and the owner's share) */
+    uint64_t rate_start_ns; /* the minimum upload rate's current window */
+    uint64_t rate_bytes;    /* body bytes that arrived in it */
 
     /* --- response --- */
     int status; /* 0 until a head is sent */
@@ -110,6 +115,7 @@ struct kvg_exchange {
     uint64_t first_byte_ns;  /* monotonic time the response head went out */
     struct event send_timer; /* armed while the handler waits for the client (output full) */
     uint64_t send_mark;      /* ops->progress() when the send timer was last armed */
+    size_t out_charged;      /* response bytes counted in the response budget */
 
     /* --- for the access log and metrics, set by handlers --- */
     const char *worker_name; /* arena copy */
@@ -141,8 +147,25 @@ void kvg_exchange_set_request_id(kvg_exchange *x);
 void kvg_exchange_read_body(kvg_exchange *x);
 /** Append request body bytes to x->body (the fronts' body callbacks). Copies with kvg_copy:
  *  evbuffer_add's memcpy is 20x slower for half the alignments on AMD EPYC (common/copy.c).
- *  0 or -ENOMEM. */
+ *  Bytes past what is charged already are charged to the body budget first
+ *  (kvg_exchange_body_charge), and the body must keep limits.body_min_rate over each window of
+ *  limits.read_timeout_ms. 0, -ENOMEM, -ENOBUFS or KVG_ELIMIT (the budget, as for
+ *  kvg_exchange_body_charge), -ETIMEDOUT (too slow): the front answers with
+ *  kvg_exchange_send_body_error and reads no more of the body. */
 int kvg_exchange_body_append(kvg_exchange *x, const void *data, size_t len);
+/** The tenant whose share of the request-body budget x's body counts against (referenced
+ *  until x is freed; NULL: none). Set it before kvg_exchange_read_body. */
+void kvg_exchange_set_body_owner(kvg_exchange *x, kvg_tenant *t);
+/** Count n more bytes of request body held for x in the gateway's body budget
+ *  (limits.body_budget_mib) and in its owner's share of it (limits.tenant_body_share percent);
+ *  both are given back when x is freed. 0; -ENOBUFS when the gateway's budget is spent (503),
+ *  KVG_ELIMIT when the owner's share is (429); a refusal counts nothing, and is counted in
+ *  kvgate_buffer_refusals_total (and the tenant's rate-limited counter). */
+int kvg_exchange_body_charge(kvg_exchange *x, uint64_t n);
+/** Answer a request whose body kvg_exchange_body_append or kvg_exchange_body_charge refused:
+ *  503 with Retry-After (budget, memory), 429 with Retry-After (the tenant's share), 408 (too
+ *  slow). Ends the response. */
+void kvg_exchange_send_body_error(kvg_exchange *x, int rc);
 /** The whole request body as one contiguous run of *len bytes ("" when empty): x->body's own
  *  bytes when they sit in one chain, else a copy in x->arena (made with kvg_copy, where
  *  evbuffer_pullup would use memcpy), made once: later calls return the same bytes. NULL when
@@ -159,10 +182,12 @@ void kvg_exchange_write(kvg_exchange *x, const void *data, size_t len);
 void kvg_exchange_end(kvg_exchange *x);
 /** Abort a response already under way (h2: RST_STREAM, h1: close the connection). */
 void kvg_exchange_reset(kvg_exchange *x);
-/** True when more than the high-water mark is queued toward the client; the handler should
- *  stop producing until on_writable. While it waits, the send timeout runs: a response that
- *  moves no byte toward the client for limits.send_timeout_ms is aborted (on_abort, then the
- *  stream is reset or the connection closed) and logged with error "send_timeout". */
+/** True when more than the high-water mark is queued toward the client, or more than the
+ *  low-water mark while the responses of all exchanges together hold more than
+ *  limits.response_budget_mib; the handler should stop producing until on_writable. While it waits,
+ * the send timeout runs: a response that moves no byte toward the client for limits.send_timeout_ms
+ * is aborted (on_abort, then the stream is reset or the connection closed) and logged with error
+ * "send_timeout". */
 bool kvg_exchange_output_full(kvg_exchange *x);
 /** The handler is finished with x (after end, reset or on_abort); x may be freed now. */
 void kvg_exchange_detach(kvg_exchange *x);

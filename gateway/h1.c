@@ -46,6 +46,7 @@ typedef struct h1_conn {
     bool upgrade;
     int pending_error; /* status of an error found inside a parser callback */
     const char *pending_error_msg;
+    int pending_body_rc;     /* kvg_exchange_body_append's refusal, answered by its own rules */
     struct event process_ev; /* re-run the parse loop outside callbacks */
 } h1_conn;
 
@@ -306,6 +307,7 @@ static void h1_reset_request_state(h1_conn *h)
     h->head_request = h->chunked_response = h->response_complete = false;
     h->continue_sent = false;
     h->pending_error = 0;
+    h->pending_body_rc = 0;
 }
 
 /* The front is done with the current exchange: the response is fully queued. */
@@ -333,8 +335,9 @@ static void h1_finish_exchange(h1_conn *h)
     event_active(&h->process_ev, EV_READ, 0);
 }
 
-/* Errors found before a handler took the request: answer and close. */
-static void h1_fail(h1_conn *h, int status, const char *msg)
+/* Errors found before a handler took the request: answer and close. A refused body append
+ * (body_rc) is answered by kvg_exchange_send_body_error, status and msg otherwise. */
+static void h1_fail(h1_conn *h, int status, const char *msg, int body_rc)
 {
     kvg_conn *c = h->conn;
     c->thread->gw->stats.protocol_errors++;
@@ -362,7 +365,10 @@ static void h1_fail(h1_conn *h, int status, const char *msg)
     /* A handler that was working on it is told the request is gone. */
     kvg_exchange_deliver_abort(x);
     h->message_complete = true; /* nothing more will be read */
-    kvg_exchange_send_error(x, status, "invalid_request_error", "%s", msg);
+    if (body_rc)
+        kvg_exchange_send_body_error(x, body_rc);
+    else
+        kvg_exchange_send_error(x, status, "invalid_request_error", "%s", msg);
     if (h->x == x)
         h1_finish_exchange(h);
 }
@@ -599,9 +605,10 @@ static int cb_body(http_parser *p, const char *at, size_t len)
         h->pending_error_msg = "request body too large";
         return -1;
     }
-    if (!h->discard_body && kvg_exchange_body_append(x, at, len) < 0) {
+    int rc = h->discard_body ? 0 : kvg_exchange_body_append(x, at, len);
+    if (rc < 0) {
         h->pending_error = 503;
-        h->pending_error_msg = "out of memory for the request body";
+        h->pending_body_rc = rc;
         return -1;
     }
     kvg_conn_set_timer(h->conn, h->conn->thread->gw->cfg.limits.read_timeout_ms);
@@ -695,7 +702,7 @@ static void h1_process(h1_conn *h)
                     msg = http_errno_description(err);
                 }
             }
-            h1_fail(h, status, msg);
+            h1_fail(h, status, msg, h->pending_body_rc);
             return;
         }
     }
@@ -772,7 +779,7 @@ static void h1_timeout(h1_conn *h)
     kvg_conn *c = h->conn;
     if (h->state == H1_HEAD || (h->state == H1_BODY && h->x && !h->x->head_sent)) {
         c->thread->gw->stats.timeouts++;
-        h1_fail(h, 408, "timed out reading the request");
+        h1_fail(h, 408, "timed out reading the request", 0);
         return;
     }
     kvg_conn_close(c);

@@ -454,8 +454,14 @@ static int on_data_chunk_recv(nghttp2_session *session, uint8_t flags, int32_t s
                                       "too many request body bytes in flight on this connection");
         return 0;
     }
-    if (kvg_exchange_body_append(x, data, len) < 0)
-        return NGHTTP2_ERR_CALLBACK_FAILURE;
+    int rc = kvg_exchange_body_append(x, data, len);
+    if (rc < 0) {
+        /* As on HTTP/1.1: the stream gets its answer (503 budget or memory, 429 the tenant's
+         * share, 408 too slow); on_frame_send then resets the rest of the upload. */
+        kvg_exchange_deliver_abort(x);
+        kvg_exchange_send_body_error(x, rc);
+        return 0;
+    }
     s->buffered += len;
     s->h->body_buffered += len;
     arm_body_timer(s);

@@ -51,7 +51,7 @@ typedef enum proxy_route {
 } proxy_route;
 
 static void try_next(proxy_req *r);
-static struct evbuffer *body_for(proxy_req *r, kvg_worker *w);
+static struct evbuffer *body_for(proxy_req *r, kvg_worker *w, int *rc);
 
 static size_t path_len(const char *path)
 {
@@ -352,9 +352,17 @@ static void try_next(proxy_req *r)
         r->inflight_held = true;
         r->attempt_matched = r->route.cands[r->next - 1].matched;
         x->worker_name = kvg_arena_strdup(&x->arena, kvg_worker_name(w));
-        struct evbuffer *body = body_for(r, w);
+        int rc = 0;
+        struct evbuffer *body = body_for(r, w, &rc);
         if (!body) {
-            fail(r, 500, "internal_error", "out of memory");
+            release_worker(r);
+            r->worker = NULL; /* refused by the gateway: nothing to count against w */
+            if (rc == -ENOMEM) {
+                fail(r, 500, "internal_error", "out of memory");
+            } else {
+                kvg_exchange_send_body_error(x, rc);
+                finish(r, x->status);
+            }
             return;
         }
         kvg_buf *head = &x->thread->scratch;
@@ -364,8 +372,8 @@ static void try_next(proxy_req *r)
             fail(r, 500, "internal_error", "out of memory");
             return;
         }
-        int rc = kvg_upstream_request(x->thread, w, head->data, head->len, body, &upstream_cbs, r,
-                                      &r->up);
+        rc = kvg_upstream_request(x->thread, w, head->data, head->len, body, &upstream_cbs, r,
+                                  &r->up);
         if (rc < 0) {
             fail(r, 500, "internal_error", "cannot start the upstream request");
             return;
@@ -404,14 +412,25 @@ static int scan_body(proxy_req *r, kvg_body_api api, const char *salt, kvg_body_
 }
 
 /* The rewritten body in a new evbuffer that owns the bytes: the copy the forwarding needs,
- * made once the worker is chosen. NULL when out of memory. */
-static struct evbuffer *plan_buffer(const kvg_body_plan *plan)
+ * made once the worker is chosen, and counted in the body budget like the body it copies.
+ * NULL with *rc: -ENOMEM, or the budget's refusal. */
+static struct evbuffer *plan_buffer(proxy_req *r, const kvg_body_plan *plan, int *rc)
 {
     kvg_buf out;
     kvg_buf_init(&out);
+    *rc = -ENOMEM;
     if (kvg_body_plan_write(plan, &out) < 0) {
         kvg_buf_done(&out);
         return NULL;
+    }
+    /* The first copy was counted with the body (on_head, on_body); a second one (a retry on a
+     * worker that takes no salt) is counted now. */
+    if (r->salted || r->unsalted) {
+        if ((*rc = kvg_exchange_body_charge(r->x, out.len)) < 0) {
+            kvg_buf_done(&out);
+            return NULL;
+        }
+        *rc = -ENOMEM;
     }
     struct evbuffer *b = evbuffer_new();
     size_t n;
@@ -426,12 +445,13 @@ static struct evbuffer *plan_buffer(const kvg_body_plan *plan)
 }
 
 /* The body worker w gets: with the scope's salt, or - for engines without the field - none.
- * Either way the client's own cache_salt is gone. NULL when out of memory. */
-static struct evbuffer *body_for(proxy_req *r, kvg_worker *w)
+ * Either way the client's own cache_salt is gone. NULL with *rc as plan_buffer's. */
+static struct evbuffer *body_for(proxy_req *r, kvg_worker *w, int *rc)
 {
+    *rc = -ENOMEM;
     if (kvg_worker_injects_salt(w)) {
         if (!r->salted)
-            r->salted = plan_buffer(&r->plan);
+            r->salted = plan_buffer(r, &r->plan, rc);
         return r->salted;
     }
     if (!r->unsalted) {
@@ -439,7 +459,7 @@ static struct evbuffer *body_for(proxy_req *r, kvg_worker *w)
         kvg_body_info info;
         kvg_body_plan plan;
         if (scan_body(r, KVG_BODY_API_OTHER, NULL, &plan, &info, &err) == 0)
-            r->unsalted = plan_buffer(&plan);
+            r->unsalted = plan_buffer(r, &plan, rc);
     }
     return r->unsalted;
 }
@@ -459,6 +479,14 @@ static void on_body(kvg_exchange *x)
     uint64_t parse_start = kvg_now_ns();
     rc = scan_body(r, r->api, r->salt, &r->plan, &r->info, &err);
     uint64_t parsed_at = kvg_now_ns(), parse_ns = parsed_at - parse_start;
+    /* Count the rewritten copy the forwarding will make, where on_head could not (no
+     * Content-Length), before any work for a worker is done. */
+    uint64_t held = x->body_charged, need = evbuffer_get_length(x->body) + r->plan.len;
+    if (rc == 0 && need > held && (rc = kvg_exchange_body_charge(x, need - held)) < 0) {
+        kvg_exchange_send_body_error(x, rc);
+        finish(r, x->status);
+        return;
+    }
     if (rc < 0) {
         if (rc == -ENOMEM)
             kvg_exchange_send_error(x, 500, "internal_error", "out of memory");
@@ -640,6 +668,18 @@ static void on_head(kvg_exchange *x)
         }
     }
     x->handler_state = r;
+    /* The body and its rewritten copy are held until the answer ends: count both in the
+     * gateway's budget and the tenant's share before a byte is read, when the length is known,
+     * so that a refusal costs the client no upload. */
+    kvg_exchange_set_body_owner(x, r->tenant);
+    if (x->content_length > 0) {
+        int rc = kvg_exchange_body_charge(x, 2 * (uint64_t)x->content_length);
+        if (rc < 0) {
+            kvg_exchange_send_body_error(x, rc);
+            finish(r, x->status);
+            return;
+        }
+    }
     kvg_exchange_read_body(x);
 }
 

@@ -11,9 +11,10 @@
  *       200 400 401 403 404 408 413 422 429 499 500 502 503 504 by themselves, other statuses
  *       by class ("1xx".."5xx"), anything outside 100..599 as "other"; only non-zero series
  *   kvgate_tenant_rate_limited_total{tenant,reason} counter refusals by the admission check,
- *       reason "rate", "bytes" or "inflight" (all three always present)
+ *       reason "rate", "bytes", "inflight" or "buffer" (all four always present)
  *   kvgate_tenant_prompt_bytes_total{tenant}       counter  prompt bytes of admitted requests
  *   kvgate_tenant_inflight{tenant}                 gauge    admitted requests not yet released
+ *   kvgate_tenant_buffered_bytes{tenant}           gauge    request-body bytes held for it
  *   kvgate_tenant_prompt_tokens_total{tenant}      counter  prompt tokens the engines reported
  *   kvgate_tenant_cached_tokens_total{tenant}      counter  of which cached, as reported
  *   kvgate_tenant_predicted_tokens_total{tenant}   counter  of which the router predicted cached
@@ -35,6 +36,7 @@ typedef struct tenant_counts {
     uint64_t refusals[KVG_ADMIT_RESULT_COUNT];
     uint64_t prompt_bytes;
     uint64_t inflight;
+    uint64_t buffered;
     uint64_t usage[3]; /* prompt, cached, predicted tokens */
 } tenant_counts;
 
@@ -77,6 +79,7 @@ static void read_counts(const tenant_runtime *rt, tenant_counts *c)
         c->refusals[i] = atomic_load_explicit(&r->refusals[i], memory_order_relaxed);
     c->prompt_bytes = atomic_load_explicit(&r->prompt_bytes, memory_order_relaxed);
     c->inflight = atomic_load_explicit(&r->inflight, memory_order_relaxed);
+    c->buffered = atomic_load_explicit(&r->buffered, memory_order_relaxed);
     c->usage[0] = atomic_load_explicit(&r->usage_prompt, memory_order_relaxed);
     c->usage[1] = atomic_load_explicit(&r->usage_cached, memory_order_relaxed);
     c->usage[2] = atomic_load_explicit(&r->usage_predicted, memory_order_relaxed);
@@ -90,6 +93,7 @@ static void add_counts(tenant_counts *sum, const tenant_counts *c)
         sum->refusals[i] += c->refusals[i];
     sum->prompt_bytes += c->prompt_bytes;
     sum->inflight += c->inflight;
+    sum->buffered += c->buffered;
     for (size_t i = 0; i < 3; i++)
         sum->usage[i] += c->usage[i];
 }
@@ -99,6 +103,7 @@ typedef enum family {
     FAM_REFUSALS,
     FAM_PROMPT_BYTES,
     FAM_INFLIGHT,
+    FAM_BUFFERED,
     FAM_PROMPT_TOKENS,
     FAM_CACHED_TOKENS,
     FAM_PREDICTED_TOKENS,
@@ -132,6 +137,10 @@ static void put_counts(kvg_buf *out, family f, const char *tenant, const tenant_
         put_series(out, "kvgate_tenant_inflight", tenant);
         kvg_buf_printf(out, "} %llu\n", (unsigned long long)c->inflight);
         break;
+    case FAM_BUFFERED:
+        put_series(out, "kvgate_tenant_buffered_bytes", tenant);
+        kvg_buf_printf(out, "} %llu\n", (unsigned long long)c->buffered);
+        break;
     case FAM_PROMPT_TOKENS:
     case FAM_CACHED_TOKENS:
     case FAM_PREDICTED_TOKENS: {
@@ -163,11 +172,14 @@ void kvg_tenants_write_metrics(kvg_tenants *ts, size_t label_cap, kvg_buf *out)
                           "(499: the client went away; other statuses by class)."},
         [FAM_REFUSALS] = {"kvgate_tenant_rate_limited_total", "counter",
                           "Requests of the tenant refused with 429 by its limits, by reason "
-                          "(rate, bytes, inflight)."},
+                          "(rate, bytes, inflight, buffer: its share of the body budget)."},
         [FAM_PROMPT_BYTES] = {"kvgate_tenant_prompt_bytes_total", "counter",
                               "Prompt bytes of the tenant's finished requests."},
         [FAM_INFLIGHT] = {"kvgate_tenant_inflight", "gauge",
                           "Requests of the tenant admitted and not yet finished."},
+        [FAM_BUFFERED] = {"kvgate_tenant_buffered_bytes", "gauge",
+                          "Request-body bytes the gateway holds for the tenant now (received "
+                          "and rewritten), against its share of limits.body_budget_mib."},
         [FAM_PROMPT_TOKENS] = {"kvgate_tenant_prompt_tokens_total", "counter",
                                "Prompt tokens of the tenant's answered requests, as the "
                                "engines reported them (usage.prompt_tokens)."},

@@ -141,6 +141,7 @@ typedef enum kvg_admit_result {
     KVG_ADMIT_RATE,     /* requests per second exceeded */
     KVG_ADMIT_BYTES,    /* prompt bytes per second exceeded */
     KVG_ADMIT_INFLIGHT, /* max_inflight reached */
+    KVG_ADMIT_BUFFER,   /* its share of the gateway's request-body budget is held already */
     KVG_ADMIT_RESULT_COUNT,
 } kvg_admit_result;
 
@@ -158,6 +159,15 @@ kvg_admit_result kvg_tenant_admit(kvg_tenant *t, uint64_t now_ns, uint64_t promp
 /** Give back the in-flight slot of an admitted request. */
 void kvg_tenant_release(kvg_tenant *t);
 uint32_t kvg_tenant_inflight(const kvg_tenant *t);
+/** Count bytes of request body the gateway holds for the tenant, unless that would take its
+ *  total past cap (0: no cap): one tenant may not hold the whole body budget. True when
+ *  counted; a refusal counts nothing (the caller records it with KVG_ADMIT_BUFFER).
+ *  Thread-safe, lock-free. */
+bool kvg_tenant_buffer_charge(kvg_tenant *t, uint64_t bytes, uint64_t cap);
+/** Give back bytes counted by kvg_tenant_buffer_charge. */
+void kvg_tenant_buffer_release(kvg_tenant *t, uint64_t bytes);
+/** Request-body bytes held for the tenant now. */
+uint64_t kvg_tenant_buffered(const kvg_tenant *t);
 
 /* Per-tenant counters (metrics). */
 /** Count one finished request of the tenant with the status sent (499: the client left). */
@@ -174,6 +184,7 @@ void kvg_tenant_record_refusal(kvg_tenant *t, kvg_admit_result why);
 void kvg_tenants_record_auth_failure(kvg_tenants *ts, const char *reason);
 /** Prometheus series: kvgate_tenant_requests_total{tenant,code}, kvgate_tenant_rate_limited_total
  *  {tenant,reason}, kvgate_tenant_prompt_bytes_total{tenant}, kvgate_tenant_inflight{tenant},
+ *  kvgate_tenant_buffered_bytes{tenant},
  *  kvgate_tenants (gauge), kvgate_auth_failures_total{reason}. Tenants past the first
  *  label_cap (by ordinal) are summed under tenant="other". */
 void kvg_tenants_write_metrics(kvg_tenants *ts, size_t label_cap, kvg_buf *out);

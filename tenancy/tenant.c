@@ -17,10 +17,9 @@ static const char *const sharing_names[KVG_SHARING_COUNT] = {
 };
 
 static const char *const admit_names[KVG_ADMIT_RESULT_COUNT] = {
-    [KVG_ADMIT_OK] = "ok",
-    [KVG_ADMIT_RATE] = "rate",
-    [KVG_ADMIT_BYTES] = "bytes",
-    [KVG_ADMIT_INFLIGHT] = "inflight",
+    [KVG_ADMIT_OK] = "ok",         [KVG_ADMIT_RATE] = "rate",
+    [KVG_ADMIT_BYTES] = "bytes",   [KVG_ADMIT_INFLIGHT] = "inflight",
+    [KVG_ADMIT_BUFFER] = "buffer",
 };
 
 const int kvg_tenancy_tracked_codes[TENANT_TRACKED_CODES] = {
@@ -492,6 +491,33 @@ void kvg_tenant_release(kvg_tenant *t)
 uint32_t kvg_tenant_inflight(const kvg_tenant *t)
 {
     return atomic_load_explicit(&t->rt->inflight, memory_order_relaxed);
+}
+
+bool kvg_tenant_buffer_charge(kvg_tenant *t, uint64_t bytes, uint64_t cap)
+{
+    uint64_t cur = atomic_load_explicit(&t->rt->buffered, memory_order_relaxed);
+    do {
+        if (cur + bytes < cur || (cap && cur + bytes > cap))
+            return false;
+    } while (!atomic_compare_exchange_weak_explicit(&t->rt->buffered, &cur, cur + bytes,
+                                                    memory_order_relaxed, memory_order_relaxed));
+    return true;
+}
+
+void kvg_tenant_buffer_release(kvg_tenant *t, uint64_t bytes)
+{
+    /* Never below zero: a double release is a caller bug that must not make room for ever. */
+    uint64_t cur = atomic_load_explicit(&t->rt->buffered, memory_order_relaxed);
+    do {
+        if (bytes > cur)
+            bytes = cur;
+    } while (!atomic_compare_exchange_weak_explicit(&t->rt->buffered, &cur, cur - bytes,
+                                                    memory_order_relaxed, memory_order_relaxed));
+}
+
+uint64_t kvg_tenant_buffered(const kvg_tenant *t)
+{
+    return atomic_load_explicit(&t->rt->buffered, memory_order_relaxed);
 }
 
 /* ---- counters -------------------------------------------------------------------------------- */

@@ -8,6 +8,7 @@ as needed."""
 import json
 import pathlib
 import resource
+import select
 import socket
 import threading
 import time
@@ -15,8 +16,8 @@ import time
 import h2.errors
 import pytest
 
-from gwhelpers import (COMPL, H2Client, RawHTTP, assert_openai_error, http, request_bytes,
-                       wait_for)
+from gwhelpers import (COMPL, H2Client, H2Stream, RawHTTP, assert_openai_error, http,
+                       request_bytes, wait_for)
 
 BODY = {"model": "sim-model", "prompt": "hi", "max_tokens": 1}
 
@@ -295,3 +296,214 @@ def test_h2_stream_with_a_shut_window_is_reset_and_the_connection_lives(kvgate, 
     finally:
         h.close()
     assert gw.metric("kvgate_send_timeouts_total") == 1
+
+
+# ---- memory: request bodies and responses ---------------------------------------------------------
+
+
+def start_upload(port, length, sent, headers=None):
+    """An HTTP/1.1 upload that declares `length` bytes and sends `sent` of them (an unfinished
+    JSON prompt), then waits."""
+    c = RawHTTP(port, timeout=10)
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    for k, v in (headers or {}).items():
+        head += b"%s: %s\r\n" % (k.encode(), v.encode())
+    prefix = b'{"model": "sim-model", "max_tokens": 1, "prompt": "'
+    c.send(head + b"Content-Length: %d\r\n\r\n" % length + (prefix + b"x" * length)[:sent])
+    return c
+
+
+def early_statuses(conns, wait=1.0):
+    """For each connection, the status of an answer that came within `wait` seconds (all
+    waited for together), or None."""
+    time.sleep(wait)
+    ready = set(select.select([c.sock for c in conns], [], [], 0)[0])
+    out = []
+    for c in conns:
+        if c.sock in ready:
+            c.sock.settimeout(5)
+            out.append(c.read_head())
+        else:
+            out.append(None)
+    return out
+
+
+def answered_early(c, timeout=0.5):
+    """The status of an answer that came before the upload finished, or None (without
+    reading: a timed-out read would leave the connection's file unusable)."""
+    if not select.select([c.sock], [], [], timeout)[0]:
+        return None
+    c.sock.settimeout(5)
+    return c.read_head()
+
+
+def test_body_budget_refuses_new_bodies_instead_of_growing(simworker, kvgate):
+    """Sixteen uploads that send most of a body and stall pinned about 600 MiB. With the body
+    budget (scaled down here: 1 MiB, bodies of 100 KiB, each counted twice for the rewritten
+    copy) the bodies that would pass it get 503 with Retry-After before a byte is read, the
+    held bytes stay within the budget, and once the stalled uploads end the budget is free
+    again."""
+    sw = simworker(time_scale=0)
+    gw = kvgate(sw, config={"limits": {"body_bytes": 256 * 1024, "body_budget_mib": 1,
+                                       "read_timeout_ms": 2000, "body_min_rate": 0}})
+    size = 100 * 1024
+    uploads = [start_upload(gw.port, size, size - 1024) for _ in range(16)]
+    try:
+        early = early_statuses(uploads)
+        refused = [c for c, st in zip(uploads, early) if st == 503]
+        assert len(refused) == 16 - 5, early  # 5 x 2 x 100 KiB fit in 1 MiB
+        for c in refused:
+            assert c.headers["retry-after"] == "1"
+            assert "budget" in assert_openai_error(c.body(), 503, "overloaded")["message"]
+        held = gw.metric("kvgate_buffer_bytes", kind="request_body")
+        assert 5 * 2 * size <= held <= 1 << 20, held
+        assert gw.metric("kvgate_buffer_budget_bytes", kind="request_body") == 1 << 20
+        assert gw.metric("kvgate_buffer_refusals_total", scope="gateway") == 11
+    finally:
+        for c in uploads:
+            c.close()
+    # The stalled ones are gone (closed by us; or the read timeout): the budget is free.
+    assert wait_for(lambda: gw.metric("kvgate_buffer_bytes", kind="request_body") == 0, 5)
+    r = http.post(gw.url + COMPL, json={"model": "sim-model", "prompt": "x" * size,
+                                        "max_tokens": 1}, timeout=10)
+    assert r.status_code == 200, r.text
+
+
+def test_body_budget_counts_bodies_of_unknown_length_as_they_arrive(simworker, kvgate):
+    """HTTP/2 uploads without content-length are counted as their DATA arrives: the one that
+    would pass the budget gets 503 while the others go on, and a completed body's rewritten
+    copy is counted before it is routed (so it completes once there is room for the copy)."""
+    sw = simworker(time_scale=0, kv_blocks=16384, max_model_len=200000)  # 100k-token prompts
+    gw = kvgate(sw, config={"limits": {"body_bytes": 512 * 1024, "body_budget_mib": 1,
+                                       "body_min_rate": 0}})
+    part = b'{"model": "sim-model", "max_tokens": 1, "prompt": "' + b"x" * (400 * 1024)
+
+    def upload():  # one connection each: a connection's own bound is two bodies
+        h = H2Client(gw.port)
+        for _ in range(20):  # the gateway's windows: 1 MiB per stream, 16 MiB per connection
+            if h.conn.outbound_flow_control_window >= 1 << 20:
+                break
+            h.pump(0.2)
+        sid = h.conn.get_next_available_stream_id()
+        h.conn.send_headers(sid, [(":method", "POST"), (":path", COMPL), (":scheme", "http"),
+                                  (":authority", "t")])
+        h.streams[sid] = H2Stream(sid)
+        h._send_body(sid, part, False)
+        h.flush()
+        return h, h.streams[sid]
+
+    clients = []
+    try:
+        for i in range(3):
+            clients.append(upload())
+            if i < 2:
+                assert wait_for(lambda: gw.metric("kvgate_buffer_bytes", kind="request_body")
+                                >= (i + 1) * len(part), 3)
+        h3, third = clients[2]
+        h3.wait([third], timeout=5)
+        assert third.status == 503, third.status
+        assert "budget" in assert_openai_error(bytes(third.data), 503, "overloaded")["message"]
+        (h1, first), (h2c, second) = clients[:2]
+        assert not first.done and not second.done
+        # The first body's copy does not fit while the second holds its bytes...
+        h1._send_body(first.id, b'"}', True)
+        h1.flush()
+        h1.wait([first])
+        assert first.status == 503
+        # ... and fits once the second is cancelled.
+        h2c.reset(second)
+        assert wait_for(lambda: gw.metric("kvgate_buffer_bytes", kind="request_body") == 0, 3)
+        h4, fourth = upload()
+        clients.append((h4, fourth))
+        h4._send_body(fourth.id, b'"}', True)
+        h4.flush()
+        h4.wait([fourth])
+        assert fourth.status == 200
+    finally:
+        for h, _ in clients:
+            h.close()
+    assert wait_for(lambda: gw.metric("kvgate_buffer_bytes", kind="request_body") == 0, 3)
+    assert gw.metric("kvgate_buffer_refusals_total", scope="gateway") == 2
+
+
+def test_one_tenant_cannot_take_the_whole_body_budget(simworker, kvgate):
+    sw = simworker(time_scale=0)
+    gw = kvgate(sw, auth="keys", config={"limits": {"body_bytes": 256 * 1024,
+                                                    "body_budget_mib": 1,
+                                                    "tenant_body_share": 50,
+                                                    "body_min_rate": 0}})
+    keys = {}
+    for tenant in ("greedy", "other"):
+        assert gw.admin.put(f"/admin/v1/tenants/{tenant}", json={"sharing": "isolated"}
+                            ).status_code in (200, 201)
+        keys[tenant] = gw.admin.post(f"/admin/v1/tenants/{tenant}/keys").json()["key"]
+    size = 100 * 1024
+    auth = {"Authorization": f"Bearer {keys['greedy']}"}
+    uploads = [start_upload(gw.port, size, size - 1024, auth) for _ in range(3)]
+    try:
+        early = early_statuses(uploads)
+        assert early == [None, None, 429], early  # 2 x 2 x 100 KiB fit in half of 1 MiB
+        assert uploads[2].headers["retry-after"] == "1"
+        assert_openai_error(uploads[2].body(), 429, "rate_limit_error")
+        assert gw.metric("kvgate_tenant_rate_limited_total", tenant="greedy",
+                         reason="buffer") == 1
+        assert gw.metric("kvgate_tenant_buffered_bytes", tenant="greedy") == 2 * 2 * size
+        # Another tenant still has room.
+        r = http.post(gw.url + COMPL, json={"model": "sim-model", "prompt": "x" * size,
+                                            "max_tokens": 1},
+                      headers={"Authorization": f"Bearer {keys['other']}"}, timeout=10)
+        assert r.status_code == 200, r.text
+        assert gw.metric("kvgate_buffer_refusals_total", scope="tenant") == 1
+    finally:
+        for c in uploads:
+            c.close()
+    assert wait_for(lambda: gw.metric("kvgate_tenant_buffered_bytes", tenant="greedy") == 0, 5)
+
+
+def test_minimum_upload_rate(simworker, kvgate):
+    """A byte before each read timeout used to keep a body open forever; the minimum rate,
+    measured over each window of read_timeout_ms, ends it with 408."""
+    sw = simworker(time_scale=0)
+    gw = kvgate(sw, config={"limits": {"read_timeout_ms": 1000, "body_min_rate": 1024}})
+    c = start_upload(gw.port, 100000, 60)
+    try:
+        status = None
+        deadline = time.monotonic() + 6
+        while status is None and time.monotonic() < deadline:
+            try:
+                c.sock.sendall(b"x" * 10)  # 20 bytes/s, a gap of 0.5 s: under the read timeout
+            except OSError:
+                pass
+            status = answered_early(c, 0.5)
+        assert status == 408, status
+        assert "too slowly" in assert_openai_error(c.body(), 408)["message"]
+    finally:
+        c.close()
+    # A fast upload of the same size is fine.
+    r = http.post(gw.url + COMPL, json={"model": "sim-model", "prompt": "x" * 100000,
+                                        "max_tokens": 1}, timeout=10)
+    assert r.status_code == 200
+
+
+def test_response_budget_bounds_what_slow_readers_pin(kvgate, fake_upstream):
+    """Sixteen streams whose client reads nothing: without a bound each queues 256 KiB and
+    more; past limits.response_budget_mib every response keeps only the low-water mark."""
+    w = EndlessWorker(fake_upstream)
+    gw = kvgate(config={"limits": {"response_budget_mib": 1}}, args=["--worker", f"w={w.up.url}"])
+    h = H2Client(gw.port, timeout=10, auto_ack=False)
+    try:
+        streams = [h.request("POST", COMPL, {"model": "m", "prompt": "endless"})
+                   for _ in range(16)]
+        samples = []
+        for _ in range(50):  # until the queued bytes have stopped growing for a while
+            h.pump(0.2)
+            samples.append(gw.metric("kvgate_buffer_bytes", kind="response"))
+            if len(samples) >= 4 and samples[-1] == samples[-4] and samples[-1] >= 1 << 20:
+                break
+        queued = samples[-1]
+        # Measured (2026-12-01): 1.9 MiB with the budget at 1 MiB, 3.9 MiB without.
+        assert (1 << 20) <= queued <= 2.5 * (1 << 20), samples
+        assert not any(s.done for s in streams)
+    finally:
+        h.close()
+    assert wait_for(lambda: gw.metric("kvgate_buffer_bytes", kind="response") == 0, 5)

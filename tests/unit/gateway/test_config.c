@@ -41,6 +41,12 @@ static void test_defaults(void **state)
     assert_string_equal(cfg.listeners[0].address, "0.0.0.0:8080");
     assert_string_equal(cfg.admin_listeners[0].address, "127.0.0.1:9090");
     assert_int_equal(cfg.limits.body_bytes, 32u << 20);
+    assert_int_equal(cfg.limits.send_timeout_ms, 60000);
+    assert_int_equal(cfg.limits.max_connections, 0); /* from the descriptor limit */
+    assert_int_equal(cfg.limits.body_budget_bytes, 1u << 30);
+    assert_int_equal(cfg.limits.tenant_body_share, 25);
+    assert_int_equal(cfg.limits.body_min_rate, 1024);
+    assert_int_equal(cfg.admin_max_connections, 64);
     assert_int_equal(cfg.scrape.interval_ms, 0); /* off: not every engine speaks vLLM */
     assert_string_equal(cfg.scrape.path, "/metrics");
     char err[256];
@@ -58,9 +64,12 @@ static void test_full_file(void **state)
         load(&cfg,
              "{\"listen\": [\"127.0.0.1:0\", {\"address\": \"[::1]:8443\", \"tls_cert\": \"c\","
              " \"tls_key\": \"k\", \"cleartext\": false}],"
-             " \"admin\": {\"listen\": \"127.0.0.1:1\", \"tokens\": [\"0123456789abcdef\"]},"
+             " \"admin\": {\"listen\": \"127.0.0.1:1\", \"tokens\": [\"0123456789abcdef\"],"
+             " \"max_connections\": 5},"
              " \"threads\": 3, \"log_level\": \"debug\", \"worker_header\": false,"
-             " \"limits\": {\"body_bytes\": 4096, \"streams_per_conn\": 7},"
+             " \"limits\": {\"body_bytes\": 4096, \"streams_per_conn\": 7,"
+             " \"send_timeout_ms\": 1500, \"max_connections\": 99, \"body_budget_mib\": 2,"
+             " \"tenant_body_share\": 40, \"response_budget_mib\": 3, \"body_min_rate\": 0},"
              " \"upstream\": {\"retries\": 0}, \"health\": {\"path\": \"/ready\", \"fall\": 1},"
              " \"scrape\": {\"interval_ms\": 250, \"timeout_ms\": 500, \"path\": \"/m\"},"
              " \"auth\": \"open\", \"secret\": \"0123456789abcdef0123456789abcdef!\","
@@ -81,6 +90,13 @@ static void test_full_file(void **state)
     assert_false(cfg.worker_header);
     assert_int_equal(cfg.limits.body_bytes, 4096);
     assert_int_equal(cfg.limits.streams_per_conn, 7);
+    assert_int_equal(cfg.limits.send_timeout_ms, 1500);
+    assert_int_equal(cfg.limits.max_connections, 99);
+    assert_int_equal(cfg.limits.body_budget_bytes, 2u << 20);
+    assert_int_equal(cfg.limits.tenant_body_share, 40);
+    assert_int_equal(cfg.limits.response_budget_bytes, 3u << 20);
+    assert_int_equal(cfg.limits.body_min_rate, 0);
+    assert_int_equal(cfg.admin_max_connections, 5);
     assert_int_equal(cfg.upstream.retries, 0);
     assert_string_equal(cfg.health.path, "/ready");
     assert_int_equal(cfg.health.fall, 1);
@@ -131,6 +147,8 @@ static void test_errors_name_the_key(void **state)
         {"{\"workers\": [{\"name\": \"a\", \"url\": \"u\", \"cache_salt\": 1}]}",
          "workers[0].cache_salt"},
         {"{\"a\":", "invalid JSON"},
+        {"{\"limits\": {\"tenant_body_share\": 0}}", "limits.tenant_body_share: must be between"},
+        {"{\"admin\": {\"max_connections\": 0}}", "admin.max_connections: must be between"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         kvg_config cfg;
@@ -154,6 +172,14 @@ static void test_validate(void **state)
                      0);
     assert_int_equal(kvg_config_validate(&cfg, err, sizeof(err)), KVG_ECONFIG);
     assert_non_null(strstr(err, "go together"));
+    kvg_config_done(&cfg);
+    /* The body budget holds one largest body and its rewritten copy at least. */
+    kvg_config_init(&cfg);
+    assert_int_equal(load(&cfg, "{\"limits\": {\"body_bytes\": 1048576, \"body_budget_mib\": 1}}",
+                          err, sizeof(err)),
+                     0);
+    assert_int_equal(kvg_config_validate(&cfg, err, sizeof(err)), KVG_ECONFIG);
+    assert_non_null(strstr(err, "limits.body_budget_mib"));
     kvg_config_done(&cfg);
     kvg_config_init(&cfg);
     assert_int_equal(load(&cfg,

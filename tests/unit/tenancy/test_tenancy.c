@@ -114,6 +114,7 @@ static void test_id_validation(void **state)
     assert_string_equal(kvg_sharing_str(KVG_SHARING_ISOLATED), "isolated");
     assert_string_equal(kvg_sharing_str(KVG_SHARING_COUNT), "?");
     assert_string_equal(kvg_admit_result_str(KVG_ADMIT_BYTES), "bytes");
+    assert_string_equal(kvg_admit_result_str(KVG_ADMIT_BUFFER), "buffer");
     assert_string_equal(kvg_admit_result_str(KVG_ADMIT_RESULT_COUNT), "?");
 }
 
@@ -728,6 +729,55 @@ static void test_admit_all_or_nothing(void **state)
     kvg_tenants_free(ts);
 }
 
+/* A tenant's share of the body budget: all or nothing against the cap, never below zero, and
+ * exact under concurrent charges and releases. */
+static void *buffer_churn(void *arg)
+{
+    kvg_tenant *t = arg;
+    for (int i = 0; i < 100000; i++) {
+        if (kvg_tenant_buffer_charge(t, 3, 3000))
+            kvg_tenant_buffer_release(t, 3);
+    }
+    return NULL;
+}
+
+static void test_buffer_share(void **state)
+{
+    (void)state;
+    kvg_tenants *ts;
+    kvg_tenant_set *s;
+    kvg_tenant_limits l = {0};
+    kvg_tenant *t = one_tenant(&ts, &l, &s);
+    assert_int_equal(kvg_tenant_buffered(t), 0);
+    assert_true(kvg_tenant_buffer_charge(t, 600, 1000));
+    assert_true(kvg_tenant_buffer_charge(t, 400, 1000));
+    assert_false(kvg_tenant_buffer_charge(t, 1, 1000)); /* a refusal counts nothing */
+    assert_int_equal(kvg_tenant_buffered(t), 1000);
+    assert_true(kvg_tenant_buffer_charge(t, 5, 0));           /* no cap */
+    assert_false(kvg_tenant_buffer_charge(t, UINT64_MAX, 0)); /* would wrap */
+    kvg_tenant_buffer_release(t, 1005);
+    assert_int_equal(kvg_tenant_buffered(t), 0);
+    kvg_tenant_buffer_release(t, 7); /* more than held: stays at zero */
+    assert_int_equal(kvg_tenant_buffered(t), 0);
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, buffer_churn, t), 0);
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    assert_int_equal(kvg_tenant_buffered(t), 0);
+    /* A replaced definition keeps the runtime, and so what is held. */
+    assert_true(kvg_tenant_buffer_charge(t, 10, 0));
+    kvg_tenant_def def = {.id = kvg_tenant_id(t), .sharing = KVG_SHARING_ISOLATED};
+    char msg[128];
+    assert_int_equal(kvg_tenants_put(ts, &def, NULL, msg, sizeof(msg)), 0);
+    kvg_tenant_set *s2 = kvg_tenants_acquire(ts);
+    assert_int_equal(kvg_tenant_buffered(kvg_tenant_set_find(s2, kvg_tenant_id(t))), 10);
+    kvg_tenant_buffer_release(t, 10);
+    kvg_tenant_set_unref(s2);
+    kvg_tenant_set_unref(s);
+    kvg_tenants_free(ts);
+}
+
 /* ---- metrics --------------------------------------------------------------------------------- */
 
 typedef struct family {
@@ -835,7 +885,7 @@ static void test_metrics(void **state)
     size_t nfams;
     kvg_tenants_write_metrics(ts, 10, &out);
     assert_int_equal(check_exposition(out.data, fams, &nfams), 1 + 3);
-    assert_int_equal(nfams, 9); /* + prompt, cached and predicted tokens */
+    assert_int_equal(nfams, 10); /* + prompt, cached and predicted tokens */
     expect_line(out.data, "kvgate_tenants 0\n");
     expect_line(out.data, "kvgate_auth_failures_total{reason=\"unknown\"} 0\n");
 
@@ -867,6 +917,10 @@ static void test_metrics(void **state)
     kvg_tenant_record(o, 200, 4);
     kvg_tenant_record_refusal(c, KVG_ADMIT_BYTES);
     kvg_tenant_record_refusal(d, KVG_ADMIT_BYTES);
+    kvg_tenant_record_refusal(d, KVG_ADMIT_BUFFER);
+    assert_true(kvg_tenant_buffer_charge(a, 1000, 0));
+    assert_true(kvg_tenant_buffer_charge(c, 30, 0));
+    assert_true(kvg_tenant_buffer_charge(d, 12, 0));
     assert_int_equal(kvg_tenant_admit(d, 0, 0, NULL), KVG_ADMIT_OK);
     assert_int_equal(kvg_tenant_admit(c, 0, 0, NULL), KVG_ADMIT_OK);
     assert_int_equal(kvg_tenant_admit(a, 0, 0, NULL), KVG_ADMIT_OK);
@@ -882,13 +936,14 @@ static void test_metrics(void **state)
     kvg_tenants_write_metrics(ts, 3, &out);
     assert_false(out.failed);
     size_t n = check_exposition(out.data, fams, &nfams);
-    assert_int_equal(nfams, 9);
+    assert_int_equal(nfams, 10);
     static const char *const order[] = {
         "kvgate_tenants",
         "kvgate_tenant_requests_total",
         "kvgate_tenant_rate_limited_total",
         "kvgate_tenant_prompt_bytes_total",
         "kvgate_tenant_inflight",
+        "kvgate_tenant_buffered_bytes",
         "kvgate_tenant_prompt_tokens_total",
         "kvgate_tenant_cached_tokens_total",
         "kvgate_tenant_predicted_tokens_total",
@@ -918,6 +973,11 @@ static void test_metrics(void **state)
         "kvgate_tenant_prompt_bytes_total{tenant=\"other\"} 7\n",
         "kvgate_tenant_inflight{tenant=\"a\"} 1\n",
         "kvgate_tenant_inflight{tenant=\"other\"} 2\n",
+        "kvgate_tenant_rate_limited_total{tenant=\"other\",reason=\"buffer\"} 1\n",
+        "kvgate_tenant_rate_limited_total{tenant=\"a\",reason=\"buffer\"} 0\n",
+        "kvgate_tenant_buffered_bytes{tenant=\"a\"} 1000\n",
+        "kvgate_tenant_buffered_bytes{tenant=\"b\"} 0\n",
+        "kvgate_tenant_buffered_bytes{tenant=\"other\"} 42\n",
         "kvgate_auth_failures_total{reason=\"missing\"} 1\n",
         "kvgate_auth_failures_total{reason=\"malformed\"} 1\n",
         "kvgate_auth_failures_total{reason=\"unknown\"} 4\n",
@@ -932,9 +992,9 @@ static void test_metrics(void **state)
     const char *first = strstr(out.data, "kvgate_tenant_inflight{tenant=\"other\"}");
     assert_null(strstr(first + 1, "kvgate_tenant_inflight{tenant=\"other\"}"));
     assert_true(first > strstr(out.data, "kvgate_tenant_inflight{tenant=\"b\"}"));
-    /* 1 + a: 6 codes + b: 0 + other: 2 codes + 3 x 3 reasons + 3 bytes + 3 inflight
-     * + 3 x 3 usage counters + 3 auth */
-    assert_int_equal(n, 1 + 6 + 2 + 9 + 3 + 3 + 9 + 3);
+    /* 1 + a: 6 codes + b: 0 + other: 2 codes + 3 x 4 reasons + 3 bytes + 3 inflight
+     * + 3 buffered + 3 x 3 usage counters + 3 auth */
+    assert_int_equal(n, 1 + 6 + 2 + 12 + 3 + 3 + 3 + 9 + 3);
 
     /* a cap above every ordinal: no "other" series unless the tenant named so */
     kvg_buf_reset(&out);
@@ -1942,6 +2002,7 @@ int main(void)
         cmocka_unit_test(test_admit_rate),
         cmocka_unit_test(test_admit_bytes_and_inflight),
         cmocka_unit_test(test_admit_all_or_nothing),
+        cmocka_unit_test(test_buffer_share),
         cmocka_unit_test(test_metrics),
         cmocka_unit_test(test_json_round_trip),
         cmocka_unit_test(test_json_created_times),
