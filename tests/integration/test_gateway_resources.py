@@ -447,7 +447,8 @@ def test_one_tenant_cannot_take_the_whole_body_budget(simworker, kvgate):
         assert_openai_error(uploads[2].body(), 429, "rate_limit_error")
         assert gw.metric("kvgate_tenant_rate_limited_total", tenant="greedy",
                          reason="buffer") == 1
-        assert gw.metric("kvgate_tenant_buffered_bytes", tenant="greedy") == 2 * 2 * size
+        held = gw.metric("kvgate_tenant_buffered_bytes", tenant="greedy")
+        assert 2 * 2 * size <= held <= 2 * 2 * size + 1024, held
         # Another tenant still has room.
         r = http.post(gw.url + COMPL, json={"model": "sim-model", "prompt": "x" * size,
                                             "max_tokens": 1},

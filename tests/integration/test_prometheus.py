@@ -53,7 +53,8 @@ UPCOMING = [
 ]
 # Alerts that must stay quiet while the gateway and its one worker are healthy.
 HEALTHY_QUIET = {"KvgateGatewayDown", "KvgateWorkerDown", "KvgateNoWorkerAvailable",
-                 "KvgateTenantErrorRatioHigh", "KvgateWorkerErrorRatioHigh"}
+                 "KvgateTenantErrorRatioHigh", "KvgateWorkerErrorRatioHigh",
+                 "KvgateConnectionsRefused", "KvgateAcceptErrors", "KvgateBufferBudgetRefusals"}
 
 
 def free_port() -> int:
