@@ -15,7 +15,8 @@
  * common/json.c's parser (the same acceptance, which the unit tests and the fuzz target check).
  * Only the top-level object is looked at closely: its keys are decoded (they are short) so that
  * an escaped spelling ("\u0063ache_salt") is recognised like a plain one, and the values of the
- * members routing needs are inspected. Everything below the top level is validated by an
+ * members routing needs are inspected. Keys at every level are checked for control characters
+ * while they are scanned (scan_key, bad_key). Everything below the top level is validated by an
  * iterative scanner that keeps one bit per open container (depth <= 64 fits a uint64_t).
  *
  * The output is the input minus the removed members, so it is produced as memcpy's of the runs
@@ -56,10 +57,19 @@ typedef enum member_kind {
     MEMBER_KIND_COUNT,
 } member_kind;
 
+/* The first type error; reported only if the whole body is valid JSON, so that a client gets
+ * the parse error for a body that is both broken and mistyped. */
+typedef struct type_fault {
+    int rc; /* 0: none yet */
+    size_t offset;
+    char message[sizeof(((kvg_json_error *)0)->message)];
+} type_fault;
+
 typedef struct scanner {
     const unsigned char *start;
     const unsigned char *end;
     kvg_json_error *err;
+    type_fault *fault; /* where type errors wait for the end of the body */
 } scanner;
 
 /* The canonical prefix stream being built. Its capacity is fixed when the first member that
@@ -85,11 +95,7 @@ typedef struct rewrite {
     const unsigned char *kept_end; /* end of the last kept member's value; NULL: none yet */
     bool skip_separator;           /* the separator after a removed first member must go */
     unsigned seen[MEMBER_KIND_COUNT];
-    /* The first type error; reported only if the whole body is valid JSON, so that a client
-     * gets the parse error for a body that is both broken and mistyped. */
-    int type_rc;
-    size_t type_offset;
-    char type_message[sizeof(((kvg_json_error *)0)->message)];
+    type_fault fault;
     kvg_body_info info;
     kvg_body_api api;
     canon canon;
@@ -101,6 +107,12 @@ static const unsigned char string_special[256] = {
     ['"'] = 1,
     ['\\'] = 1,
     [0x80 ... 0xff] = 1,
+};
+
+/* The same inside a key, plus DEL: the one control character that may stand raw in a string
+ * and is ASCII (the C1 controls are non-ASCII, special already). See bad_key. */
+static const unsigned char key_special[256] = {
+    [0x00 ... 0x1f] = 1, ['"'] = 1, ['\\'] = 1, [0x7f] = 1, [0x80 ... 0xff] = 1,
 };
 
 static inline long hex_digit(unsigned char c)
@@ -257,8 +269,9 @@ static inline unsigned long escape_cp(const unsigned char *p, size_t n)
     return cp;
 }
 
-/* first_special(p, o): offset of the first byte of the 16 (SSE2) or 8 at p that is special in
- * a string, or the block size when none is; with o, the whole block is copied there as well. */
+/* first_special(p, o, key): offset of the first byte of the 16 (SSE2) or 8 at p that is special
+ * in a string (with key, in a key), or the block size when none is; with o, the whole block is
+ * copied there as well. */
 /* KVG_BODY_NO_SIMD builds the portable path on x86 too, so that its tests run here. */
 #if defined(__SSE2__) && !defined(KVG_BODY_NO_SIMD)
 #include <immintrin.h>
@@ -272,12 +285,15 @@ static inline __m128i special16(__m128i v)
                         _mm_cmpeq_epi8(v, _mm_set1_epi8('\\')));
 }
 
-static inline unsigned first_special(const unsigned char *p, unsigned char *o)
+static inline unsigned first_special(const unsigned char *p, unsigned char *o, bool key)
 {
     __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
     if (o)
         _mm_storeu_si128((__m128i *)(void *)o, v);
-    unsigned mask = (unsigned)_mm_movemask_epi8(special16(v));
+    __m128i sp = special16(v);
+    if (key)
+        sp = _mm_or_si128(sp, _mm_cmpeq_epi8(v, _mm_set1_epi8(0x7f)));
+    unsigned mask = (unsigned)_mm_movemask_epi8(sp);
     return mask ? (unsigned)__builtin_ctz(mask) : STRING_BLOCK;
 }
 
@@ -359,25 +375,41 @@ static inline uint64_t special_mask(uint64_t v)
     return (lt | lq | lb | v) & highs;
 }
 
-static inline unsigned first_special(const unsigned char *p, unsigned char *o)
+/* The same for DEL, which only keys look for. */
+static inline uint64_t del_mask(uint64_t v)
+{
+    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+    uint64_t d = v ^ (ones * 0x7f);
+    return (d - ones) & ~d & highs;
+}
+
+static inline unsigned first_special(const unsigned char *p, unsigned char *o, bool key)
 {
     uint64_t v;
     memcpy(&v, p, sizeof(v));
     if (o)
         memcpy(o, &v, sizeof(v));
-    uint64_t m = special_mask(v);
+    /* Each mask is exact up to its first flag, so their union is exact up to its first. */
+    uint64_t m = special_mask(v) | (key ? del_mask(v) : 0);
     if (!m)
         return STRING_BLOCK;
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     return (unsigned)__builtin_ctzll(m) / 8;
 #else
+    const unsigned char *special = key ? key_special : string_special;
     unsigned i = 0;
-    while (!string_special[p[i]])
+    while (!special[p[i]])
         i++;
     return i;
 #endif
 }
 #endif
+
+/* Whether cp is a control character (Unicode Cc). */
+static inline bool is_control(unsigned long cp)
+{
+    return cp < 0x20 || (cp >= 0x7f && cp <= 0x9f);
+}
 
 /* Scan the string literal whose opening quote is at *pp: on success *pp is past the closing
  * quote and *escaped tells whether the contents hold any escape. The fast path looks at a block
@@ -389,30 +421,40 @@ static inline unsigned first_special(const unsigned char *p, unsigned char *o)
  * them: the bytes are stored while they are in registers, instead of found again and copied in
  * a second pass. Decoding never grows, so the writes (blocks may run up to 64 bytes past the
  * decoded ones) stay within as many bytes from *op as the body has after the opening quote.
- * Inlined into two copies, with and without op, so that the scan alone pays nothing for it. */
-static inline __attribute__((always_inline)) int
-scan_string_to(const scanner *sc, const unsigned char **pp, bool *escaped, unsigned char **op)
+ *
+ * With ctl (a key; never with op), *ctl tells whether the contents hold a control character,
+ * raw or escaped (see bad_key): the blocks look for DEL as well, and escapes and non-ASCII
+ * runs, which take the slow path anyway, are checked there, so a plain key pays one more
+ * compare per block. Inlined into three copies, so that a value's scan pays nothing for it
+ * and the scan alone nothing for op. */
+static inline __attribute__((always_inline)) int scan_string_to(const scanner *sc,
+                                                                const unsigned char **pp,
+                                                                bool *escaped, unsigned char **op,
+                                                                bool *ctl)
 {
     const unsigned char *p = *pp + 1;
     const unsigned char *end = sc->end;
+    const unsigned char *special = ctl ? key_special : string_special;
     unsigned char *o = op ? *op : NULL;
-    bool esc = false, bad_escape = false;
+    bool esc = false, bad_escape = false, control = false;
     for (;;) {
         while (end - p >= STRING_BLOCK) {
-            unsigned i = first_special(p, o);
+            unsigned i = first_special(p, o, ctl != NULL);
             p += i;
             if (o)
                 o += i;
             if (i < STRING_BLOCK)
                 goto special;
 #ifdef STRING_WIDE
+            if (ctl) /* plain_run does not look for DEL; keys are short */
+                continue;
             size_t n = plain_run(p, (size_t)(end - p), o);
             p += n;
             if (o)
                 o += n;
 #endif
         }
-        for (; p < end && !string_special[*p]; p++)
+        for (; p < end && !special[*p]; p++)
             if (o)
                 *o++ = *p;
         if (p == end)
@@ -430,6 +472,8 @@ scan_string_to(const scanner *sc, const unsigned char **pp, bool *escaped, unsig
                 n = 2;
             } else if (o) {
                 o += kvg_utf8_put(o, escape_cp(p, n));
+            } else if (ctl) {
+                control |= is_control(escape_cp(p, n));
             }
             p += n;
             esc = true;
@@ -440,12 +484,18 @@ scan_string_to(const scanner *sc, const unsigned char **pp, bool *escaped, unsig
                 size_t n = utf8_len(p, (size_t)(end - p));
                 if (!n)
                     return fail(sc, KVG_EPARSE, p, "invalid UTF-8 in string");
+                /* U+0080-U+009F, the C1 controls, are 0xC2 0x80-0x9F */
+                if (ctl)
+                    control |= *p == 0xc2 && p[1] < 0xa0;
                 p += n;
             } while (p < end && *p >= 0x80);
             if (o) {
                 kvg_copy(o, run, (size_t)(p - run));
                 o += p - run;
             }
+        } else if (ctl && c == 0x7f) {
+            control = true;
+            p++;
         } else {
             return fail(sc, KVG_EPARSE, p, "control character in string");
         }
@@ -459,12 +509,28 @@ scan_string_to(const scanner *sc, const unsigned char **pp, bool *escaped, unsig
     *escaped = esc;
     if (op)
         *op = o;
+    if (ctl)
+        *ctl = control;
     return 0;
 }
 
 static inline int scan_string(const scanner *sc, const unsigned char **pp, bool *escaped)
 {
-    return scan_string_to(sc, pp, escaped, NULL);
+    return scan_string_to(sc, pp, escaped, NULL, NULL);
+}
+
+static void bad_key(const scanner *sc, const unsigned char *ks, const unsigned char *ke);
+
+/* Scan an object key whose opening quote is at *pp, as scan_string; one that holds a control
+ * character becomes the body's type error (bad_key). */
+static inline int scan_key(const scanner *sc, const unsigned char **pp, bool *escaped)
+{
+    const unsigned char *k = *pp;
+    bool ctl = false;
+    int rc = scan_string_to(sc, pp, escaped, NULL, &ctl);
+    if (rc == 0 && __builtin_expect(ctl, 0))
+        bad_key(sc, k + 1, *pp - 1);
+    return rc;
 }
 
 static size_t put_json_char(unsigned char *o, unsigned long cp);
@@ -540,6 +606,157 @@ static inline int scan_word(const scanner *sc, const unsigned char **pp, const c
     return 0;
 }
 
+/* ---- control characters in keys ------------------------------------------------------------- */
+
+/*
+ * A key holding a control character (Unicode Cc: U+0000-U+001F, U+007F, U+0080-U+009F) is a
+ * type error, at every level of the body. Engines do not read such a key alike: Python's json
+ * keeps "cache_salt\u0000x" as a key of its own, while C or C++ code that ends keys at a NUL
+ * reads cache_salt, and if it keeps the first of two duplicates, the client's value would be
+ * the salt. Nothing legitimate needs one. The rule is on the key's characters, however they are
+ * spelled: raw bytes below 0x20 are not JSON at all, but DEL and the C1 controls may stand in a
+ * string unescaped, and a verdict that hung on the spelling would differ between two bodies
+ * that every parser reads alike.
+ */
+
+#define KEY_SHOWN 28  /* bytes of a bad key's spelling in its message, with "..." and the NUL */
+#define PATH_SHOWN 32 /* bytes of the path to it, the same way */
+
+/* The code point of the well-formed UTF-8 sequence at p, n bytes long. */
+static unsigned long utf8_cp(const unsigned char *p, size_t n)
+{
+    static const unsigned char lead_bits[5] = {0, 0x7f, 0x1f, 0x0f, 0x07};
+    unsigned long cp = p[0] & lead_bits[n];
+    for (size_t i = 1; i < n; i++)
+        cp = cp << 6 | (p[i] & 0x3f);
+    return cp;
+}
+
+/* The spelling [s, e) (raw contents of an accepted string) into o, cap bytes with the NUL, as
+ * printable ASCII that a log or a terminal cannot misread: escapes as the client wrote them,
+ * other characters outside ' '..'~' as \uXXXX. Whole units only; "..." ends a spelling that
+ * does not fit. Returns the length. */
+static size_t show_spelling(char *o, size_t cap, const unsigned char *s, const unsigned char *e)
+{
+    size_t n = 0, keep = 0; /* keep: the last length that leaves room for "..." */
+    for (size_t len; s < e; s += len) {
+        char unit[13];
+        size_t u;
+        if (*s == '\\') {
+            u = len = valid_escape(s, e);
+            memcpy(unit, s, len);
+        } else if (*s >= 0x20 && *s < 0x7f) {
+            u = len = 1;
+            unit[0] = (char)*s;
+        } else {
+            len = *s < 0x80 ? 1 : utf8_len(s, (size_t)(e - s));
+            unsigned long cp = utf8_cp(s, len);
+            if (cp >= 0x10000)
+                u = (size_t)snprintf(unit, sizeof(unit), "\\u%04lx\\u%04lx",
+                                     0xd800 + ((cp - 0x10000) >> 10), 0xdc00 + (cp & 0x3ff));
+            else
+                u = (size_t)snprintf(unit, sizeof(unit), "\\u%04lx", cp);
+        }
+        if (n + u >= cap) {
+            memcpy(o + keep, "...", 4);
+            return keep + 3;
+        }
+        memcpy(o + n, unit, u);
+        n += u;
+        if (n + 3 < cap)
+            keep = n;
+    }
+    o[n] = '\0';
+    return n;
+}
+
+/* Where a walk back to a key stands in one open container. */
+typedef struct path_step {
+    const unsigned char *ks, *ke; /* an object's current key (raw contents) */
+    size_t index;                 /* an array's current index */
+    bool obj;
+} path_step;
+
+/* The path (messages[2].content[0]) of the object whose key opens at key, into o (cap bytes),
+ * or "body" for the top level: the body is walked again up to the key, which the scan found
+ * valid. Only for an error, once per body. */
+static void key_path(const scanner *sc, const unsigned char *key, char *o, size_t cap)
+{
+    path_step st[BODY_MAX_DEPTH];
+    unsigned level = 0;
+    bool want_key = false;
+    const scanner quiet = {sc->start, sc->end, NULL, NULL};
+    const unsigned char *p = sc->start, *s;
+    while ((p = skip_ws(p, key)) < key) {
+        bool esc;
+        s = p++;
+        switch (*s) {
+        case '{':
+        case '[':
+            if (level == BODY_MAX_DEPTH) /* the scan allows no deeper body */
+                return (void)snprintf(o, cap, "body");
+            st[level++] = (path_step){.obj = *s == '{'};
+            want_key = *s == '{';
+            break;
+        case '}':
+        case ']':
+            level -= level > 0;
+            break;
+        case ',':
+            want_key = level > 0 && st[level - 1].obj;
+            if (level > 0 && !st[level - 1].obj)
+                st[level - 1].index++;
+            break;
+        case '"':
+            p = s;
+            if (scan_string(&quiet, &p, &esc) < 0)
+                return (void)snprintf(o, cap, "body");
+            if (want_key) {
+                st[level - 1].ks = s + 1;
+                st[level - 1].ke = p - 1;
+                want_key = false;
+            }
+            break;
+        default: /* ':' and the bytes of numbers and literals */
+            break;
+        }
+    }
+    char path[256];
+    size_t n = 0;
+    for (unsigned i = 0; i + 1 < level && n + KEY_SHOWN + 2 < sizeof(path); i++) {
+        if (st[i].obj) {
+            if (i > 0)
+                path[n++] = '.';
+            n += show_spelling(path + n, KEY_SHOWN, st[i].ks, st[i].ke);
+        } else {
+            n += (size_t)snprintf(path + n, sizeof(path) - n, "[%zu]", st[i].index);
+        }
+    }
+    if (n == 0)
+        snprintf(o, cap, "body");
+    else if (n < cap)
+        snprintf(o, cap, "%.*s", (int)n, path);
+    else
+        snprintf(o, cap, "%.*s...", (int)(cap - 4), path);
+}
+
+/* Record the key with raw contents [ks, ke), which holds a control character, as a type error
+ * (the first one in the body wins), naming it and the object that holds it. */
+__attribute__((cold, noinline)) static void bad_key(const scanner *sc, const unsigned char *ks,
+                                                    const unsigned char *ke)
+{
+    type_fault *f = sc->fault;
+    if (!f || f->rc)
+        return;
+    char path[PATH_SHOWN + 1], shown[KEY_SHOWN];
+    key_path(sc, ks - 1, path, sizeof(path));
+    show_spelling(shown, sizeof(shown), ks, ke);
+    snprintf(f->message, sizeof(f->message), "%s: key \"%s\" holds a control character", path,
+             shown);
+    f->rc = KVG_ETYPE;
+    f->offset = (size_t)(ks - 1 - sc->start);
+}
+
 /* Scan one value at *pp (whitespace first) that sits at nesting depth `depth` (the body itself
  * is 1), leaving *pp just past it. Iterative, with one bit per open container. */
 static int scan_value(const scanner *sc, const unsigned char **pp, unsigned depth)
@@ -601,7 +818,7 @@ value:
 key: /* p is on the first byte after '{' or ',' and its whitespace */
     if (p == end || *p != '"')
         return fail(sc, KVG_EPARSE, p, "expected string key in object");
-    rc = scan_string(sc, &p, &escaped);
+    rc = scan_key(sc, &p, &escaped);
     if (rc < 0)
         return rc;
     p = skip_ws(p, end);
@@ -691,14 +908,15 @@ static void type_error(rewrite *rw, const unsigned char *at, const char *fmt, ..
 
 static void type_error(rewrite *rw, const unsigned char *at, const char *fmt, ...)
 {
-    if (rw->type_rc)
+    type_fault *f = &rw->fault;
+    if (f->rc)
         return;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(rw->type_message, sizeof(rw->type_message), fmt, ap);
+    vsnprintf(f->message, sizeof(f->message), fmt, ap);
     va_end(ap);
-    rw->type_rc = KVG_ETYPE;
-    rw->type_offset = (size_t)(at - rw->sc.start);
+    f->rc = KVG_ETYPE;
+    f->offset = (size_t)(at - rw->sc.start);
 }
 
 /* The top-level "model": a string (decoded into the arena) or null. */
@@ -851,7 +1069,7 @@ static int scan_put_string(rewrite *rw, const unsigned char **pp)
     if (!room(c, (size_t)(rw->sc.end - *pp)))
         return scan_string(&rw->sc, pp, &escaped);
     unsigned char *o = c->buf + c->len;
-    int rc = scan_string_to(&rw->sc, pp, &escaped, &o);
+    int rc = scan_string_to(&rw->sc, pp, &escaped, &o, NULL);
     if (rc == 0)
         c->len = (size_t)(o - c->buf);
     return rc;
@@ -1001,7 +1219,7 @@ key: /* p is on the first byte after '{' or ',' and its whitespace */
     if (p == end || *p != '"')
         return fail(sc, KVG_EPARSE, p, "expected string key in object");
     s = p;
-    rc = scan_string(sc, &p, &escaped);
+    rc = scan_key(sc, &p, &escaped);
     if (rc < 0)
         return rc;
     put_json_string(c, s + 1, p - 1, escaped);
@@ -1082,7 +1300,7 @@ static int obj_key(const scanner *sc, const unsigned char **pp, const unsigned c
     if (p == end || *p != '"')
         return fail(sc, KVG_EPARSE, p, "expected string key in object");
     *ks = p + 1;
-    int rc = scan_string(sc, &p, escaped);
+    int rc = scan_key(sc, &p, escaped);
     if (rc < 0)
         return rc;
     *ke = p - 1;
@@ -1860,7 +2078,7 @@ static int rewrite_object(rewrite *rw, const unsigned char **pp, const char *sal
             return fail(sc, KVG_EPARSE, p, "expected string key in object");
         const unsigned char *key = p;
         bool escaped;
-        rc = scan_string(sc, &p, &escaped);
+        rc = scan_key(sc, &p, &escaped);
         if (rc < 0)
             return rc;
         member_kind kind = classify_key(key + 1, p - 1, escaped);
@@ -1961,7 +2179,7 @@ int kvg_body_scan_plan(const char *body, size_t len, kvg_body_api api, const cha
         body = "";
     }
     rewrite rw = {
-        .sc = {(const unsigned char *)body, (const unsigned char *)body + len, err},
+        .sc = {(const unsigned char *)body, (const unsigned char *)body + len, err, &rw.fault},
         .arena = arena,
         .plan = plan,
         .flush = (const unsigned char *)body,
@@ -1985,8 +2203,8 @@ int kvg_body_scan_plan(const char *body, size_t len, kvg_body_api api, const cha
         return fail(sc, KVG_EPARSE, p, "trailing characters after JSON value");
     if (*value != '{')
         return fail(sc, KVG_ETYPE, value, "body: must be a JSON object");
-    if (rw.type_rc)
-        return fail(sc, rw.type_rc, sc->start + rw.type_offset, rw.type_message);
+    if (rw.fault.rc)
+        return fail(sc, rw.fault.rc, sc->start + rw.fault.offset, rw.fault.message);
     emit(&rw, rw.flush, sc->end);
     if (rw.plan_failed)
         return fail(sc, -ENOMEM, sc->start, "out of memory");

@@ -289,11 +289,14 @@ typedef struct kvg_body_info {
  *  is copied byte for byte, whitespace included; cache_salt members nested deeper are kept.
  *  Fills info, when not NULL (strings from arena). Top-level "model" must be a string without
  *  NUL characters or null, "stream" a boolean or null, and each may appear at most once (a
- *  repeated one would let the gateway and the engine read different values); a body that is
- *  valid JSON but not an object is a type error too. Returns 0, KVG_EPARSE, KVG_ETYPE (only
- *  for valid JSON: the message starts with the field, "model: ", "stream: " or "body: "),
- *  KVG_ELIMIT (too deep), -ENOMEM (arena or out), -EINVAL (body NULL, len > 0); on error err (may
- * be NULL) has the byte offset and a message, and what was appended to out is unspecified. */
+ *  repeated one would let the gateway and the engine read different values); no key at any
+ *  level may hold a control character (Unicode Cc, raw or escaped: "cache_salt\u0000x" is
+ *  refused, message "<path>: key \"<spelling>\" holds a control character", path "body" at
+ *  the top level); a body that is valid JSON but not an object is a type error too. Returns 0,
+ *  KVG_EPARSE, KVG_ETYPE (only for valid JSON, the first in the body: the message starts with
+ *  the field or path, "model: ", "stream: ", "body: ", "x.y[1]: "), KVG_ELIMIT (too deep),
+ *  -ENOMEM (arena or out), -EINVAL (body NULL, len > 0); on error err (may be NULL) has the
+ *  byte offset and a message, and what was appended to out is unspecified. */
 int kvg_body_rewrite(const char *body, size_t len, const char *salt, kvg_arena *arena, kvg_buf *out,
                      kvg_body_info *info, kvg_json_error *err);
 

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Fuzz target: the request-body rewriter; it accepts exactly what the JSON parser accepts, and
  * whatever it accepts comes out as JSON with one top-level cache_salt, the injected one, and
- * the input's other members, and rewriting that output again changes nothing. */
+ * the input's other members, and rewriting that output again changes nothing. It refuses, as a
+ * type error, every body with an object key that holds a control character. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +15,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static bool is_salt_key(const kvg_json *obj, size_t i)
 {
     return obj->u.obj.key_lens[i] == 10 && memcmp(obj->u.obj.keys[i], "cache_salt", 10) == 0;
+}
+
+/* Whether a key at any level of v holds a control character (Unicode Cc), decoded. */
+static bool control_key(const kvg_json *v)
+{
+    if (v->type == KVG_JSON_ARRAY) {
+        for (size_t i = 0; i < v->u.arr.count; i++)
+            if (control_key(v->u.arr.items[i]))
+                return true;
+    } else if (v->type == KVG_JSON_OBJECT) {
+        for (size_t i = 0; i < v->u.obj.count; i++) {
+            const unsigned char *k = (const unsigned char *)v->u.obj.keys[i];
+            for (size_t j = 0; j < v->u.obj.key_lens[i]; j++)
+                if (k[j] < 0x20 || k[j] == 0x7f || (k[j] == 0xc2 && k[j + 1] < 0xa0))
+                    return true;
+            if (control_key(v->u.obj.values[i]))
+                return true;
+        }
+    }
+    return false;
 }
 
 /* The compact serialisation of obj without its cache_salt members (and with salt added). */
@@ -63,6 +84,8 @@ static void check(const uint8_t *data, size_t size, const char *salt)
             abort();
         goto out;
     }
+    if (prc == 0 && control_key(in_tree))
+        abort();
     if (rc != prc)
         abort();
     if (rc != 0) {

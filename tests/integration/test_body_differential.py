@@ -18,8 +18,9 @@ docs/isolation.md, "Request bodies"):
 - int() refuses literals of more than 4300 digits (CPython 3.11): numbers are kept as text;
 - its depth limit is the interpreter's recursion limit: kvgate's is 64 (the body is depth 1);
 - kvgate also rejects, as type errors, a top level that is not an object, a "model" that is
-  not a string without NUL characters or null, a "stream" that is not a boolean or null, and a
-  repeated "model" or "stream" member.
+  not a string without NUL characters or null, a "stream" that is not a boolean or null, a
+  repeated "model" or "stream" member, and an object key at any level that holds a control
+  character (Unicode Cc: U+0000-U+001F, U+007F-U+009F), however it is spelled.
 
 Run with the Debian interpreter: /usr/bin/python3 -m pytest tests/integration/test_body_differential.py
 KVGATE_BUILD_DIR selects the build (default: build). KVGATE_DIFF_SEED and KVGATE_DIFF_COUNT
@@ -28,6 +29,7 @@ change the seed and the number of generated bodies.
 import json
 import os
 import random
+import re
 import subprocess
 
 import pytest
@@ -60,9 +62,13 @@ def _loads_dict(text):
                       parse_int=lambda s: ("int", s), parse_float=lambda s: ("float", s))
 
 
-def _depth_and_surrogates(v, depth=1):
-    """(deepest nesting level of any value, whether a string holds a lone surrogate)."""
-    deepest, lone = depth, False
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # Unicode Cc
+
+
+def _walk(v, depth=1):
+    """(deepest nesting level of any value, whether a string holds a lone surrogate, whether an
+    object key holds a control character)."""
+    deepest, lone, control_key = depth, False, False
     stack = [(v, depth)]
     while stack:
         x, d = stack.pop()
@@ -78,10 +84,11 @@ def _depth_and_surrogates(v, depth=1):
                     k.encode("utf-8")
                 except UnicodeEncodeError:
                     lone = True
+                control_key = control_key or CONTROL.search(k) is not None
                 stack.append((val, d + 1))
         elif isinstance(x, list):
             stack.extend((item, d + 1) for item in x)
-    return deepest, lone
+    return deepest, lone, control_key
 
 
 def reference(body: bytes):
@@ -92,12 +99,12 @@ def reference(body: bytes):
         v = _loads_pairs(text)
     except (UnicodeDecodeError, ValueError, RecursionError):
         return "invalid", None
-    deepest, lone = _depth_and_surrogates(v)
+    deepest, lone, control_key = _walk(v)
     if lone:
         return "invalid", None
     if deepest > MAX_DEPTH:
         return "ELIMIT", None
-    if not isinstance(v, Pairs):
+    if not isinstance(v, Pairs) or control_key:
         return "ETYPE", None
     models = [val for k, val in v if k == "model"]
     streams = [val for k, val in v if k == "stream"]
@@ -124,8 +131,18 @@ KEY_SPELLINGS = {
     "tools": ['"tools"'],
 }
 OTHER_KEYS = ['"max_tokens"', '"temperature"', '"Cache_salt"', '"cache_salt "', '"cache-salt"',
-              '"cache\\/salt"', '"cache_salt\\u0000"', '""', '"\\u00e9t\\u00e9"', '"日本"',
-              '"\\ud83d\\ude00"', '"user"', '"a"']
+              '"cache\\/salt"', '""', '"\\u00e9t\\u00e9"', '"日本"', '"\\ud83d\\ude00"', '"user"',
+              '"a"', '"\\u007e\\u00a0"', '"\u00a0"']
+# Keys holding a control character, escaped or raw (DEL and C1 may stand raw in a string).
+CONTROL_KEYS = ['"cache_salt\\u0000"', '"cache_salt\\u0000x"', '"a\\u001f"', '"\\n"',
+                '"\\u007F"', '"a\x7f"', '"\\u0080"', '"\\u009f"', '"x\u0085"',
+                '"\\ud83d\\ude00\\t"']
+
+
+def other_key(r):
+    return r.choice(CONTROL_KEYS) if r.random() < 0.03 else r.choice(OTHER_KEYS)
+
+
 STRING_PIECES = ["hello", " ", "\\n", "\\t", "\\\"", "\\\\", "\\/", "\\b\\f\\r", "\\u0041",
                  "\\u00e9", "\\u65e5", "\\ud83d\\ude00", "\\uDBFF\\uDFFF", "\\u0000", "é",
                  "日本語", "😀", "\u007f", "cache_salt", "}", "]", ",", ":", "{\\\"cache_salt\\\":1}"]
@@ -155,7 +172,8 @@ def gen_value(r, depth, budget):
     if kind < 0.36:
         members = []
         for _ in range(r.randint(0, 4)):
-            key = r.choice(OTHER_KEYS + ['"cache_salt"', '"model"', '"prompt"', '"stream"'])
+            key = (other_key(r) if r.random() < 0.75
+                   else r.choice(['"cache_salt"', '"model"', '"prompt"', '"stream"']))
             members.append(ws() + key + ws() + ":" + ws() + gen_value(r, depth + 1, budget) + ws())
         return "{" + ",".join(members) + "}" if members else "{" + ws() + "}"
     if kind < 0.65:
@@ -188,7 +206,7 @@ def gen_member(r):
         name = r.choice(list(KEY_SPELLINGS))
         key = r.choice(KEY_SPELLINGS[name])
     else:
-        name, key = None, r.choice(OTHER_KEYS)
+        name, key = None, other_key(r)
     if name == "model" and r.random() < 0.8:
         value = r.choice([gen_string(r), '"llama-3.1-8b"', "null", '"m\\u0000x"', "1", "[]"])
     elif name == "stream" and r.random() < 0.8:
@@ -261,6 +279,9 @@ def fixed_cases():
         b'{"cache_salt":1,"cache_salt":2}', b'{"\\u0063ache_salt":{"cache_salt":[]}}',
         b'{"a":1,}', b'{"a" : 1 , }', b"{'a':1}", b'{"a":"\t"}', b'{"a":\x0c1}',
         b'{"a":1}\x00', b'\x00{"a":1}', b'{"a":"\\u00"}', b'{"a":"\\u00e9\\"}',
+        b'{"model":"m","cache_salt\\u0000x":"attacker"}', b'{"a":[{"b\\u007f":1}]}',
+        b'{"a\x7f":1}', b'{"\xc2\x85":1}', b'{"\xc2\xa0":1,"\\u00a0":2,"\\u007e":3}',
+        b'{"\\u0063ache_salt":"x","a":"\\u0000\x7f\xc2\x85"}', b'{"a\\u0000":1,}',
     ]
 
 
@@ -285,7 +306,8 @@ def run_driver(bodies, salt):
     stdin = b"".join(b"%d\n" % len(b) + b for b in bodies)
     p = subprocess.run(args, input=stdin, capture_output=True, timeout=120)
     assert p.returncode == 0, p.stderr.decode(errors="replace")
-    lines = p.stdout.decode("utf-8").splitlines()
+    # Not splitlines(): it also splits at U+0085 and U+2028, which JSON strings may hold raw.
+    lines = p.stdout.decode("utf-8").split("\n")[:-1]
     assert len(lines) == len(bodies)
     return [json.loads(line) for line in lines]
 

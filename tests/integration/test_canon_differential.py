@@ -28,6 +28,13 @@ TEXTS = ["hello", "", " ", "\n", "\t", "a\"b", "back\\slash", "/", "é", "日本
          "\x01", "\x1f", "\x1e", "\x7f", "\u2028", "cache_salt", "{\"k\":[1]}", "role", "\b\f\r"]
 ROLES = ["system", "user", "assistant", "tool", "developer", "rôle"]
 KEYS_NOISE = ["reasoning_content", "refusal", "x", "extra", "weight"]
+# Keys with a control character (refused at every level); spell_string writes DEL and the C1
+# controls raw or escaped at random, so the twins below check that the spelling does not count.
+CONTROL_KEYS = ["cache_salt\x00x", "\x00", "a\x1f", "\n", "\x7f", "b\x85", "\x80\x9f"]
+
+
+def rkey(r, keys):
+    return r.choice(CONTROL_KEYS) if r.random() < 0.02 else r.choice(keys)
 
 
 def rtext(r):
@@ -90,7 +97,7 @@ def rjson(r, depth=0):
     if depth < 3 and k < 0.2:
         return [rjson(r, depth + 1) for _ in range(r.randint(0, 3))]
     if depth < 3 and k < 0.4:
-        return Pairs((r.choice(["type", "name", "a", "é", "function", "id"]), rjson(r, depth + 1))
+        return Pairs((rkey(r, ["type", "name", "a", "é", "function", "id"]), rjson(r, depth + 1))
                      for _ in range(r.randint(0, 3)))
     if k < 0.7:
         return rtext(r)
@@ -137,7 +144,7 @@ def rmessage(r):
     if r.random() < 0.15:
         m.append(("tool_call_id", r.choice(["call_1", rtext(r), None])))
     if r.random() < 0.2:
-        m.append((r.choice(KEYS_NOISE), rjson(r)))
+        m.append((rkey(r, KEYS_NOISE), rjson(r)))
     if r.random() < 0.7:
         r.shuffle(m)
     return Pairs(m)
@@ -238,12 +245,18 @@ FIXED = {
              b'{"messages":[{"role":"a"}],"messages":[{"role":"a"}]}',
              b'{"messages":[{"\\u0072ole":"a","c\\u006fntent":"x"}]}',
              b'{"messages":[{"role":"a","content":[{"type":"text"}]}]}',
-             b'{"messages":[{"role":"a","content":[{"type":"te\\u0078t","text":"1"}]}]}'],
+             b'{"messages":[{"role":"a","content":[{"type":"te\\u0078t","text":"1"}]}]}',
+             b'{"messages":[{"role":"a","cache_salt\\u0000x":"b"}]}',
+             b'{"messages":[{"role":"a"}],"cache_salt\\u0000x":"b"}',
+             b'{"tools":[{"function":{"parameters":{"\x7f":1}}}],"messages":[{"role":"a"}]}',
+             b'{"messages":[{"role":"a","content":[{"type":"text","text":"x","\xc2\x85":1}]}]}',
+             b'{"messages":[{"r\\u006fle":"a","\\u00a0":1,"\xc2\xa0":2}]}'],
     "completions": [b'{"prompt":"x"}', b'{"prompt":[]}', b'{"prompt":[[]]}', b'{"prompt":[1,[2]]}',
                     b'{"prompt":[[1],2]}', b'{"prompt":[-0]}', b'{"prompt":[1e0]}',
                     b'{"prompt":[4294967295]}', b'{"prompt":[4294967296]}', b'{"prompt":null}',
                     b'{"prompt":"a","prompt":"a"}', b'{"prompt":[' + b"9" * 5000 + b']}',
-                    b'{"prompt":{}}', b'{"prompt":[null]}'],
+                    b'{"prompt":{}}', b'{"prompt":[null]}', b'{"prompt":"x","\\u0000":1}',
+                    b'{"prompt":[{"\\u009f":1}]}'],
 }
 
 

@@ -337,6 +337,78 @@ def test_bad_requests_get_400(simworker, path, body, param):
     assert err["message"]
 
 
+def raw_exchange(sock_file, sock, path, body, close=False):
+    """Send one POST with a raw body on a kept-alive socket; (status, headers, body) back, or
+    None when the server closed the connection instead of answering."""
+    sock.sendall(b"POST %s HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                 b"%sContent-Length: %d\r\n\r\n" % (path.encode(),
+                                                      b"Connection: close\r\n" if close else b"",
+                                                      len(body)) + body)
+    line = sock_file.readline()
+    if not line:
+        return None
+    status = int(line.split()[1])
+    headers = {}
+    while True:
+        h = sock_file.readline().decode("latin-1").rstrip("\r\n")
+        if not h:
+            break
+        k, _, v = h.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    return status, headers, sock_file.read(int(headers["content-length"]))
+
+
+# Bodies that are not JSON vLLM's tokenizer could take: lone UTF-16 surrogates (Python decodes
+# "\ud800" into a str that UTF-8 refuses), invalid UTF-8, broken escapes. vLLM answers each with
+# a 400 in its error shape and keeps the connection.
+BAD_STRING_BODIES = [
+    ("/v1/completions", b'{"prompt":"\\ud800"}', 17),
+    ("/v1/completions", b'{"prompt":"\\udc00"}', 17),
+    ("/v1/completions", b'{"prompt":"\\ud800\\ud800"}', 23),
+    ("/v1/completions", b'{"prompt":["ok","\\uDFFF"]}', 23),
+    ("/v1/chat/completions", b'{"messages":[{"role":"user","content":"\\ud800"}]}', 45),
+    ("/v1/chat/completions", b'{"messages":[{"role":"user","content":[{"type":"text",'
+     b'"text":"x\\udc00"}]}]}', 69),
+    ("/v1/embeddings", b'{"input":"\\ud800"}', 16),
+    ("/v1/completions", b'{"prompt":"\xed\xa0\x80"}', 11),
+    ("/v1/completions", b'{"prompt":"\xff\xfe"}', 11),
+    ("/v1/completions", b'{"prompt":"\\u00"}', 13),
+    ("/v1/completions", b'{"prompt":"\\u00', 15),
+]
+
+
+def test_bad_strings_get_400_and_keep_the_connection(simworker):
+    sw = simworker(time_scale=0)
+    sock = socket.create_connection(("127.0.0.1", sw.port), timeout=10)
+    f = sock.makefile("rb")
+    try:
+        for path, body, offset in BAD_STRING_BODIES:
+            got = raw_exchange(f, sock, path, body)
+            assert got is not None, f"connection closed without an answer to {body!r}"
+            status, headers, payload = got
+            assert status == 400, payload
+            assert headers["content-type"] == "application/json"
+            err = json.loads(payload)["error"]
+            assert err["type"] == "BadRequestError" and err["code"] == 400
+            assert err["param"] is None
+            assert err["message"].startswith(f"Invalid JSON at byte {offset}: "), err
+            # The same connection serves the next request.
+            ok = raw_exchange(f, sock, "/v1/completions", b'{"prompt":"ok","max_tokens":1}')
+            assert ok is not None and ok[0] == 200, ok
+        # A NUL escape is a character to Python: vLLM takes it, and so does the worker.
+        status, _, payload = raw_exchange(f, sock, "/v1/completions",
+                                          b'{"prompt":"a\\u0000b","max_tokens":1}')
+        assert status == 200, payload
+        # Asked to close, the worker answers first, then closes.
+        status, headers, payload = raw_exchange(f, sock, "/v1/completions",
+                                                b'{"prompt":"\\ud800"}', close=True)
+        assert status == 400 and json.loads(payload)["error"]["code"] == 400
+        assert f.read() == b""
+    finally:
+        f.close()
+        sock.close()
+
+
 def test_unknown_model_path_method(simworker):
     sw = simworker(time_scale=0, max_model_len=64, kv_blocks=16)
     r = post(sw, "/v1/chat/completions", {"model": "x", "messages": [{"role": "user",

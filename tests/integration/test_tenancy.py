@@ -15,7 +15,8 @@ import time
 import httpx
 import pytest
 
-from gwhelpers import COMPL, RawHTTP, assert_openai_error, http, request_bytes, salt_of
+from gwhelpers import (CHAT, COMPL, H2Client, RawHTTP, assert_openai_error, http, request_bytes,
+                       salt_of, sim_metric, wait_for, worker_cfg)
 
 
 def keys_gateway(kvgate, *workers, **kw):
@@ -225,6 +226,55 @@ def test_client_cache_salt_never_reaches_the_worker(kvgate, fake_upstream, varia
     assert received == original
     if b"nested inside" in variant:
         assert received["extra"] == {"cache_salt": "nested inside"}
+
+
+# A key holding a control character: Python engines read "cache_salt\u0000x" as a key of its
+# own, but C or C++ code that ends keys at the NUL reads cache_salt, and if it keeps the first
+# duplicate the client chooses the salt. kvgate refuses such keys at every level (raw bytes of
+# the body: the escapes are the client's spelling, not Python's).
+CONTROL_KEY_BODIES = [
+    (COMPL, b'{"model":"%s","cache_salt\\u0000x":"attacker","prompt":"x","max_tokens":1}',
+     'body: key "cache_salt\\u0000x" holds a control character'),
+    (CHAT, b'{"model":"%s","messages":[{"role":"user","content":"x","cache_salt\\u0000x":"a"}],'
+     b'"max_tokens":1}', 'messages[0]: key "cache_salt\\u0000x" holds a control character'),
+    (COMPL, b'{"model":"%s","prompt":"x","cache_salt\xc2\x85":"raw C1","max_tokens":1}',
+     'body: key "cache_salt\\u0085" holds a control character'),
+    ("/v1/embeddings", b'{"model":"%s","input":"x","cache_salt\\u0000x":"attacker"}',
+     'body: key "cache_salt\\u0000x" holds a control character'),
+]
+
+
+@pytest.mark.parametrize("salt_switch", [True, False], ids=["cache_salt-on", "cache_salt-off"])
+def test_control_character_keys_never_reach_the_worker(simworker, kvgate, salt_switch):
+    sw = simworker(time_scale=0)
+    gw = kvgate(config={"workers": [worker_cfg(sw, cache_salt=salt_switch)]})
+    for path, body, message in CONTROL_KEY_BODIES:
+        body = body.replace(b"%s", sw.model.encode())
+        c = RawHTTP(gw.port)
+        try:
+            c.send(request_bytes("POST", path, body))
+            status, _, payload = c.response()
+            assert status == 400, payload
+            assert assert_openai_error(payload, 400, "invalid_request_error")["message"] == message
+            # The connection stays usable after the refusal.
+            c.send(request_bytes("GET", "/v1/models"))
+            assert c.response()[0] == 200
+        finally:
+            c.close()
+        h = H2Client(gw.port)
+        try:
+            st = h.request("POST", path, body)
+            h.wait([st])
+            assert st.status == 400, bytes(st.data)
+            err = assert_openai_error(bytes(st.data), 400, "invalid_request_error")
+            assert err["message"] == message
+        finally:
+            h.close()
+    # Nothing reached the worker: the one valid request after them is its first.
+    assert sim_metric(sw, "vllm:request_success_total") == 0
+    r = http.post(gw.url + COMPL, json=completion(sw.model, "x"))
+    assert r.status_code == 200, r.text
+    assert wait_for(lambda: sim_metric(sw, "vllm:request_success_total") == 1)
 
 
 def test_worker_without_cache_salt_gets_none(kvgate, fake_upstream):

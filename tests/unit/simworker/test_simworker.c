@@ -677,6 +677,84 @@ static void test_request_errors(void **state)
     expect_error(&cfg, SIM_EP_TOKENIZE, "{\"prompt\":[\"a\",\"b\"]}", 400, "prompt");
 }
 
+/* Bodies that are not JSON a tokenizer can take (Python decodes "\ud800" into a string no UTF-8
+ * encoder accepts; vLLM answers 400): each is a 400 BadRequestError naming no field, in every
+ * place a string may stand. A NUL escape is a character like any other. */
+static void test_request_bad_strings(void **state)
+{
+    (void)state;
+    sim_config cfg = req_cfg();
+    static const struct {
+        sim_endpoint ep;
+        const char *body;
+        const char *msg;
+    } cases[] = {
+        {SIM_EP_COMPLETIONS, "{\"prompt\":\"\\ud800\"}",
+         "Invalid JSON at byte 17: unpaired surrogate in \\u escape"},
+        {SIM_EP_COMPLETIONS, "{\"prompt\":\"\\udc00\"}",
+         "Invalid JSON at byte 17: unpaired surrogate in \\u escape"},
+        {SIM_EP_COMPLETIONS, "{\"prompt\":\"a\\udc00\\ud800b\"}",
+         "Invalid JSON at byte 18: unpaired surrogate in \\u escape"},
+        {SIM_EP_COMPLETIONS, "{\"prompt\":\"\\ud800\\u0041\"}",
+         "Invalid JSON at byte 23: unpaired surrogate in \\u escape"},
+        {SIM_EP_COMPLETIONS, "{\"prompt\":[\"a\",\"\\uDBFF\"]}",
+         "Invalid JSON at byte 22: unpaired surrogate in \\u escape"},
+        {SIM_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"\\ud800\"}]}",
+         "Invalid JSON at byte 45: unpaired surrogate in \\u escape"},
+        {SIM_EP_CHAT,
+         "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":"
+         "\"\\udfff\"}]}]}",
+         "Invalid JSON at byte 68: unpaired surrogate in \\u escape"},
+        {SIM_EP_EMBEDDINGS, "{\"input\":\"x\",\"\\ud800\":1}",
+         "Invalid JSON at byte 20: unpaired surrogate in \\u escape"},
+        {SIM_EP_COMPLETIONS, "{\"prompt\":\"\xed\xa0\x80\"}",
+         "Invalid JSON at byte 11: invalid UTF-8 in string"},
+        {SIM_EP_COMPLETIONS, "{\"prompt\":\"\xff\"}",
+         "Invalid JSON at byte 11: invalid UTF-8 in string"},
+        {SIM_EP_COMPLETIONS, "{\"prompt\":\"\\u00\"}",
+         "Invalid JSON at byte 13: bad hex digit in \\u escape"},
+        {SIM_EP_COMPLETIONS, "{\"prompt\":\"\\u00", "Invalid JSON at byte 15: unterminated string"},
+        {SIM_EP_COMPLETIONS, "{\"prompt\":\"\\x\"}",
+         "Invalid JSON at byte 12: invalid escape in string"},
+    };
+    for (size_t i = 0; i < KVG_ARRAY_LEN(cases); i++) {
+        sim_request r;
+        sim_error err;
+        int rc = parse(&cfg, cases[i].ep, cases[i].body, &r, &err);
+        if (rc != KVG_EPARSE || err.status != 400 || strcmp(err.type, "BadRequestError") != 0 ||
+            err.param[0] || strcmp(err.message, cases[i].msg) != 0)
+            fail_msg("%s: rc %d status %d type %s param '%s' message '%s'", cases[i].body, rc,
+                     err.status, err.type ? err.type : "", err.param, err.message);
+        /* The answer is JSON in OpenAI's shape. */
+        kvg_buf b;
+        kvg_buf_init(&b);
+        sim_respond_error(&b, &err);
+        kvg_arena a;
+        kvg_json *v;
+        kvg_arena_init(&a, 0);
+        assert_int_equal(kvg_json_parse(b.data, b.len, &a, NULL, &v, NULL), 0);
+        const kvg_json *e = kvg_json_get(v, "error");
+        assert_non_null(e);
+        assert_string_equal(kvg_json_get(e, "message")->u.str.ptr, cases[i].msg);
+        assert_string_equal(kvg_json_get(e, "type")->u.str.ptr, "BadRequestError");
+        assert_int_equal(kvg_json_get(e, "param")->type, KVG_JSON_NULL);
+        assert_int_equal(kvg_json_get(e, "code")->u.num.ival, 400);
+        kvg_arena_done(&a);
+        kvg_buf_done(&b);
+    }
+    /* vLLM (Python) takes "\u0000" in a prompt, in a message and in a key. */
+    sim_request r;
+    sim_error err;
+    assert_int_equal(
+        parse(&cfg, SIM_EP_COMPLETIONS, "{\"prompt\":\"a\\u0000b\",\"x\\u0000\":1}", &r, &err), 0);
+    sim_request_done(&r);
+    assert_int_equal(parse(&cfg, SIM_EP_CHAT,
+                           "{\"messages\":[{\"role\":\"user\",\"content\":\"\\u0000\"}]}", &r,
+                           &err),
+                     0);
+    sim_request_done(&r);
+}
+
 static void test_request_alloc_failures(void **state)
 {
     (void)state;
@@ -790,6 +868,7 @@ int main(void)
         cmocka_unit_test(test_engine_queue_and_cancel),
         cmocka_unit_test(test_request_ok),
         cmocka_unit_test(test_request_errors),
+        cmocka_unit_test(test_request_bad_strings),
         cmocka_unit_test(test_request_alloc_failures),
         cmocka_unit_test(test_metrics_text),
     };
