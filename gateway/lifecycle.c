@@ -1,7 +1,39 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The shutdown sequence, run on the control thread: drain every front thread, wait for them up
- * to the deadline, then force the rest closed and stop the control loop. */
+/* The limits a gateway derives at start, and the shutdown sequence, run on the control thread:
+ * drain every front thread, wait for them up to the deadline, then force the rest closed and
+ * stop the control loop. */
 #include "server.h"
+
+/* The front connection limit: configured, or half of what the descriptors leave after a
+ * reserve for the admin listener, the threads' own descriptors, probes and files, since every
+ * front connection may hold a connection to a worker as well. */
+static uint32_t front_connection_limit(const kvg_gateway *gw, uint64_t nofile)
+{
+    uint64_t reserve =
+        64 + gw->cfg.admin_max_connections + 8ull * (gw->nthreads + 1) * (gw->cfg.nlisteners + 1);
+    uint64_t usable = nofile > 2 * reserve ? (nofile - reserve) / 2 : nofile / 4;
+    if (usable < 1)
+        usable = 1;
+    uint64_t limit = gw->cfg.limits.max_connections ? gw->cfg.limits.max_connections : usable;
+    if (gw->cfg.limits.max_connections && limit > usable)
+        kvg_log_warn("limits.max_connections %llu is more than the descriptor limit %llu "
+                     "leaves room for (about %llu): accepts may fail for want of descriptors "
+                     "before it is reached",
+                     (unsigned long long)limit, (unsigned long long)nofile,
+                     (unsigned long long)usable);
+    limit = KVG_MIN(limit, (uint64_t)UINT32_MAX);
+    kvg_log_info("front connections limited to %llu (%s)", (unsigned long long)limit,
+                 gw->cfg.limits.max_connections ? "limits.max_connections"
+                                                : "from the descriptor limit");
+    return (uint32_t)limit;
+}
+
+void kvg_gateway_init_limits(kvg_gateway *gw, uint64_t nofile)
+{
+    gw->max_connections = front_connection_limit(gw, nofile);
+    gw->body_budget.limit = gw->cfg.limits.body_budget_bytes;
+    gw->response_budget.limit = gw->cfg.limits.response_budget_bytes;
+}
 
 static void stop_control(kvg_gateway *gw)
 {

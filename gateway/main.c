@@ -184,30 +184,6 @@ static uint64_t raise_nofile(void)
     return (uint64_t)rl.rlim_cur;
 }
 
-/* The front connection limit: configured, or half of what the descriptors left after a reserve
- * for the admin listener, the threads' own descriptors, probes and files, since every front
- * connection may hold a connection to a worker as well. */
-static uint32_t front_connection_limit(const kvg_gateway *gw, uint64_t nofile)
-{
-    uint64_t reserve =
-        64 + gw->cfg.admin_max_connections + 8ull * (gw->nthreads + 1) * (gw->cfg.nlisteners + 1);
-    uint64_t usable = nofile > 2 * reserve ? (nofile - reserve) / 2 : nofile / 4;
-    if (usable < 1)
-        usable = 1;
-    uint64_t limit = gw->cfg.limits.max_connections ? gw->cfg.limits.max_connections : usable;
-    if (gw->cfg.limits.max_connections && limit > usable)
-        kvg_log_warn("limits.max_connections %llu is more than the descriptor limit %llu "
-                     "leaves room for (about %llu): accepts may fail for want of descriptors "
-                     "before it is reached",
-                     (unsigned long long)limit, (unsigned long long)nofile,
-                     (unsigned long long)usable);
-    limit = KVG_MIN(limit, (uint64_t)UINT32_MAX);
-    kvg_log_info("front connections limited to %llu (%s)", (unsigned long long)limit,
-                 gw->cfg.limits.max_connections ? "limits.max_connections"
-                                                : "from the descriptor limit");
-    return (uint32_t)limit;
-}
-
 /* ---- listeners ------------------------------------------------------------------------------- */
 
 static int setup_listener(kvg_gateway *gw, kvg_listener *l, const kvg_listener_config *cfg,
@@ -391,9 +367,7 @@ int main(int argc, char **argv)
         kvg_log_info("generated an admin token in %s/admin-token", gw->cfg.state_dir);
 
     gw->nthreads = gw->cfg.threads ? gw->cfg.threads : default_threads();
-    gw->max_connections = front_connection_limit(gw, raise_nofile());
-    gw->body_budget.limit = gw->cfg.limits.body_budget_bytes;
-    gw->response_budget.limit = gw->cfg.limits.response_budget_bytes;
+    kvg_gateway_init_limits(gw, raise_nofile());
     kvg_registry_config rcfg = {
         .nthreads = gw->nthreads + 2, /* + the control thread's slots (health, scrapes) */
         .default_max_inflight = gw->cfg.upstream.max_inflight,

@@ -191,6 +191,10 @@ int kvg_thread_add_listener(kvg_thread *t, kvg_listener *l, evutil_socket_t fd);
 void kvg_thread_close_listeners(kvg_thread *t);
 void kvg_thread_start_drain(kvg_thread *t);
 void kvg_thread_force_close(kvg_thread *t);
+/** Set the limits derived from the configuration and the process (lifecycle.c): the front
+ *  connection limit (limits.max_connections, or from nofile, the descriptor limit) and the
+ *  memory budgets. Logs what it chose. Call once cfg and nthreads are final. */
+void kvg_gateway_init_limits(kvg_gateway *gw, uint64_t nofile);
 /** Called on the control thread when it is woken (lifecycle.c). */
 void kvg_gateway_control_wakeup(kvg_gateway *gw);
 /** Start a graceful shutdown (a second call forces it). Control thread only. */

@@ -96,6 +96,7 @@ void harness_init(void)
     gw.cfg.upstream.retries = 1;
     gw.access_log_fd = -1;
     gw.nthreads = 1;
+    kvg_gateway_init_limits(&gw, 4096);
     kvg_registry_config rcfg = {.nthreads = 2};
     if (kvg_registry_new(&rcfg, &gw.registry) < 0)
         abort();
