@@ -128,18 +128,22 @@ const char *kvg_exchange_proto_str(kvg_exchange_proto p)
  * waits for it: a reader that stopped (or never reads) would otherwise hold the worker's slot
  * and the upstream connection forever, since a paused upstream has no read timeout (nginx's
  * send_timeout). Progress of any size restarts the period. */
+static void arm_send_timer(kvg_exchange *x)
+{
+    x->send_mark = x->ops->progress(x);
+    uint32_t ms = x->thread->gw->cfg.limits.send_timeout_ms;
+    struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+    event_add(&x->send_timer, &tv);
+}
+
 static void send_timeout_cb(evutil_socket_t fd, short what, void *arg)
 {
     kvg_exchange *x = arg;
     if (x->aborted || x->front_done || x->handler_done || !x->want_writable)
         return;
     kvg_gateway *gw = x->thread->gw;
-    uint64_t now = x->ops->progress(x);
-    if (now != x->send_mark) {
-        x->send_mark = now;
-        uint32_t ms = gw->cfg.limits.send_timeout_ms;
-        struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
-        event_add(&x->send_timer, &tv);
+    if (x->ops->progress(x) != x->send_mark) {
+        arm_send_timer(x);
         return;
     }
     gw->stats.send_timeouts++;
@@ -331,10 +335,7 @@ bool kvg_exchange_output_full(kvg_exchange *x)
          atomic_load_explicit(&rb->used, memory_order_relaxed) > rb->limit)) {
         if (!x->want_writable) {
             x->want_writable = true;
-            x->send_mark = x->ops->progress(x);
-            uint32_t ms = x->thread->gw->cfg.limits.send_timeout_ms;
-            struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
-            event_add(&x->send_timer, &tv);
+            arm_send_timer(x);
         }
         return true;
     }
@@ -459,7 +460,7 @@ void kvg_exchange_send_body_error(kvg_exchange *x, int rc)
     case -ENOBUFS:
         kvg_exchange_send_error_retry(x, 503, "overloaded", 1,
                                       "the gateway holds as many request bodies as its memory "
-                                      "budget allows (limits.body_budget_mib); retry shortly");
+                                      "budget allows; retry shortly");
         break;
     case KVG_ELIMIT:
         kvg_exchange_send_error_retry(x, 429, "rate_limit_error", 1,

@@ -340,7 +340,8 @@ static void h1_finish_exchange(h1_conn *h)
 static void h1_fail(h1_conn *h, int status, const char *msg, int body_rc)
 {
     kvg_conn *c = h->conn;
-    c->thread->gw->stats.protocol_errors++;
+    if (!body_rc) /* a refusal by a budget or the upload rate is no protocol error */
+        c->thread->gw->stats.protocol_errors++;
     h->close_after = true;
     if (!h->x) {
         /* No exchange yet (garbage before a request line): build one for the error response so
