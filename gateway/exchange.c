@@ -76,7 +76,7 @@ int kvg_exchange_body_append(kvg_exchange *x, const void *data, size_t len)
     if (!body_rate_ok(x, len))
         return -ETIMEDOUT;
     uint64_t held = evbuffer_get_length(x->body) + (uint64_t)len;
-    if (held > x->body_charged) {
+    if (x->body_budgeted && held > x->body_charged) {
         /* What arrived, rounded up to a step while the body limit leaves room for one. */
         uint64_t need = held - x->body_charged;
         uint64_t room = x->body_limit > x->body_charged ? x->body_limit - x->body_charged : 0;

@@ -91,6 +91,7 @@ struct kvg_exchange {
     const char *body_bytes; /* kvg_exchange_body_bytes' answer, once asked for */
     size_t body_limit;
     bool body_complete;
+    bool body_budgeted;     /* counted in the body budget (front listeners; not admin ones) */
     kvg_tenant *body_owner; /* referenced: whose share of the body budget the body counts in */
     uint64_t body_charged;  /* bytes counted in the body budget (and the owner's share) */
     uint64_t rate_start_ns; /* the minimum upload rate's current window */

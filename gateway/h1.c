@@ -462,6 +462,8 @@ static int ensure_exchange(h1_conn *h)
     x->tls = c->tls;
     x->scheme = c->tls ? "https" : "http";
     x->body_limit = c->thread->gw->cfg.limits.body_bytes;
+    /* The operator's admin requests are not held to the budget the front can exhaust. */
+    x->body_budgeted = !c->listener->is_admin;
     snprintf(x->remote, sizeof(x->remote), "%s", c->remote);
     h->x = x;
     return 0;

@@ -291,6 +291,7 @@ static int on_begin_headers(nghttp2_session *session, const nghttp2_frame *frame
     s->x.tls = c->tls;
     s->x.scheme = c->tls ? "https" : "http";
     s->x.body_limit = c->thread->gw->cfg.limits.body_bytes;
+    s->x.body_budgeted = !c->listener->is_admin;
     snprintf(s->x.remote, sizeof(s->x.remote), "%s", c->remote);
     event_assign(&s->body_timer, c->thread->base, -1, 0, body_timeout_cb, s);
     kvg_list_insert(&h->streams, &s->link);
