@@ -345,7 +345,7 @@ def test_body_budget_refuses_new_bodies_instead_of_growing(simworker, kvgate):
     again."""
     sw = simworker(time_scale=0)
     gw = kvgate(sw, config={"limits": {"body_bytes": 256 * 1024, "body_budget_mib": 1,
-                                       "read_timeout_ms": 2000, "body_min_rate": 0}})
+                                       "read_timeout_ms": 10000, "body_min_rate": 0}})
     size = 100 * 1024
     uploads = [start_upload(gw.port, size, size - 1024) for _ in range(16)]
     try:
@@ -359,7 +359,12 @@ def test_body_budget_refuses_new_bodies_instead_of_growing(simworker, kvgate):
         assert 5 * 2 * size <= held <= 1 << 20, held
         assert gw.metric("kvgate_buffer_budget_bytes", kind="request_body") == 1 << 20
         assert gw.metric("kvgate_buffer_refusals_total", scope="gateway") == 11
-        # The operator's requests with bodies are not held to the budget the front exhausted.
+        # One more upload takes exactly what is left (each counts 2 x length + 128)...
+        rest = int((1 << 20) - held - 128) // 2
+        uploads.append(start_upload(gw.port, rest, rest - 1024))
+        assert early_statuses(uploads[-1:]) == [None]
+        assert gw.metric("kvgate_buffer_bytes", kind="request_body") == 1 << 20
+        # ... and the operator's requests with bodies are not held to the exhausted budget.
         r = gw.admin.put("/admin/v1/policy", json={"policy": "cost"})
         assert r.status_code == 200, r.text
     finally:
