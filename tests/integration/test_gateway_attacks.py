@@ -680,6 +680,30 @@ def test_admin_slowloris_is_cut_and_admin_stays_reachable(simworker, kvgate):
     assert admin_get(gw, "/healthz").status_code == 200
 
 
+def test_admin_refuses_a_strangers_body_unread(simworker, kvgate):
+    """A request with a body and no valid token gets its 401 as soon as the head is in, as the
+    front's bad API keys do: the admin listener no longer reads up to 1 MiB for each stranger
+    first (200 such connections held 245 MB). The token holder's body is read as before."""
+    sw = simworker(time_scale=0)
+    gw = kvgate(sw)
+    conns = []
+    try:
+        for i in range(40):
+            c = RawHTTP(gw.admin_port, timeout=5)
+            auth = b"Authorization: Bearer wrong-token\r\n" if i % 2 else b""
+            c.send(b"PUT /admin/v1/workers/x HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n" +
+                   auth + b"\r\n" + b"{" * 4096)  # a body that never ends
+            conns.append(c)
+        statuses = [c.read_head() for c in conns]
+        assert statuses == [401] * len(conns), statuses
+        assert all("bearer" in c.headers.get("www-authenticate", "").lower() for c in conns)
+    finally:
+        for c in conns:
+            c.close()
+    assert gw.admin.put("/admin/v1/workers/x", json={"url": sw.url}).status_code == 201
+    assert gw.admin.get("/admin/v1/workers/x").json()["url"] == sw.url
+
+
 # ---- 7. SIGHUP reloads racing admin writes and traffic --------------------------------------------
 
 
