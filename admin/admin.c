@@ -570,15 +570,49 @@ static void handle(admin_ctx *c)
         resp->cache_control = "no-store";
 }
 
-void kvg_admin_handle(kvg_admin *admin, const kvg_admin_request *req, kvg_admin_response *resp)
+static void response_init(kvg_admin_response *resp)
 {
-    char remote[64];
     resp->status = 500;
     resp->content_type = CT_JSON;
     resp->allow = NULL;
     resp->www_authenticate = NULL;
     resp->cache_control = NULL;
     kvg_buf_init(&resp->body);
+}
+
+bool kvg_admin_preauthorize(kvg_admin *admin, const kvg_admin_request *req,
+                            kvg_admin_response *resp)
+{
+    /* What handle() does up to its authentication, on the same route table. */
+    if (!req->method || !req->path)
+        return true; /* handle() answers 400 */
+    const char *q = strchr(req->path, '?');
+    size_t plen = q ? (size_t)(q - req->path) : strlen(req->path);
+    seg segs[2] = {{"", 0}, {"", 0}};
+    route r = plen > PATH_MAX_LEN ? ROUTE_NONE : match(req->path, plen, segs);
+    if (r == ROUTE_HEALTHZ || r == ROUTE_READYZ)
+        return true;
+    char remote[64];
+    kvg_admin_response out;
+    response_init(&out);
+    admin_ctx c = {
+        .admin = admin,
+        .req = req,
+        .resp = &out,
+        .remote = kvg_admin_log_safe(req->remote, remote, sizeof(remote)),
+    };
+    if (kvg_admin_authorize(&c)) {
+        kvg_admin_response_done(&out);
+        return true;
+    }
+    *resp = out;
+    return false;
+}
+
+void kvg_admin_handle(kvg_admin *admin, const kvg_admin_request *req, kvg_admin_response *resp)
+{
+    char remote[64];
+    response_init(resp);
     admin_ctx c = {
         .admin = admin,
         .req = req,

@@ -104,6 +104,13 @@ void kvg_admin_set_ready(kvg_admin *admin, kvg_admin_ready_fn fn, void *ud);
  *  threads at once, and concurrently with kvg_admin_set_tokens, kvg_admin_add_metrics and
  *  kvg_admin_set_ready. Request bodies over KVG_ADMIN_BODY_MAX get 413. */
 void kvg_admin_handle(kvg_admin *admin, const kvg_admin_request *req, kvg_admin_response *resp);
+/** Check req's credentials before its body is read: true when kvg_admin_handle would go past
+ *  authentication (an accepted token, or /healthz and /readyz, which answer anyone); req's
+ *  body is not looked at. false when it would answer 401 (or 500, the digest failing): resp
+ *  then holds that answer, to send and free with kvg_admin_response_done. Lets a front refuse
+ *  a stranger's body unread instead of buffering up to KVG_ADMIN_BODY_MAX for it. */
+bool kvg_admin_preauthorize(kvg_admin *admin, const kvg_admin_request *req,
+                            kvg_admin_response *resp);
 /** Free the response body (wiped first when it may hold a new API key). NULL is a no-op. */
 void kvg_admin_response_done(kvg_admin_response *resp);
 

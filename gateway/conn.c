@@ -75,8 +75,12 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
         c->proto_timeout(c);
         return;
     }
-    /* Still choosing a protocol or in the TLS handshake: a slow or silent client. */
+    /* Still choosing a protocol or in the TLS handshake: a slow or silent client. A handshake
+     * cut here failed as surely as one the client abandoned: count it with them, so that a
+     * handshake slowloris shows where operators look for TLS trouble. */
     c->thread->gw->stats.timeouts++;
+    if (c->tls)
+        c->thread->gw->stats.tls_handshake_failures++;
     kvg_conn_close(c);
 }
 

@@ -44,6 +44,7 @@ typedef struct h1_conn {
     bool close_after; /* no keep-alive after this response */
     bool continue_sent;
     bool upgrade;
+    bool reused; /* a request was answered: the next head's deadline starts at its first byte */
     int pending_error; /* status of an error found inside a parser callback */
     const char *pending_error_msg;
     int pending_body_rc;     /* kvg_exchange_body_append's refusal, answered by its own rules */
@@ -328,6 +329,7 @@ static void h1_finish_exchange(h1_conn *h)
         return;
     }
     h->state = H1_IDLE;
+    h->reused = true;
     h1_reset_request_state(h);
     http_parser_pause(&h->parser, 0);
     kvg_conn_set_timer(c, c->thread->gw->cfg.limits.idle_timeout_ms);
@@ -378,7 +380,11 @@ static int cb_message_begin(http_parser *p)
 {
     h1_conn *h = p->data;
     h->state = H1_HEAD;
-    kvg_conn_set_timer(h->conn, h->conn->thread->gw->cfg.limits.header_timeout_ms);
+    /* The first head keeps the deadline of the connect (conn.c): a fresh one here would let a
+     * client spend a header timeout on the TLS handshake, another before its first byte and a
+     * third on the head. */
+    if (h->reused)
+        kvg_conn_set_timer(h->conn, h->conn->thread->gw->cfg.limits.header_timeout_ms);
     return 0;
 }
 
@@ -816,9 +822,8 @@ int kvg_h1_start(kvg_conn *c)
     c->proto_state = h;
     c->proto_free = h1_free;
     c->proto_drain = h1_drain;
-    c->proto_timeout = timer_hook;
+    c->proto_timeout = timer_hook; /* the connect's header deadline runs on (conn.c) */
     c->proto_busy = busy_hook;
-    kvg_conn_set_timer(c, c->thread->gw->cfg.limits.header_timeout_ms);
     const kvg_front_limits *lim = &c->thread->gw->cfg.limits;
     /* Bound what a pipelining client can park in our input buffer. */
     c->sock.read_high = lim->header_bytes + 65536;

@@ -46,6 +46,8 @@ struct h2_conn {
     struct event flush_ev;
     bool flush_pending;
     bool goaway;
+    h2_stream *in_head;   /* the stream whose header block is being received, if any */
+    bool head_begun;      /* a request header block was begun on this connection */
     size_t body_buffered; /* request body bytes held by this connection's open streams */
 };
 
@@ -231,6 +233,8 @@ static void stream_finish(h2_stream *s)
     s->closed = true;
     kvg_list_unlink(&s->link);
     h->nstreams--;
+    if (h->in_head == s)
+        h->in_head = NULL;
     h->body_buffered -= s->buffered;
     s->buffered = 0;
     event_del(&s->body_timer);
@@ -296,7 +300,13 @@ static int on_begin_headers(nghttp2_session *session, const nghttp2_frame *frame
     event_assign(&s->body_timer, c->thread->base, -1, 0, body_timeout_cb, s);
     kvg_list_insert(&h->streams, &s->link);
     h->nstreams++;
-    kvg_conn_set_timer(c, 0);
+    /* While a header block is open the client may send nothing else on the connection, so one
+     * that never ends would hold it for good: the head has the header timeout, the first one
+     * the connect's deadline (conn.c). request_head_done stops the timer. */
+    h->in_head = s;
+    if (h->head_begun)
+        kvg_conn_set_timer(c, c->thread->gw->cfg.limits.header_timeout_ms);
+    h->head_begun = true;
     nghttp2_session_set_stream_user_data(session, s->id, s);
     return 0;
 }
@@ -359,6 +369,8 @@ static int on_header(nghttp2_session *session, const nghttp2_frame *frame, const
 static void request_head_done(h2_stream *s, bool end_stream)
 {
     kvg_exchange *x = &s->x;
+    s->h->in_head = NULL;
+    kvg_conn_set_timer(s->h->conn, 0); /* streams are open: their own timers run */
     if (!x->method)
         x->method = "GET";
     if (!x->path)
@@ -650,7 +662,9 @@ static void h2_drain(kvg_conn *c)
 static void h2_timeout(kvg_conn *c)
 {
     h2_conn *h = c->proto_state;
-    if (h->nstreams > 0)
+    if (h->in_head)
+        c->thread->gw->stats.timeouts++; /* a header block begun and never finished */
+    else if (h->nstreams > 0)
         return;
     nghttp2_submit_goaway(h->session, NGHTTP2_FLAG_NONE,
                           nghttp2_session_get_last_proc_stream_id(h->session), NGHTTP2_NO_ERROR,
@@ -720,8 +734,8 @@ int kvg_h2_start(kvg_conn *c)
     kvg_sock_set_callbacks(&c->sock, read_cb, write_cb, event_cb, c);
     kvg_sock_read(&c->sock, true);
     c->thread->gw->stats.connections_total[KVG_PROTO_HTTP2]++;
-    /* The preface must arrive within the header timeout, then the idle timeout applies. */
-    kvg_conn_set_timer(c, lim->header_timeout_ms);
+    /* The connect's header deadline (conn.c) runs on: the preface and the first request head
+     * must be in within it; then the idle timeout applies between requests. */
     h2_schedule_flush(h);
     /* TLS may have decrypted the client's first bytes already. */
     if (evbuffer_get_length(c->sock.in) > 0)

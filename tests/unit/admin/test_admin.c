@@ -345,6 +345,51 @@ static void test_auth(void **state)
     kvg_admin_response_done(NULL);
 }
 
+/* Before the body: what kvg_admin_handle would do up to authentication, nothing more. */
+static void test_preauthorize(void **state)
+{
+    fixture *f = *state;
+    static const struct {
+        const char *method, *path, *auth;
+        int status; /* 0: may go on */
+        const char *www;
+    } cases[] = {
+        {"PUT", "/admin/v1/workers/w1", NULL, 401, "Bearer realm=\"kvgate-admin\""},
+        {"PUT", "/admin/v1/workers/w1", "Bearer tok-c", 401,
+         "Bearer realm=\"kvgate-admin\", error=\"invalid_token\""},
+        {"POST", "/admin/v1/route/explain?x=1", "Basic eA==", 401, "Bearer realm=\"kvgate-admin\""},
+        {"PUT", "/admin/v1/nothing", NULL, 401, "Bearer realm=\"kvgate-admin\""},
+        {"PUT", "/admin/v1/workers/w1", AUTH, 0, NULL},
+        {"PUT", "/admin/v1/tenants/t1", "bearer  tok-b ", 0, NULL},
+        {"POST", "/healthz", NULL, 0, NULL}, /* probes answer anyone, as in kvg_admin_handle */
+        {"GET", "/readyz?verbose", NULL, 0, NULL},
+        {NULL, "/admin/v1/workers", NULL, 0, NULL}, /* kvg_admin_handle answers 400 */
+    };
+    for (size_t i = 0; i < KVG_ARRAY_LEN(cases); i++) {
+        kvg_admin_request req = {.method = cases[i].method,
+                                 .path = cases[i].path,
+                                 .authorization = cases[i].auth,
+                                 .remote = "192.0.2.7:1"};
+        kvg_admin_response resp;
+        memset(&resp, 0xa5, sizeof(resp));
+        bool go = kvg_admin_preauthorize(f->admin, &req, &resp);
+        if (go != (cases[i].status == 0))
+            fail_msg("case %zu (%s %s): preauthorize said %d", i, cases[i].method, cases[i].path,
+                     go);
+        if (go)
+            continue;
+        assert_int_equal(resp.status, cases[i].status);
+        assert_string_equal(resp.www_authenticate, cases[i].www);
+        assert_string_equal(resp.content_type, "application/json");
+        assert_non_null(strstr(resp.body.data, "\"authentication_error\""));
+        kvg_admin_response_done(&resp);
+        /* The full handler gives the same answer. */
+        reply r = call(f, cases[i].method, cases[i].path, cases[i].auth, NULL);
+        assert_int_equal(r.status, cases[i].status);
+        assert_string_equal(r.www_authenticate, cases[i].www);
+    }
+}
+
 /* ---- routing ------------------------------------------------------------------------------ */
 
 static void test_routing(void **state)
@@ -1838,6 +1883,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_healthz_readyz, setup, teardown),
         cmocka_unit_test_setup_teardown(test_auth, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_preauthorize, setup, teardown),
         cmocka_unit_test_setup_teardown(test_routing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_workers_crud, setup, teardown),
         cmocka_unit_test_setup_teardown(test_put_validation, setup, teardown),
