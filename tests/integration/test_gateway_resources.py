@@ -173,7 +173,9 @@ def test_front_flood_under_a_low_descriptor_limit(simworker, kvgate):
         wait_for(lambda: gw.metric("kvgate_connections_refused_total", listener="front") >=
                  len(conns) - limit - 1, 5)
         assert gw.metric("kvgate_connections_open") <= limit
-        assert http.get(gw.admin_url + "/healthz").status_code == 200
+        for path in ("/healthz", "/metrics", "/readyz"):  # fresh connections of the operator
+            r = http.get(gw.admin_url + path, headers={"authorization": f"Bearer {gw.token}"})
+            assert r.status_code == 200, (path, r.status_code)
         keeper.send(request_bytes("POST", COMPL, BODY))
         assert keeper.response()[0] == 200
         assert gw.metric("kvgate_accept_errors_total", reason="descriptors") == 0
