@@ -71,6 +71,16 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
         kvg_conn_close(c);
         return;
     }
+    if (c->lingering) {
+        if (c->sock_ready && c->sock.bytes_written != c->linger_mark) {
+            kvg_conn_linger(c); /* the client reads, however slowly */
+            return;
+        }
+        c->thread->gw->stats.timeouts++;
+        c->thread->gw->stats.send_timeouts++;
+        kvg_conn_close(c);
+        return;
+    }
     if (c->proto_timeout) {
         c->proto_timeout(c);
         return;
@@ -92,6 +102,13 @@ void kvg_conn_set_timer(kvg_conn *c, uint32_t ms)
     }
     struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
     event_add(&c->timer_ev, &tv);
+}
+
+void kvg_conn_linger(kvg_conn *c)
+{
+    c->lingering = true;
+    c->linger_mark = c->sock_ready ? c->sock.bytes_written : 0;
+    kvg_conn_set_timer(c, c->thread->gw->cfg.limits.send_timeout_ms);
 }
 
 static void start_proto(kvg_conn *c, bool h2)

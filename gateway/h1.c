@@ -254,7 +254,7 @@ static void op_reset(kvg_exchange *x)
     kvg_sock_read(&c->sock, false);
     c->sock.drain_notify = true;
     kvg_sock_flush_soon(&c->sock);
-    kvg_conn_set_timer(c, c->thread->gw->cfg.limits.idle_timeout_ms);
+    kvg_conn_linger(c);
 }
 
 static size_t op_pending(kvg_exchange *x)
@@ -326,6 +326,8 @@ static void h1_finish_exchange(h1_conn *h)
         c->sock.drain_notify = true; /* write_cb closes once the last byte is out */
         if (evbuffer_get_length(h1_output(h)) == 0)
             kvg_conn_close(c);
+        else
+            kvg_conn_linger(c);
         return;
     }
     h->state = H1_IDLE;
@@ -830,7 +832,8 @@ int kvg_h1_start(kvg_conn *c)
     c->sock.write_low = KVG_EXCHANGE_LOW_WATER;
     kvg_sock_set_callbacks(&c->sock, read_cb, write_cb, event_cb, c);
     kvg_sock_read(&c->sock, true);
-    c->thread->gw->stats.connections_total[KVG_PROTO_HTTP1]++;
+    if (!c->listener->is_admin) /* the front's series: admin connections are not traffic */
+        c->thread->gw->stats.connections_total[KVG_PROTO_HTTP1]++;
     event_active(&h->process_ev, EV_READ, 0);
     return 0;
 }

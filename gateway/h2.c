@@ -606,6 +606,8 @@ static void read_cb(kvg_sock *sock, void *arg)
             kvg_sock_flush_soon(sock);
             if (evbuffer_get_length(sock->out) == 0)
                 kvg_conn_close(c);
+            else
+                kvg_conn_linger(c);
             return;
         }
         evbuffer_drain(in, (size_t)rv);
@@ -654,8 +656,10 @@ static void h2_drain(kvg_conn *c)
     nghttp2_submit_goaway(h->session, NGHTTP2_FLAG_NONE,
                           nghttp2_session_get_last_proc_stream_id(h->session), NGHTTP2_NO_ERROR,
                           NULL, 0);
-    if (h->nstreams == 0)
+    if (h->nstreams == 0) {
         h->goaway = true;
+        kvg_conn_linger(c);
+    }
     h2_schedule_flush(h);
 }
 
@@ -670,6 +674,7 @@ static void h2_timeout(kvg_conn *c)
                           nghttp2_session_get_last_proc_stream_id(h->session), NGHTTP2_NO_ERROR,
                           NULL, 0);
     h->goaway = true;
+    kvg_conn_linger(c);
     h2_schedule_flush(h);
 }
 
@@ -733,7 +738,8 @@ int kvg_h2_start(kvg_conn *c)
     c->sock.read_high = 256 * 1024;
     kvg_sock_set_callbacks(&c->sock, read_cb, write_cb, event_cb, c);
     kvg_sock_read(&c->sock, true);
-    c->thread->gw->stats.connections_total[KVG_PROTO_HTTP2]++;
+    if (!c->listener->is_admin) /* the front's series: admin connections are not traffic */
+        c->thread->gw->stats.connections_total[KVG_PROTO_HTTP2]++;
     /* The connect's header deadline (conn.c) runs on: the preface and the first request head
      * must be in within it; then the idle timeout applies between requests. */
     h2_schedule_flush(h);

@@ -167,8 +167,10 @@ struct kvg_conn {
     bool proto_known;
     bool tls;
     bool closing;
-    bool counted;  /* in connections_open or admin_connections_open */
-    bool refusing; /* over a limit: a canned refusal, then close (conn.c) */
+    bool lingering;       /* only output left to flush: kvg_conn_linger */
+    uint64_t linger_mark; /* sock.bytes_written when the linger timer was armed */
+    bool counted;         /* in connections_open or admin_connections_open */
+    bool refusing;        /* over a limit: a canned refusal, then close (conn.c) */
     char remote[64];
     void *proto_state; /* h1 or h2 state */
     void (*proto_free)(kvg_conn *c);
@@ -207,6 +209,11 @@ void kvg_conn_accept(kvg_thread *t, kvg_listener *l, evutil_socket_t fd, const s
 void kvg_conn_close(kvg_conn *c);
 /** (Re)arm the connection timer; ms 0 disarms. */
 void kvg_conn_set_timer(kvg_conn *c, uint32_t ms);
+/** c ends once its output is out (a last response, a GOAWAY), with nothing else to wait for:
+ *  close it when the client takes none of that output for limits.send_timeout_ms, or it
+ *  would hold a descriptor and the queued bytes for as long as the client never reads. The
+ *  protocol's own timer hook is not called again. */
+void kvg_conn_linger(kvg_conn *c);
 
 /* Protocol fronts: take over a connection whose socket is ready. */
 int kvg_h1_start(kvg_conn *c);

@@ -232,7 +232,9 @@ int kvg_thread_add_listener(kvg_thread *t, kvg_listener *l, evutil_socket_t fd)
     b->thread = t;
     b->listener = l;
     struct evconnlistener *lev =
-        evconnlistener_new(t->base, bound_accept_cb, b, LEV_OPT_CLOSE_ON_FREE, -1, fd);
+        /* Backlog 0: the socket listens already (kvg_listen_socket, 4096); -1 would make
+         * libevent call listen() again with 128, and bursts past that lose SYNs. */
+        evconnlistener_new(t->base, bound_accept_cb, b, LEV_OPT_CLOSE_ON_FREE, 0, fd);
     if (!lev) {
         free(b);
         return -ENOMEM;

@@ -10,11 +10,9 @@ import pathlib
 import resource
 import select
 import socket
-import threading
 import time
 
 import h2.errors
-import pytest
 
 from gwhelpers import (COMPL, H2Client, H2Stream, RawHTTP, assert_openai_error, http,
                        request_bytes, wait_for)
@@ -518,3 +516,33 @@ def test_response_budget_bounds_what_slow_readers_pin(kvgate, fake_upstream):
     finally:
         h.close()
     assert wait_for(lambda: gw.metric("kvgate_buffer_bytes", kind="response") == 0, 5)
+
+
+def test_a_last_response_never_read_does_not_hold_the_connection(kvgate, fake_upstream):
+    """Connection: close and a 3 MiB answer the client never reads. Whether the gateway still
+    waits on the worker when the client stops (the response's send timeout ends it) or the
+    kernel took enough that the exchange ended with bytes still queued (the connection's linger
+    ends it: kvg_conn_linger) depends on how far the kernel grew its buffers, and varies from
+    run to run on loopback; either way the connection, its descriptor and the queued bytes go
+    after limits.send_timeout_ms without progress."""
+    size = 3 << 20
+
+    def handler(req, sock):
+        sock.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                     b"content-length: %d\r\n\r\n" % size + b"x" * size)
+        return True
+
+    up = fake_upstream(handler, name="big")
+    gw = kvgate(up, config={"limits": {"send_timeout_ms": 1000}})
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", gw.port))
+    try:
+        s.sendall(request_bytes("POST", COMPL, {"model": "m", "prompt": "big"},
+                                {"Connection": "close"}))
+        assert wait_for(lambda: gw.metric("kvgate_connections_open") == 1, 2)
+        assert wait_for(lambda: gw.metric("kvgate_connections_open") == 0, 6)
+        assert gw.metric("kvgate_send_timeouts_total") == 1
+        assert gw.metric("kvgate_worker_inflight") == 0
+    finally:
+        s.close()
