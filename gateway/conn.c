@@ -140,21 +140,46 @@ static void tls_event_cb(kvg_sock *sock, int what, void *arg)
     kvg_conn_close(c);
 }
 
+/* What the first bytes of a connection say, read without consuming them. */
+typedef enum first_bytes {
+    FIRST_NONE = 0,   /* nothing yet */
+    FIRST_GONE,       /* the client closed or reset */
+    FIRST_TLS,        /* a TLS record */
+    FIRST_H2_PARTIAL, /* a prefix of the HTTP/2 preface (or of "PRI ..." in HTTP/1.1) */
+    FIRST_H2,         /* the HTTP/2 preface */
+    FIRST_H1,         /* anything else */
+    FIRST_COUNT,
+} first_bytes;
+
+static first_bytes peek_first_bytes(evutil_socket_t fd)
+{
+    unsigned char buf[H2_PREFACE_LEN];
+    ssize_t n = recv(fd, buf, sizeof(buf), MSG_PEEK);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return FIRST_NONE;
+    if (n <= 0)
+        return FIRST_GONE;
+    if (buf[0] == 0x16)
+        return FIRST_TLS;
+    if (memcmp(buf, h2_preface, (size_t)n) != 0)
+        return FIRST_H1;
+    return n < H2_PREFACE_LEN ? FIRST_H2_PARTIAL : FIRST_H2;
+}
+
 static void peek_cb(evutil_socket_t fd, short what, void *arg)
 {
     kvg_conn *c = arg;
-    unsigned char buf[H2_PREFACE_LEN];
-    ssize_t n = recv(fd, buf, sizeof(buf), MSG_PEEK);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+    kvg_listener *l = c->listener;
+    first_bytes first = peek_first_bytes(fd);
+    if (first == FIRST_NONE) {
         event_add(&c->peek_ev, NULL);
         return;
     }
-    if (n <= 0) {
+    if (first == FIRST_GONE) {
         kvg_conn_close(c);
         return;
     }
-    kvg_listener *l = c->listener;
-    if (buf[0] == 0x16 && l->ssl_ctx) {
+    if (first == FIRST_TLS && l->ssl_ctx) {
         SSL *ssl = SSL_new(l->ssl_ctx);
         if (!ssl) {
             kvg_conn_close(c);
@@ -173,10 +198,8 @@ static void peek_cb(evutil_socket_t fd, short what, void *arg)
         kvg_conn_close(c); /* a TLS-only listener */
         return;
     }
-    bool h2 = memcmp(buf, h2_preface, (size_t)n) == 0;
-    if (h2 && n < H2_PREFACE_LEN) {
-        /* A prefix of the preface so far (or of "PRI ..." in HTTP/1.1): wait for more. */
-        event_add(&c->peek_ev, NULL);
+    if (first == FIRST_H2_PARTIAL) {
+        event_add(&c->peek_ev, NULL); /* wait for the rest of the preface */
         return;
     }
     c->sock_ready = true;
@@ -184,7 +207,7 @@ static void peek_cb(evutil_socket_t fd, short what, void *arg)
         kvg_conn_close(c);
         return;
     }
-    start_proto(c, h2);
+    start_proto(c, first == FIRST_H2);
 }
 
 static void format_addr(const struct sockaddr *sa, char *buf, size_t len)
@@ -246,21 +269,16 @@ static void refuse_drain_cb(evutil_socket_t fd, short what, void *arg)
 static void refuse_peek_cb(evutil_socket_t fd, short what, void *arg)
 {
     kvg_conn *c = arg;
-    unsigned char buf[H2_PREFACE_LEN];
-    ssize_t n = recv(fd, buf, sizeof(buf), MSG_PEEK);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+    first_bytes first = peek_first_bytes(fd);
+    if (first == FIRST_NONE || first == FIRST_H2_PARTIAL) {
         event_add(&c->peek_ev, NULL);
         return;
     }
-    if (n <= 0 || buf[0] == 0x16) {
+    if (first == FIRST_GONE || first == FIRST_TLS) {
         kvg_conn_close(c);
         return;
     }
-    bool h2 = memcmp(buf, h2_preface, (size_t)n) == 0;
-    if (h2 && n < H2_PREFACE_LEN) {
-        event_add(&c->peek_ev, NULL);
-        return;
-    }
+    bool h2 = first == FIRST_H2;
     ssize_t w = h2 ? send(fd, refuse_h2, sizeof(refuse_h2), MSG_NOSIGNAL | MSG_DONTWAIT)
                    : send(fd, refuse_h1, sizeof(refuse_h1) - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
     (void)w; /* a full socket buffer this early means a client not worth waiting for */
