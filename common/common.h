@@ -234,9 +234,10 @@ bool kvg_strncaseeq(const char *a, size_t alen, const char *b, size_t blen);
  *  !#$%&'*+-.^_`|~): what a header field name must be. Whitespace, controls, ':' and
  *  non-ASCII make it false; so does an empty name. */
 bool kvg_http_token_valid(const char *s, size_t len);
-/** True when [s, s+len) may be a header field value (RFC 9110 5.5): visible ASCII, obs-text
- *  (0x80-0xFF), space and horizontal tab; no other control character (NUL, CR, LF, DEL). */
-bool kvg_http_field_value_valid(const char *s, size_t len);
+/** Lowercase the header field name [s, s+len) in place and check it is an RFC 9110 token (as
+ *  kvg_http_token_valid), in one pass: a parser that lowercases names pays nothing more for
+ *  checking them. False (s partly lowercased) when it is not a token. */
+bool kvg_http_token_lower(char *s, size_t len);
 /** Length (1-4) of the well-formed UTF-8 sequence at s (RFC 3629: no overlongs, surrogates
  *  or code points past U+10FFFF), or 0 when it is not one. avail > 0 bytes are readable. */
 size_t kvg_utf8_seq_len(const unsigned char *s, size_t avail);

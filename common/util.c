@@ -101,41 +101,42 @@ bool kvg_strcaseeq(const char *a, size_t alen, const char *b)
     return kvg_strncaseeq(a, alen, b, strlen(b));
 }
 
-/* RFC 9110 5.6.2 tchar. A table: header names are checked on every request. */
-static const bool tchar[256] = {
-    ['!'] = true, ['#'] = true, ['$'] = true, ['%'] = true, ['&'] = true, ['\''] = true,
-    ['*'] = true, ['+'] = true, ['-'] = true, ['.'] = true, ['^'] = true, ['_'] = true,
-    ['`'] = true, ['|'] = true, ['~'] = true, ['0'] = true, ['1'] = true, ['2'] = true,
-    ['3'] = true, ['4'] = true, ['5'] = true, ['6'] = true, ['7'] = true, ['8'] = true,
-    ['9'] = true, ['A'] = true, ['B'] = true, ['C'] = true, ['D'] = true, ['E'] = true,
-    ['F'] = true, ['G'] = true, ['H'] = true, ['I'] = true, ['J'] = true, ['K'] = true,
-    ['L'] = true, ['M'] = true, ['N'] = true, ['O'] = true, ['P'] = true, ['Q'] = true,
-    ['R'] = true, ['S'] = true, ['T'] = true, ['U'] = true, ['V'] = true, ['W'] = true,
-    ['X'] = true, ['Y'] = true, ['Z'] = true, ['a'] = true, ['b'] = true, ['c'] = true,
-    ['d'] = true, ['e'] = true, ['f'] = true, ['g'] = true, ['h'] = true, ['i'] = true,
-    ['j'] = true, ['k'] = true, ['l'] = true, ['m'] = true, ['n'] = true, ['o'] = true,
-    ['p'] = true, ['q'] = true, ['r'] = true, ['s'] = true, ['t'] = true, ['u'] = true,
-    ['v'] = true, ['w'] = true, ['x'] = true, ['y'] = true, ['z'] = true,
+/* RFC 9110 5.6.2 tchar, each mapped to its lowercase form; 0 for every other byte. Header names
+ * are checked (and lowercased) on every request and every response, byte by byte: a table
+ * makes that one load and one test per byte. */
+static const unsigned char tchar_lower[256] = {
+    ['!'] = '!', ['#'] = '#', ['$'] = '$', ['%'] = '%', ['&'] = '&', ['\''] = '\'', ['*'] = '*',
+    ['+'] = '+', ['-'] = '-', ['.'] = '.', ['^'] = '^', ['_'] = '_', ['`'] = '`',   ['|'] = '|',
+    ['~'] = '~', ['0'] = '0', ['1'] = '1', ['2'] = '2', ['3'] = '3', ['4'] = '4',   ['5'] = '5',
+    ['6'] = '6', ['7'] = '7', ['8'] = '8', ['9'] = '9', ['A'] = 'a', ['B'] = 'b',   ['C'] = 'c',
+    ['D'] = 'd', ['E'] = 'e', ['F'] = 'f', ['G'] = 'g', ['H'] = 'h', ['I'] = 'i',   ['J'] = 'j',
+    ['K'] = 'k', ['L'] = 'l', ['M'] = 'm', ['N'] = 'n', ['O'] = 'o', ['P'] = 'p',   ['Q'] = 'q',
+    ['R'] = 'r', ['S'] = 's', ['T'] = 't', ['U'] = 'u', ['V'] = 'v', ['W'] = 'w',   ['X'] = 'x',
+    ['Y'] = 'y', ['Z'] = 'z', ['a'] = 'a', ['b'] = 'b', ['c'] = 'c', ['d'] = 'd',   ['e'] = 'e',
+    ['f'] = 'f', ['g'] = 'g', ['h'] = 'h', ['i'] = 'i', ['j'] = 'j', ['k'] = 'k',   ['l'] = 'l',
+    ['m'] = 'm', ['n'] = 'n', ['o'] = 'o', ['p'] = 'p', ['q'] = 'q', ['r'] = 'r',   ['s'] = 's',
+    ['t'] = 't', ['u'] = 'u', ['v'] = 'v', ['w'] = 'w', ['x'] = 'x', ['y'] = 'y',   ['z'] = 'z',
 };
 
 bool kvg_http_token_valid(const char *s, size_t len)
 {
     if (len == 0)
         return false;
+    unsigned char ok = 1;
     for (size_t i = 0; i < len; i++)
-        if (!tchar[(unsigned char)s[i]])
-            return false;
-    return true;
+        ok &= tchar_lower[(unsigned char)s[i]] != 0;
+    return ok;
 }
 
-bool kvg_http_field_value_valid(const char *s, size_t len)
+bool kvg_http_token_lower(char *s, size_t len)
 {
+    unsigned char all = len != 0;
     for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if ((c < 0x20 && c != '\t') || c == 0x7f)
-            return false;
+        unsigned char c = tchar_lower[(unsigned char)s[i]];
+        all &= c != 0;
+        s[i] = (char)c;
     }
-    return true;
+    return all;
 }
 
 size_t kvg_utf8_seq_len(const unsigned char *s, size_t avail)

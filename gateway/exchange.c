@@ -128,8 +128,14 @@ const char *kvg_exchange_proto_str(kvg_exchange_proto p)
  * waits for it: a reader that stopped (or never reads) would otherwise hold the worker's slot
  * and the upstream connection forever, since a paused upstream has no read timeout (nginx's
  * send_timeout). Progress of any size restarts the period. */
+static void send_timeout_cb(evutil_socket_t fd, short what, void *arg);
+
 static void arm_send_timer(kvg_exchange *x)
 {
+    if (!x->send_timer_set) {
+        event_assign(&x->send_timer, x->thread->base, -1, 0, send_timeout_cb, x);
+        x->send_timer_set = true;
+    }
     x->send_mark = x->ops->progress(x);
     uint32_t ms = x->thread->gw->cfg.limits.send_timeout_ms;
     struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
@@ -160,7 +166,6 @@ int kvg_exchange_init(kvg_exchange *x, kvg_thread *t, kvg_exchange_proto proto,
                       const kvg_exchange_ops *ops, void *proto_data)
 {
     memset(x, 0, sizeof(*x));
-    event_assign(&x->send_timer, t->base, -1, 0, send_timeout_cb, x);
     kvg_arena_init(&x->arena, 4096);
     x->proto = proto;
     x->ops = ops;
@@ -182,7 +187,8 @@ int kvg_exchange_init(kvg_exchange *x, kvg_thread *t, kvg_exchange_proto proto,
 
 void kvg_exchange_done(kvg_exchange *x)
 {
-    event_del(&x->send_timer);
+    if (x->send_timer_set)
+        event_del(&x->send_timer);
     if (x->body_charged) {
         atomic_fetch_sub_explicit(&x->thread->gw->body_budget.used, x->body_charged,
                                   memory_order_relaxed);
@@ -395,7 +401,8 @@ void kvg_exchange_deliver_writable(kvg_exchange *x)
     if (!x->want_writable || x->handler_done || x->abort_delivered || !x->handler)
         return;
     x->want_writable = false;
-    event_del(&x->send_timer);
+    if (x->send_timer_set)
+        event_del(&x->send_timer);
     charge_output(x, x->ops->pending(x));
     if (x->handler->on_writable)
         x->handler->on_writable(x);

@@ -115,6 +115,7 @@ struct kvg_exchange {
     uint64_t bytes_out;
     uint64_t first_byte_ns;  /* monotonic time the response head went out */
     struct event send_timer; /* armed while the handler waits for the client (output full) */
+    bool send_timer_set;     /* send_timer assigned (on first use: most responses never wait) */
     uint64_t send_mark;      /* ops->progress() when the send timer was last armed */
     size_t out_charged;      /* response bytes counted in the response budget */
 

@@ -47,7 +47,8 @@ struct h2_conn {
     bool flush_pending;
     bool goaway;
     h2_stream *in_head;   /* the stream whose header block is being received, if any */
-    bool head_begun;      /* a request header block was begun on this connection */
+    bool head_done;       /* a request head was complete on this connection */
+    bool head_timer;      /* the connection timer is the deadline of an open header block */
     size_t body_buffered; /* request body bytes held by this connection's open streams */
 };
 
@@ -233,8 +234,10 @@ static void stream_finish(h2_stream *s)
     s->closed = true;
     kvg_list_unlink(&s->link);
     h->nstreams--;
-    if (h->in_head == s)
+    if (h->in_head == s) {
         h->in_head = NULL;
+        h->head_timer = false;
+    }
     h->body_buffered -= s->buffered;
     s->buffered = 0;
     event_del(&s->body_timer);
@@ -300,13 +303,7 @@ static int on_begin_headers(nghttp2_session *session, const nghttp2_frame *frame
     event_assign(&s->body_timer, c->thread->base, -1, 0, body_timeout_cb, s);
     kvg_list_insert(&h->streams, &s->link);
     h->nstreams++;
-    /* While a header block is open the client may send nothing else on the connection, so one
-     * that never ends would hold it for good: the head has the header timeout, the first one
-     * the connect's deadline (conn.c). request_head_done stops the timer. */
-    h->in_head = s;
-    if (h->head_begun)
-        kvg_conn_set_timer(c, c->thread->gw->cfg.limits.header_timeout_ms);
-    h->head_begun = true;
+    h->in_head = s; /* read_cb times it if it is still open once the input is read */
     nghttp2_session_set_stream_user_data(session, s->id, s);
     return 0;
 }
@@ -370,6 +367,8 @@ static void request_head_done(h2_stream *s, bool end_stream)
 {
     kvg_exchange *x = &s->x;
     s->h->in_head = NULL;
+    s->h->head_done = true;
+    s->h->head_timer = false;
     kvg_conn_set_timer(s->h->conn, 0); /* streams are open: their own timers run */
     if (!x->method)
         x->method = "GET";
@@ -611,6 +610,14 @@ static void read_cb(kvg_sock *sock, void *arg)
             return;
         }
         evbuffer_drain(in, (size_t)rv);
+    }
+    /* While a header block is open the client may send nothing else on the connection, so one
+     * that never ends would hold it for good. The first head runs on the connect's deadline
+     * (conn.c), a later one gets the header timeout. Armed here rather than at every HEADERS
+     * frame, so that a block that arrives whole costs no timer. */
+    if (h->in_head && h->head_done && !h->head_timer && !c->closing) {
+        h->head_timer = true;
+        kvg_conn_set_timer(c, c->thread->gw->cfg.limits.header_timeout_ms);
     }
     kvg_sock_consumed(sock);
     h2_flush(h);

@@ -144,7 +144,7 @@ static void fail(proxy_req *r, int status, const char *type, const char *msg)
  * (x-kvgate-worker on responses), never a client's or a worker's. */
 static bool gateway_namespace(const kvg_header *h)
 {
-    return h->name_len >= 9 && kvg_strncaseeq(h->name, 9, "x-kvgate-", 9);
+    return h->name_len >= 9 && memcmp(h->name, "x-kvgate-", 9) == 0; /* names are lowercase */
 }
 
 /* Response headers not passed to the client: hop-by-hop ones, and ours that the gateway sets. */

@@ -232,14 +232,6 @@ static void release_to_pool(kvg_upstream *u)
 
 static int push_header(kvg_upstream *u)
 {
-    /* As on the front (h1.c): a name that is not a token ("Content-Length :", which the
-     * lenient parser still reads as framing) or a value with a control character makes the
-     * response malformed (502), never a header passed on to the client. */
-    if (!kvg_http_token_valid(u->field.data, u->field.len) ||
-        !kvg_http_field_value_valid(u->value.data, u->value.len)) {
-        u->bad_header = true;
-        return -1;
-    }
     if (u->nheaders == u->cap_headers) {
         size_t cap = u->cap_headers ? u->cap_headers * 2 : 16;
         kvg_header *h = kvg_arena_alloc(&u->arena, cap * sizeof(*h));
@@ -254,9 +246,13 @@ static int push_header(kvg_upstream *u)
     char *value = kvg_arena_strndup(&u->arena, u->value.data ? u->value.data : "", u->value.len);
     if (!name || !value)
         return -1;
-    for (size_t i = 0; i < u->field.len; i++)
-        if (name[i] >= 'A' && name[i] <= 'Z')
-            name[i] = (char)(name[i] - 'A' + 'a');
+    /* As on the front (h1.c): a name that is not a token ("Content-Length :", which the
+     * lenient parser still reads as framing) makes the response malformed (502), never a
+     * header passed on to the client. */
+    if (!kvg_http_token_lower(name, u->field.len)) {
+        u->bad_header = true;
+        return -1;
+    }
     size_t vlen = u->value.len;
     while (vlen && (value[vlen - 1] == ' ' || value[vlen - 1] == '\t'))
         value[--vlen] = '\0';

@@ -89,7 +89,7 @@ def test_invalid_header_name_is_400_and_nothing_is_forwarded(kvgate, fake_upstre
 def test_control_character_in_header_value_is_400(kvgate, fake_upstream):
     up = echo_worker(fake_upstream)
     gw = kvgate(up)
-    for value in (b"a\x01b", b"a\x7fb", b"a\rb"):
+    for value in (b"a\x01b", b"a\x0bb", b"a\x1bb", b"a\x1fb", b"a\x7fb", b"a\rb"):
         c = RawHTTP(gw.port, timeout=5)
         try:
             c.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-A: " + value +
@@ -207,7 +207,8 @@ def test_gateway_namespace_is_not_forwarded(kvgate, fake_upstream):
     b"Content-Length : 2",
     b"X Bad: v",
     b"Transfer-Encoding : chunked",
-], ids=["cl-space", "space-inside", "te-space"])
+    b"X-Ctl: a\x1bb",
+], ids=["cl-space", "space-inside", "te-space", "control-in-value"])
 def test_invalid_header_name_from_a_worker_is_502(kvgate, fake_upstream, line):
     def handler(req, sock):
         # The bad line replaces the framing header it spells (the lenient parser would frame
@@ -229,7 +230,7 @@ def test_invalid_header_name_from_a_worker_is_502(kvgate, fake_upstream, line):
         assert_openai_error(data, 502)
     finally:
         c.close()
-    assert "malformed response: invalid header field name or value" in gw.log()
+    assert "malformed response" in gw.log()
 
 
 def test_chunk_larger_than_the_body_limit_is_413_at_once(kvgate, fake_upstream):
