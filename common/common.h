@@ -117,6 +117,39 @@ static inline void kvg_copy(void *dst, const void *src, size_t n)
         kvg_copy_large(dst, src, n);
 }
 
+/* ---- intrusive list ------------------------------------------------------------------------ */
+
+/* Doubly linked and circular, with the links embedded in the owner (h2o's and Linux's style):
+ * no allocation per element; recover the owner with KVG_CONTAINER_OF. A head is a kvg_link
+ * pointing at itself when empty. */
+typedef struct kvg_link {
+    struct kvg_link *prev, *next;
+} kvg_link;
+
+static inline void kvg_list_init(kvg_link *head)
+{
+    head->prev = head->next = head;
+}
+static inline bool kvg_list_empty(const kvg_link *head)
+{
+    return head->next == head;
+}
+/** Insert n right after head (at the front). */
+static inline void kvg_list_insert(kvg_link *head, kvg_link *n)
+{
+    n->next = head->next;
+    n->prev = head;
+    head->next->prev = n;
+    head->next = n;
+}
+/** Take n out of its list; n is left pointing at itself, so a second unlink is harmless. */
+static inline void kvg_list_unlink(kvg_link *n)
+{
+    n->prev->next = n->next;
+    n->next->prev = n->prev;
+    n->prev = n->next = n;
+}
+
 /* ---- growable byte buffer ------------------------------------------------------------------ */
 
 typedef struct kvg_buf {

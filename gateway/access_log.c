@@ -5,7 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "server.h"
+#include "gateway_int.h"
 
 #define ACCESS_PATH_MAX 512
 
@@ -17,8 +17,9 @@ static void put_str_or_null(kvg_buf *b, const char *s)
         kvg_buf_puts(b, "null");
 }
 
-void kvg_thread_exchange_finished(kvg_thread *t, kvg_exchange *x)
+void kvg_thread_exchange_finished(void *thread, kvg_exchange *x)
 {
+    kvg_thread *t = thread;
     kvg_gateway *gw = t->gw;
     int status = x->head_sent ? x->status : 0;
     unsigned cls = status >= 100 && status < 600 ? (unsigned)status / 100 : 0;

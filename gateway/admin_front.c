@@ -2,7 +2,8 @@
 /* Serves the admin module's pure request -> response function on the admin listeners. */
 #include <string.h>
 
-#include "server.h"
+#include "gateway_int.h"
+#include "handlers.h"
 
 static void respond(kvg_exchange *x, kvg_admin_response *resp)
 {

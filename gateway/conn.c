@@ -14,7 +14,9 @@
 #include <arpa/inet.h>
 #include <stdio.h>
 
-#include "server.h"
+#include "conn.h"
+#include "gateway_int.h"
+#include "tls.h"
 
 static const char h2_preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 #define H2_PREFACE_LEN 24

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "server.h"
+#include "tenancy.h"
 
 /* Bodies of unknown length are charged ahead by at least this much, so that most chunks of
  * an upload cost no atomic operation. */
@@ -18,8 +18,7 @@
 
 int kvg_exchange_body_charge(kvg_exchange *x, uint64_t n)
 {
-    kvg_gateway *gw = x->thread->gw;
-    kvg_budget *b = &gw->body_budget;
+    kvg_budget *b = x->env->body_budget;
     uint64_t used = atomic_fetch_add_explicit(&b->used, n, memory_order_relaxed);
     if (used + n > b->limit) {
         atomic_fetch_sub_explicit(&b->used, n, memory_order_relaxed);
@@ -27,7 +26,7 @@ int kvg_exchange_body_charge(kvg_exchange *x, uint64_t n)
         return -ENOBUFS;
     }
     if (x->body_owner) {
-        uint64_t share = b->limit / 100 * gw->cfg.limits.tenant_body_share;
+        uint64_t share = b->limit / 100 * x->env->limits->tenant_body_share;
         if (!kvg_tenant_buffer_charge(x->body_owner, n, share)) {
             atomic_fetch_sub_explicit(&b->used, n, memory_order_relaxed);
             b->refused[1]++;
@@ -52,7 +51,7 @@ void kvg_exchange_set_body_owner(kvg_exchange *x, kvg_tenant *t)
  * a nearly complete body forever by sending a byte just before each timeout. */
 static bool body_rate_ok(kvg_exchange *x, size_t len)
 {
-    const kvg_front_limits *lim = &x->thread->gw->cfg.limits;
+    const kvg_front_limits *lim = x->env->limits;
     if (!lim->body_min_rate)
         return true;
     uint64_t now = kvg_now_ns();
@@ -133,11 +132,11 @@ static void send_timeout_cb(evutil_socket_t fd, short what, void *arg);
 static void arm_send_timer(kvg_exchange *x)
 {
     if (!x->send_timer_set) {
-        event_assign(&x->send_timer, x->thread->base, -1, 0, send_timeout_cb, x);
+        event_assign(&x->send_timer, x->env->base, -1, 0, send_timeout_cb, x);
         x->send_timer_set = true;
     }
     x->send_mark = x->ops->progress(x);
-    uint32_t ms = x->thread->gw->cfg.limits.send_timeout_ms;
+    uint32_t ms = x->env->limits->send_timeout_ms;
     struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
     event_add(&x->send_timer, &tv);
 }
@@ -147,25 +146,26 @@ static void send_timeout_cb(evutil_socket_t fd, short what, void *arg)
     kvg_exchange *x = arg;
     if (x->aborted || x->front_done || x->handler_done || !x->want_writable)
         return;
-    kvg_gateway *gw = x->thread->gw;
+    const kvg_exchange_env *env = x->env;
     if (x->ops->progress(x) != x->send_mark) {
         arm_send_timer(x);
         return;
     }
-    gw->stats.send_timeouts++;
-    gw->stats.timeouts++;
+    (*env->send_timeouts)++;
+    (*env->timeouts)++;
     x->error_type = "send_timeout";
     kvg_log_info("request %s: the client took no response byte for %u ms; aborting it",
-                 x->request_id, gw->cfg.limits.send_timeout_ms);
+                 x->request_id, env->limits->send_timeout_ms);
     kvg_exchange_deliver_abort(x); /* frees the worker's slot and cancels its request now */
     x->aborted = true;
     x->ops->abort_stalled(x);
 }
 
-int kvg_exchange_init(kvg_exchange *x, kvg_thread *t, kvg_exchange_proto proto,
-                      const kvg_exchange_ops *ops, void *proto_data)
+int kvg_exchange_init(kvg_exchange *x, const kvg_exchange_env *env, kvg_thread *t,
+                      kvg_exchange_proto proto, const kvg_exchange_ops *ops, void *proto_data)
 {
     memset(x, 0, sizeof(*x));
+    x->env = env;
     kvg_arena_init(&x->arena, 4096);
     x->proto = proto;
     x->ops = ops;
@@ -190,14 +190,14 @@ void kvg_exchange_done(kvg_exchange *x)
     if (x->send_timer_set)
         event_del(&x->send_timer);
     if (x->body_charged) {
-        atomic_fetch_sub_explicit(&x->thread->gw->body_budget.used, x->body_charged,
+        atomic_fetch_sub_explicit(&x->env->body_budget->used, x->body_charged,
                                   memory_order_relaxed);
         if (x->body_owner)
             kvg_tenant_buffer_release(x->body_owner, x->body_charged);
         x->body_charged = 0;
     }
     if (x->out_charged) {
-        atomic_fetch_sub_explicit(&x->thread->gw->response_budget.used, x->out_charged,
+        atomic_fetch_sub_explicit(&x->env->response_budget->used, x->out_charged,
                                   memory_order_relaxed);
         x->out_charged = 0;
     }
@@ -235,7 +235,7 @@ void kvg_exchange_set_request_id(kvg_exchange *x)
         memcpy(x->request_id, id, len);
         x->request_id[len] = '\0';
     } else {
-        kvg_thread_request_id(x->thread, x->request_id, sizeof(x->request_id));
+        x->env->request_id(x->env->ud, x->request_id, sizeof(x->request_id));
     }
 }
 
@@ -316,7 +316,7 @@ void kvg_exchange_reset(kvg_exchange *x)
 static void charge_output(kvg_exchange *x, size_t pending)
 {
     size_t was = x->out_charged;
-    _Atomic uint64_t *used = &x->thread->gw->response_budget.used;
+    _Atomic uint64_t *used = &x->env->response_budget->used;
     if (pending >= was + OUTPUT_CHARGE_STEP) {
         atomic_fetch_add_explicit(used, pending - was, memory_order_relaxed);
         x->out_charged = pending;
@@ -332,7 +332,7 @@ bool kvg_exchange_output_full(kvg_exchange *x)
         return false;
     size_t pending = x->ops->pending(x);
     charge_output(x, pending);
-    const kvg_budget *rb = &x->thread->gw->response_budget;
+    const kvg_budget *rb = x->env->response_budget;
     /* Past the response budget every response keeps only the low-water mark queued: the
      * producers slow to their clients' pace instead of memory growing with the clients that
      * read slowly. */
@@ -351,7 +351,7 @@ bool kvg_exchange_output_full(kvg_exchange *x)
 static void maybe_release(kvg_exchange *x)
 {
     if (x->front_done && x->handler_done) {
-        kvg_thread_exchange_finished(x->thread, x);
+        x->env->finished(x->env->ud, x);
         x->ops->release(x);
     }
 }
@@ -475,10 +475,10 @@ void kvg_exchange_send_body_error(kvg_exchange *x, int rc)
                                       "gateway's request-body budget; retry shortly");
         break;
     case -ETIMEDOUT:
-        x->thread->gw->stats.timeouts++;
+        (*x->env->timeouts)++;
         kvg_exchange_send_error(x, 408, "invalid_request_error",
                                 "the request body arrives too slowly (under %u bytes/s)",
-                                x->thread->gw->cfg.limits.body_min_rate);
+                                x->env->limits->body_min_rate);
         break;
     default:
         kvg_exchange_send_error_retry(x, 503, "internal_error", 1,

@@ -7,15 +7,43 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 #include <event2/event_struct.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "common.h"
+#include "config.h"
 
 typedef struct kvg_exchange kvg_exchange;
-typedef struct kvg_conn kvg_conn;
 typedef struct kvg_thread kvg_thread;
 typedef struct kvg_tenant kvg_tenant;
+
+/* A process-wide bound on bytes held for requests or responses. used moves with atomic adds;
+ * a charge that would pass limit is refused (request bodies) or pauses the producer
+ * (responses). */
+typedef struct kvg_budget {
+    _Atomic uint64_t used;
+    uint64_t limit;
+    _Atomic uint64_t refused[2]; /* [0] the gateway's budget, [1] a tenant's share of it */
+} kvg_budget;
+
+/* What an exchange needs from the thread it runs on, given at kvg_exchange_init so that the
+ * exchange calls up into nothing: the loop its timers use, the limits, the budgets and
+ * counters it charges, and two hooks. One per thread, shared by its exchanges; it must
+ * outlive them. */
+typedef struct kvg_exchange_env {
+    struct event_base *base;
+    const kvg_front_limits *limits;
+    kvg_budget *body_budget;
+    kvg_budget *response_budget;
+    _Atomic uint64_t *timeouts;      /* front timeouts (408s, send timeouts) */
+    _Atomic uint64_t *send_timeouts; /* responses aborted by the send timeout */
+    /** Write a fresh request id (NUL-terminated, at most len bytes) into buf. */
+    void (*request_id)(void *ud, char *buf, size_t len);
+    /** Both sides are done with x, which is freed right after: log and count it. */
+    void (*finished)(void *ud, kvg_exchange *x);
+    void *ud;
+} kvg_exchange_env;
 
 typedef struct kvg_header {
     const char *name; /* lowercase */
@@ -130,12 +158,13 @@ struct kvg_exchange {
     void *proto_data; /* the front's per-stream state */
     const kvg_handler *handler;
     void *handler_state; /* the handler's per-request state */
-    kvg_thread *thread;
+    const kvg_exchange_env *env;
+    kvg_thread *thread; /* for the handlers; the exchange itself never looks inside */
 };
 
-/** Set up x for a new request on thread t (the front calls this). */
-int kvg_exchange_init(kvg_exchange *x, kvg_thread *t, kvg_exchange_proto proto,
-                      const kvg_exchange_ops *ops, void *proto_data);
+/** Set up x for a new request on thread t, whose env x uses (the front calls this). */
+int kvg_exchange_init(kvg_exchange *x, const kvg_exchange_env *env, kvg_thread *t,
+                      kvg_exchange_proto proto, const kvg_exchange_ops *ops, void *proto_data);
 /** Free what x owns (the front calls this from its release hook). */
 void kvg_exchange_done(kvg_exchange *x);
 

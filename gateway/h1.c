@@ -10,7 +10,8 @@
 
 #include <event2/buffer.h>
 
-#include "server.h"
+#include "conn.h"
+#include "gateway_int.h"
 
 typedef enum h1_state {
     H1_IDLE = 0, /* between requests */
@@ -351,7 +352,8 @@ static void h1_fail(h1_conn *h, int status, const char *msg, int body_rc)
         /* No exchange yet (garbage before a request line): build one for the error response so
          * it is logged like any other. */
         kvg_exchange *x = calloc(1, sizeof(*x));
-        if (!x || kvg_exchange_init(x, c->thread, KVG_PROTO_HTTP1, &h1_ops, h) < 0) {
+        if (!x || kvg_exchange_init(x, &c->thread->exchange_env, c->thread, KVG_PROTO_HTTP1,
+                                    &h1_ops, h) < 0) {
             free(x);
             kvg_conn_close(c);
             return;
@@ -455,7 +457,8 @@ static int ensure_exchange(h1_conn *h)
         return 0;
     kvg_conn *c = h->conn;
     kvg_exchange *x = calloc(1, sizeof(*x));
-    if (!x || kvg_exchange_init(x, c->thread, KVG_PROTO_HTTP1, &h1_ops, h) < 0) {
+    if (!x || kvg_exchange_init(x, &c->thread->exchange_env, c->thread, KVG_PROTO_HTTP1, &h1_ops,
+                                h) < 0) {
         free(x);
         return -1;
     }

@@ -10,7 +10,8 @@
 
 #include <event2/buffer.h>
 
-#include "server.h"
+#include "conn.h"
+#include "gateway_int.h"
 
 /* Stop handing nghttp2 output to the socket buffer past this (the libevent example's value). */
 #define H2_OUTPUT_THRESHOLD (64u * 1024u)
@@ -288,7 +289,8 @@ static int on_begin_headers(nghttp2_session *session, const nghttp2_frame *frame
     h2_stream *s = calloc(1, sizeof(*s));
     if (!s)
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
-    if (kvg_exchange_init(&s->x, c->thread, KVG_PROTO_HTTP2, &h2_ops, s) < 0) {
+    if (kvg_exchange_init(&s->x, &c->thread->exchange_env, c->thread, KVG_PROTO_HTTP2, &h2_ops, s) <
+        0) {
         free(s);
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     }

@@ -3,7 +3,8 @@
  * 2xx within the timeout is a success. The registry applies the fall/rise thresholds. */
 #include <errno.h>
 
-#include "server.h"
+#include "gateway_int.h"
+#include "probe.h"
 
 static struct event *tick_ev;
 static kvg_link checks = {&checks, &checks};

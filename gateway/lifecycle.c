@@ -2,7 +2,8 @@
 /* The limits a gateway derives at start, and the shutdown sequence, run on the control thread:
  * drain every front thread, wait for them up to the deadline, then force the rest closed and
  * stop the control loop. */
-#include "server.h"
+#include "gateway_int.h"
+#include "probe.h"
 
 /* The front connection limit: configured, or half of what the descriptors leave after a
  * reserve for the admin listener, the threads' own descriptors, probes and files, since every
@@ -46,6 +47,8 @@ static void stop_control(kvg_gateway *gw)
 
 void kvg_gateway_control_wakeup(kvg_gateway *gw)
 {
+    if (atomic_load(&gw->stop_requested) && !atomic_load(&gw->shutting_down))
+        kvg_gateway_begin_shutdown(gw, "stop requested");
     if (atomic_load(&gw->shutting_down) && atomic_load(&gw->threads_exited) == gw->nthreads)
         stop_control(gw);
 }

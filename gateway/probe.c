@@ -11,7 +11,8 @@
 #include <event2/bufferevent.h>
 #include <event2/dns.h>
 
-#include "server.h"
+#include "gateway_int.h"
+#include "probe.h"
 
 struct kvg_probe {
     kvg_gateway *gw;

@@ -8,7 +8,9 @@
 #include <string.h>
 
 #include "policy.h"
-#include "server.h"
+#include "gateway_int.h"
+#include "handlers.h"
+#include "probe.h"
 #include "tenancy.h"
 #include "upstream.h"
 

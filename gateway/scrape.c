@@ -5,7 +5,8 @@
  * shared with the health checks. */
 #include <errno.h>
 
-#include "server.h"
+#include "gateway_int.h"
+#include "probe.h"
 
 /* A metrics page bigger than this is not read: the scrape fails (vLLM's is tens of KiB). */
 #define SCRAPE_BODY_MAX (1u << 20)

@@ -12,9 +12,16 @@
 
 #include <event2/dns.h>
 
-#include "server.h"
+#include "conn.h"
+#include "gateway_int.h"
+#include "upstream.h"
 
 static void notify_cb(evutil_socket_t fd, short what, void *arg);
+
+static void thread_request_id(void *t, char *buf, size_t len)
+{
+    kvg_thread_request_id(t, buf, len);
+}
 static void accept_resume_cb(evutil_socket_t fd, short what, void *arg);
 
 void kvg_thread_notify(kvg_thread *t)
@@ -69,6 +76,17 @@ int kvg_thread_init(kvg_thread *t, kvg_gateway *gw, unsigned index, bool is_cont
     if (!t->accept_resume_ev)
         goto fail;
     kvg_salt_cache_init(&t->salts, t->gw->secret, t->gw->secret_len);
+    t->exchange_env = (kvg_exchange_env){
+        .base = t->base,
+        .limits = &gw->cfg.limits,
+        .body_budget = &gw->body_budget,
+        .response_budget = &gw->response_budget,
+        .timeouts = &gw->stats.timeouts,
+        .send_timeouts = &gw->stats.send_timeouts,
+        .request_id = thread_request_id,
+        .finished = kvg_thread_exchange_finished,
+        .ud = t,
+    };
     uint64_t seed[2];
     kvg_random_bytes(seed, sizeof(seed));
     t->rng = seed[0] | 1;

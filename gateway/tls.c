@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "server.h"
+#include "tls.h"
 
 static const unsigned char alpn_protos[] = "\x02h2\x08http/1.1";
 

@@ -5,7 +5,10 @@
 
 #include <event2/buffer.h>
 
-#include "server.h"
+#include "gateway_int.h"
+#include "sock.h"
+
+typedef struct kvg_upstream_pool kvg_upstream_pool;
 
 typedef struct kvg_upstream kvg_upstream;
 
@@ -34,6 +37,11 @@ typedef enum kvg_upstream_state {
 } kvg_upstream_state;
 
 const char *kvg_upstream_state_str(kvg_upstream_state s);
+
+/** Thread-level housekeeping after a registry change: drop pools of retired workers. */
+void kvg_upstream_thread_refresh(kvg_thread *t);
+/** Close every pooled connection of the thread (shutdown). */
+void kvg_upstream_thread_close_all(kvg_thread *t);
 
 /** Send a request to w over a pooled or new connection on thread t. head is the request line
  *  and headers (copied); body is referenced, not copied, and must stay unchanged until a

@@ -19,7 +19,9 @@
 
 #include <openssl/sha.h>
 
-#include "server.h"
+#include "conn.h"
+#include "gateway_int.h"
+#include "handlers.h"
 
 static kvg_gateway gw;
 static kvg_thread *thread;

@@ -15,7 +15,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "server.h"
+#include "gateway_int.h"
 #include "upstream.h"
 
 /* ---- environment: one thread, one registry, one scripted worker ------------------------------ */

@@ -1,0 +1,575 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The gateway as a library (gateway.h): configuration taken over, state directory, secrets,
+ * registry, tenants, policy, index and admin API built, listeners bound, threads run until a
+ * signal or kvg_gateway_stop, then the graceful shutdown sequence and everything freed. */
+#include "gateway.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <http_parser.h>
+
+#include "gateway_int.h"
+#include "handlers.h"
+#include "kvg_config.h"
+#include "probe.h"
+#include "tls.h"
+
+/* ---- state directory and admin token ------------------------------------------------------- */
+
+static int mkdir_p(const char *path, mode_t mode)
+{
+    char tmp[4096];
+    if (snprintf(tmp, sizeof(tmp), "%s", path) >= (int)sizeof(tmp))
+        return -ENAMETOOLONG;
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(tmp, mode) < 0 && errno != EEXIST)
+            return -errno;
+        *p = '/';
+    }
+    if (mkdir(tmp, mode) < 0 && errno != EEXIST)
+        return -errno;
+    return 0;
+}
+
+/* A secret kept in the state directory: read it, or create 32 random bytes (hex) with mode
+ * 0600 on first start so that the operator can read it and every restart finds the same. */
+static int state_secret(const char *state_dir, const char *name, char **out, bool *generated)
+{
+    char path[4200];
+    snprintf(path, sizeof(path), "%s/%s", state_dir, name);
+    *generated = false;
+    kvg_buf b;
+    kvg_buf_init(&b);
+    int rc = kvg_state_read_file(path, 4096, &b);
+    if (rc == 0) {
+        size_t n = b.len;
+        while (n && (b.data[n - 1] == '\n' || b.data[n - 1] == '\r'))
+            n--;
+        if (n >= 16) {
+            *out = strndup(b.data, n);
+            kvg_buf_done(&b);
+            return *out ? 0 : -ENOMEM;
+        }
+    }
+    kvg_buf_done(&b);
+    if (rc < 0 && rc != -ENOENT)
+        return rc;
+    unsigned char raw[32];
+    rc = kvg_random_bytes(raw, sizeof(raw));
+    if (rc < 0)
+        return rc;
+    char hex[66];
+    for (size_t i = 0; i < sizeof(raw); i++)
+        snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+    hex[64] = '\n';
+    hex[65] = '\0';
+    rc = kvg_state_write_file(path, hex, 65, 0600);
+    if (rc < 0)
+        return rc;
+    *generated = true;
+    hex[64] = '\0';
+    *out = strdup(hex);
+    return *out ? 0 : -ENOMEM;
+}
+
+/* The admin token: the environment, then the config, then one kept in the state directory. */
+static int admin_token(kvg_config *cfg, char **out_token, bool *generated)
+{
+    *generated = false;
+    const char *env = getenv("KVGATE_ADMIN_TOKEN");
+    if (env && *env) {
+        *out_token = strdup(env);
+        return *out_token ? 0 : -ENOMEM;
+    }
+    if (cfg->nadmin_tokens > 0) {
+        *out_token = NULL;
+        return 0;
+    }
+    return state_secret(cfg->state_dir, "admin-token", out_token, generated);
+}
+
+/* The server secret under which scope salts are computed: KVGATE_SECRET, the config, or one
+ * kept in the state directory. Every replica of a fleet must share it. */
+static int server_secret(kvg_gateway *gw)
+{
+    const char *env = getenv("KVGATE_SECRET");
+    char *secret = NULL;
+    bool generated = false;
+    int rc = 0;
+    if (env && *env)
+        secret = strdup(env);
+    else if (gw->cfg.secret)
+        secret = strdup(gw->cfg.secret);
+    else
+        rc = state_secret(gw->cfg.state_dir, "secret", &secret, &generated);
+    if (rc < 0)
+        return rc;
+    if (!secret)
+        return -ENOMEM;
+    size_t n = strlen(secret);
+    if (n < 32) {
+        kvg_log_error("the server secret must be at least 32 characters");
+        free(secret);
+        return -EINVAL;
+    }
+    gw->secret_len = KVG_MIN(n, sizeof(gw->secret));
+    memcpy(gw->secret, secret, gw->secret_len);
+    explicit_bzero(secret, n);
+    free(secret);
+    if (generated)
+        kvg_log_info("generated the server secret in %s/secret (replicas must share it)",
+                     gw->cfg.state_dir);
+    return 0;
+}
+
+static int open_access_log(const char *spec)
+{
+    if (strcmp(spec, "off") == 0)
+        return -1;
+    if (strcmp(spec, "-") == 0)
+        return dup(STDOUT_FILENO);
+    int fd = open(spec, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+    if (fd < 0)
+        kvg_log_error("cannot open access log %s: %s", spec, strerror(errno));
+    return fd;
+}
+
+/* ---- descriptors ---------------------------------------------------------------------------- */
+
+/* Raise the soft descriptor limit to the hard one: the usual soft default (1024) caps a gateway
+ * long before memory does. Returns the limit in force. */
+static uint64_t raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0) {
+        kvg_log_warn("cannot read the descriptor limit: %s", strerror(errno));
+        return 1024;
+    }
+    rlim_t want = rl.rlim_max;
+    if (want == RLIM_INFINITY) {
+        /* The kernel refuses more than fs.nr_open whatever the hard limit says. */
+        want = 1u << 20;
+        FILE *f = fopen("/proc/sys/fs/nr_open", "r");
+        unsigned long long n;
+        if (f && fscanf(f, "%llu", &n) == 1 && n > 0)
+            want = (rlim_t)n;
+        if (f)
+            fclose(f);
+    }
+    if (want > rl.rlim_cur) {
+        rlim_t old = rl.rlim_cur;
+        rl.rlim_cur = want;
+        if (setrlimit(RLIMIT_NOFILE, &rl) == 0) {
+            kvg_log_info("descriptor limit raised from %llu to %llu (the hard limit)",
+                         (unsigned long long)old, (unsigned long long)want);
+            return (uint64_t)want;
+        }
+        kvg_log_warn("cannot raise the descriptor limit from %llu to %llu: %s",
+                     (unsigned long long)old, (unsigned long long)want, strerror(errno));
+        return (uint64_t)old;
+    }
+    kvg_log_info("descriptor limit %llu", (unsigned long long)rl.rlim_cur);
+    return (uint64_t)rl.rlim_cur;
+}
+
+/* ---- listeners ------------------------------------------------------------------------------- */
+
+static int setup_listener(kvg_gateway *gw, kvg_listener *l, const kvg_listener_config *cfg,
+                          bool is_admin, kvg_thread **threads, unsigned nthreads)
+{
+    char err[512];
+    l->cfg = *cfg;
+    l->cfg.tls_cert = l->cfg.tls_key = NULL; /* the strings stay owned by gw->cfg */
+    l->is_admin = is_admin;
+    l->handler = is_admin ? &kvg_admin_handler : &kvg_proxy_handler;
+    if (cfg->tls_cert) {
+        l->cfg.tls_cert = cfg->tls_cert;
+        l->cfg.tls_key = cfg->tls_key;
+        if (kvg_tls_ctx_new(cfg, &l->ssl_ctx, err, sizeof(err)) < 0) {
+            kvg_log_error("listener %s: %s", cfg->address, err);
+            return KVG_ETLS;
+        }
+    }
+    uint16_t want = cfg->port;
+    for (unsigned i = 0; i < nthreads; i++) {
+        evutil_socket_t fd;
+        int rc = kvg_listen_socket(cfg->host, want, nthreads > 1, &fd, &l->port);
+        if (rc < 0) {
+            kvg_log_error("cannot listen on %s: %s", cfg->address, kvg_strerror(rc));
+            return rc;
+        }
+        want = l->port; /* port 0: every thread joins the port the first socket got */
+        rc = kvg_thread_add_listener(threads[i], l, fd);
+        if (rc < 0) {
+            close(fd);
+            return rc;
+        }
+    }
+    kvg_log_info("%s listening on %s:%u%s", is_admin ? "admin" : "gateway", cfg->host, l->port,
+                 l->ssl_ctx ? (cfg->cleartext ? " (TLS and cleartext)" : " (TLS only)") : "");
+    return 0;
+}
+
+static int write_port_file(const char *path, kvg_gateway *gw)
+{
+    char tmp[4200];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return -errno;
+    for (size_t i = 0; i < gw->nlisteners; i++)
+        fprintf(f, "front=%s:%u\n", gw->listeners[i].cfg.host, gw->listeners[i].port);
+    for (size_t i = 0; i < gw->nadmin_listeners; i++)
+        fprintf(f, "admin=%s:%u\n", gw->admin_listeners[i].cfg.host, gw->admin_listeners[i].port);
+    if (fclose(f) != 0 || rename(tmp, path) < 0)
+        return -errno;
+    return 0;
+}
+
+uint16_t kvg_gateway_port(const kvg_gateway *gw, bool admin, size_t i)
+{
+    if (admin)
+        return i < gw->nadmin_listeners ? gw->admin_listeners[i].port : 0;
+    return i < gw->nlisteners ? gw->listeners[i].port : 0;
+}
+
+/* ---- signals, reload, shutdown --------------------------------------------------------------- */
+
+static void reload(kvg_gateway *gw)
+{
+    /* Reopen the access log first: log rotation sends SIGHUP too. */
+    int fd = open_access_log(gw->cfg.access_log);
+    if (fd >= 0 && gw->access_log_fd >= 0) {
+        dup2(fd, gw->access_log_fd); /* same descriptor number: threads keep writing to it */
+        close(fd);
+    } else if (fd >= 0) {
+        close(fd);
+    }
+    kvg_config next;
+    char err[512];
+    kvg_config_action action;
+    if (kvg_config_init(&next) < 0)
+        return;
+    if (kvg_config_parse_args(&next, gw->argc, gw->argv, &action, err, sizeof(err)) < 0 ||
+        kvg_config_validate(&next, err, sizeof(err)) < 0) {
+        kvg_log_error("reload failed, keeping the running configuration: %s", err);
+        kvg_config_done(&next);
+        return;
+    }
+    kvg_worker_def *defs = kvg_config_worker_defs(&next);
+    char msg[256] = "";
+    int rc = defs ? kvg_registry_replace_config(gw->registry, defs, next.nworkers, msg, sizeof(msg))
+                  : -ENOMEM;
+    free(defs);
+    if (rc < 0) {
+        kvg_log_error("reload failed, keeping the running workers: %s", msg);
+        kvg_config_done(&next);
+        return;
+    }
+    kvg_log_set_level(next.log_level);
+    if (next.nadmin_tokens > 0 && !getenv("KVGATE_ADMIN_TOKEN"))
+        kvg_admin_set_tokens(gw->admin, (const char *const *)next.admin_tokens, next.nadmin_tokens);
+    if (next.nlisteners != gw->cfg.nlisteners || next.threads != gw->cfg.threads)
+        kvg_log_warn("reload: listener and thread changes take effect after a restart");
+    kvg_log_info("configuration reloaded: %zu workers from the config", next.nworkers);
+    kvg_config_done(&next);
+    kvg_gateway_notify_all(gw);
+}
+
+static void signal_cb(evutil_socket_t sig, short what, void *arg)
+{
+    kvg_gateway *gw = arg;
+    if (sig == SIGHUP)
+        reload(gw);
+    else
+        kvg_gateway_begin_shutdown(gw, sig == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+static bool ready_cb(void *arg)
+{
+    kvg_gateway *gw = arg;
+    return !atomic_load(&gw->shutting_down);
+}
+
+void kvg_gateway_stop(kvg_gateway *gw)
+{
+    atomic_store(&gw->stop_requested, true);
+    kvg_thread_notify(&gw->control); /* kvg_gateway_control_wakeup begins the shutdown */
+}
+
+/* ---- building -------------------------------------------------------------------------------- */
+
+static unsigned default_threads(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (unsigned)n : 1;
+}
+
+/* Tenancy, policy, the secret, the prefix index and the admin API with its state file. The
+ * admin token is the caller's (NULL: the config's tokens). */
+static int build_state(kvg_gateway *gw, char *token)
+{
+    char msg[256] = "";
+    int rc = kvg_tenants_new(&gw->tenants);
+    if (rc == 0)
+        rc = kvg_policy_state_new(&gw->policy);
+    if (rc == 0)
+        rc = server_secret(gw);
+    if (rc == 0) {
+        kvg_index_config icfg = {
+            .max_entries = gw->cfg.index_max_entries,
+            .default_capacity = gw->cfg.index_default_capacity,
+        };
+        rc = kvg_router_new(&icfg, &gw->router);
+    }
+    if (rc < 0) {
+        kvg_log_error("cannot set up tenancy, the policy, the secret or the index: %s",
+                      kvg_strerror(rc));
+        return rc;
+    }
+    gw->auth_open = gw->cfg.auth_open;
+    char state_path[4200], audit_path[4200];
+    snprintf(state_path, sizeof(state_path), "%s/state.json", gw->cfg.state_dir);
+    snprintf(audit_path, sizeof(audit_path), "%s/audit.log", gw->cfg.state_dir);
+    const char *audit = gw->cfg.audit_log ? gw->cfg.audit_log : audit_path;
+    const char *const *tokens =
+        token ? (const char *const *)&token : (const char *const *)gw->cfg.admin_tokens;
+    kvg_admin_config acfg = {
+        .tokens = tokens,
+        .ntokens = token ? 1 : gw->cfg.nadmin_tokens,
+        .tenants = gw->tenants,
+        .policy = gw->policy,
+        .state_path = gw->cfg.state_file ? gw->cfg.state_file : state_path,
+        .audit_path = strcmp(audit, "off") == 0 ? NULL : audit,
+        .tenant_label_cap = gw->cfg.tenant_metrics_max,
+        .router = gw->router,
+        .engine_load_max_age_ns = kvg_scrape_max_age_ns(gw),
+        .secret = gw->secret,
+        .secret_len = gw->secret_len,
+    };
+    rc = kvg_admin_new(&acfg, gw->registry, &gw->admin);
+    if (rc < 0) {
+        kvg_log_error("cannot create the admin API: %s", kvg_strerror(rc));
+        return rc;
+    }
+    /* Tenants, keys, admin-defined workers and the policy as the admin API last left them. */
+    rc = kvg_admin_load_state(gw->admin, msg, sizeof(msg));
+    if (rc < 0) {
+        kvg_log_error("cannot restore the state file %s: %s", acfg.state_path, msg);
+        return rc;
+    }
+    if (gw->auth_open) {
+        kvg_log_warn("auth is open: every request is served without an API key");
+    } else {
+        kvg_tenant_set *ts = kvg_tenants_acquire(gw->tenants);
+        if (kvg_tenant_set_count(ts) == 0)
+            kvg_log_warn("no tenant exists yet: every request gets 401 until one does "
+                         "(kvgate admin tenants put ID; kvgate admin keys create ID)");
+        kvg_tenant_set_unref(ts);
+    }
+    kvg_admin_add_metrics(gw->admin, kvg_front_stats_write, gw);
+    kvg_admin_set_ready(gw->admin, ready_cb, gw);
+    return 0;
+}
+
+/* Threads (not started), listeners bound on them, the access log and the signals. */
+static int build_threads(kvg_gateway *gw)
+{
+    if (kvg_thread_init(&gw->control, gw, gw->nthreads, true) < 0)
+        return -ENOMEM;
+    gw->control_ready = true;
+    gw->threads = calloc(gw->nthreads, sizeof(kvg_thread));
+    kvg_thread **tp = calloc(gw->nthreads, sizeof(kvg_thread *));
+    int rc = -ENOMEM;
+    if (!gw->threads || !tp)
+        goto out;
+    for (unsigned i = 0; i < gw->nthreads; i++) {
+        if (kvg_thread_init(&gw->threads[i], gw, i, false) < 0)
+            goto out;
+        tp[i] = &gw->threads[i];
+        gw->nthreads_ready = i + 1;
+    }
+    kvg_thread *control = &gw->control;
+    for (size_t i = 0; i < gw->cfg.nlisteners; i++) {
+        gw->nlisteners = i + 1;
+        rc = setup_listener(gw, &gw->listeners[i], &gw->cfg.listeners[i], false, tp, gw->nthreads);
+        if (rc < 0)
+            goto out;
+    }
+    for (size_t i = 0; i < gw->cfg.nadmin_listeners; i++) {
+        gw->nadmin_listeners = i + 1;
+        rc = setup_listener(gw, &gw->admin_listeners[i], &gw->cfg.admin_listeners[i], true,
+                            &control, 1);
+        if (rc < 0)
+            goto out;
+    }
+    gw->access_log_fd = open_access_log(gw->cfg.access_log);
+    rc = 0;
+    if (gw->argv) { /* a command-line gateway owns the process's signals; an embedded one not */
+        gw->sig_term = evsignal_new(control->base, SIGTERM, signal_cb, gw);
+        gw->sig_int = evsignal_new(control->base, SIGINT, signal_cb, gw);
+        gw->sig_hup = evsignal_new(control->base, SIGHUP, signal_cb, gw);
+        if (!gw->sig_term || !gw->sig_int || !gw->sig_hup || evsignal_add(gw->sig_term, NULL) < 0 ||
+            evsignal_add(gw->sig_int, NULL) < 0 || evsignal_add(gw->sig_hup, NULL) < 0)
+            rc = -ENOMEM;
+    }
+out:
+    free(tp);
+    return rc;
+}
+
+int kvg_gateway_new(kvg_config *cfg, int argc, char **argv, kvg_gateway **out)
+{
+    kvg_gateway *gw = calloc(1, sizeof(*gw));
+    if (!gw) {
+        kvg_config_done(cfg);
+        return -ENOMEM;
+    }
+    gw->cfg = *cfg; /* taken over: the caller's copy must not be freed again */
+    memset(cfg, 0, sizeof(*cfg));
+    gw->argc = argc;
+    gw->argv = argv;
+    gw->access_log_fd = -1;
+    kvg_log_set_level(gw->cfg.log_level);
+    signal(SIGPIPE, SIG_IGN);
+    /* Our own header accounting answers 431 first; this is the parser's hard backstop. */
+    http_parser_set_max_header_size((uint32_t)gw->cfg.limits.header_bytes + 4096);
+
+    char *token = NULL;
+    bool generated;
+    int rc = mkdir_p(gw->cfg.state_dir, 0700);
+    if (rc < 0) {
+        kvg_log_error("cannot create state directory %s: %s", gw->cfg.state_dir, kvg_strerror(rc));
+        goto fail;
+    }
+    rc = admin_token(&gw->cfg, &token, &generated);
+    if (rc < 0) {
+        kvg_log_error("cannot set up the admin token in %s: %s", gw->cfg.state_dir,
+                      kvg_strerror(rc));
+        goto fail;
+    }
+    if (generated)
+        kvg_log_info("generated an admin token in %s/admin-token", gw->cfg.state_dir);
+
+    gw->nthreads = gw->cfg.threads ? gw->cfg.threads : default_threads();
+    kvg_gateway_init_limits(gw, raise_nofile());
+    kvg_registry_config rcfg = {
+        .nthreads = gw->nthreads + 2, /* + the control thread's slots (health, scrapes) */
+        .default_max_inflight = gw->cfg.upstream.max_inflight,
+        .health_fall = gw->cfg.health.fall,
+        .health_rise = gw->cfg.health.rise,
+    };
+    rc = kvg_registry_new(&rcfg, &gw->registry);
+    if (rc < 0) {
+        kvg_log_error("cannot create the worker registry: %s", kvg_strerror(rc));
+        goto fail;
+    }
+    kvg_worker_def *defs = kvg_config_worker_defs(&gw->cfg);
+    char msg[256] = "";
+    rc = defs ? kvg_registry_replace_config(gw->registry, defs, gw->cfg.nworkers, msg, sizeof(msg))
+              : -ENOMEM;
+    free(defs);
+    if (rc < 0) {
+        kvg_log_error("workers: %s", msg);
+        goto fail;
+    }
+    rc = build_state(gw, token);
+    if (rc < 0)
+        goto fail;
+    rc = build_threads(gw);
+    if (rc < 0) {
+        kvg_log_error("cannot start the gateway's threads and listeners: %s", kvg_strerror(rc));
+        goto fail;
+    }
+    free(token);
+    *out = gw;
+    return 0;
+fail:
+    free(token);
+    kvg_gateway_free(gw);
+    return rc;
+}
+
+int kvg_gateway_run(kvg_gateway *gw)
+{
+    if (kvg_health_start(gw) < 0 || kvg_scrape_start(gw) < 0)
+        return -ENOMEM;
+    for (unsigned i = 0; i < gw->nthreads; i++) {
+        int rc = kvg_thread_spawn(&gw->threads[i]);
+        if (rc < 0) {
+            kvg_log_error("cannot start thread %u: %s", i, kvg_strerror(rc));
+            atomic_store(&gw->force_stop, true);
+            atomic_store(&gw->shutting_down, true);
+            kvg_health_stop(gw);
+            kvg_scrape_stop(gw);
+            for (unsigned j = 0; j < i; j++)
+                kvg_thread_notify(&gw->threads[j]);
+            for (unsigned j = 0; j < i; j++)
+                pthread_join(gw->threads[j].tid, NULL);
+            return rc;
+        }
+    }
+    if (gw->cfg.port_file && write_port_file(gw->cfg.port_file, gw) < 0)
+        kvg_log_error("cannot write port file %s", gw->cfg.port_file);
+    kvg_log_info("kvgate %s running with %u threads, %zu workers", KVG_VERSION, gw->nthreads,
+                 gw->cfg.nworkers);
+    event_base_dispatch(gw->control.base);
+    for (unsigned i = 0; i < gw->nthreads; i++)
+        pthread_join(gw->threads[i].tid, NULL);
+    kvg_log_info("stopped");
+    return 0;
+}
+
+void kvg_gateway_free(kvg_gateway *gw)
+{
+    if (!gw)
+        return;
+    kvg_health_stop(gw);
+    kvg_scrape_stop(gw);
+    for (unsigned i = 0; i < gw->nthreads_ready; i++) {
+        kvg_thread_close_listeners(&gw->threads[i]);
+        kvg_thread_done(&gw->threads[i]);
+    }
+    if (gw->control_ready) {
+        kvg_thread_close_listeners(&gw->control);
+        /* Admin connections left at exit are freed by their deferred close events. */
+        event_base_loop(gw->control.base, EVLOOP_NONBLOCK);
+    }
+    if (gw->sig_term)
+        event_free(gw->sig_term);
+    if (gw->sig_int)
+        event_free(gw->sig_int);
+    if (gw->sig_hup)
+        event_free(gw->sig_hup);
+    if (gw->shutdown_timer)
+        event_free(gw->shutdown_timer);
+    if (gw->control_ready)
+        kvg_thread_done(&gw->control);
+    free(gw->threads);
+    for (size_t i = 0; i < gw->nlisteners; i++)
+        SSL_CTX_free(gw->listeners[i].ssl_ctx);
+    for (size_t i = 0; i < gw->nadmin_listeners; i++)
+        SSL_CTX_free(gw->admin_listeners[i].ssl_ctx);
+    if (gw->access_log_fd >= 0)
+        close(gw->access_log_fd);
+    kvg_admin_free(gw->admin);
+    kvg_router_free(gw->router);
+    kvg_policy_state_free(gw->policy);
+    kvg_tenants_free(gw->tenants);
+    kvg_registry_free(gw->registry);
+    explicit_bzero(gw->secret, sizeof(gw->secret));
+    kvg_config_done(&gw->cfg);
+    free(gw);
+}

@@ -1,0 +1,77 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A gateway thread: its event loop, listeners, connections, upstream pools and the snapshots it
+ * serves with (threads.c). */
+#ifndef KVG_GATEWAY_THREAD_H
+#define KVG_GATEWAY_THREAD_H
+
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "config.h"
+#include "exchange.h"
+#include "policy.h"
+#include "router.h"
+#include "tenancy.h"
+
+typedef struct kvg_gateway kvg_gateway;
+typedef struct kvg_listener kvg_listener;
+
+struct kvg_thread {
+    unsigned index;
+    kvg_gateway *gw;
+    struct event_base *base;
+    struct evdns_base *dns;
+    pthread_t tid;
+    bool is_control; /* the main thread: admin, health, signals */
+    int notify_fd;   /* eventfd other threads write to wake this loop */
+    struct event *notify_ev;
+    struct evconnlistener *listeners[KVG_MAX_LISTENERS * 2];
+    void *bindings[KVG_MAX_LISTENERS * 2];
+    size_t nlisteners;
+    kvg_link conns; /* open connections (front or admin), newest first */
+    size_t nconns;
+    size_t nrefusing;               /* connections being refused politely (over a limit) */
+    struct event *accept_resume_ev; /* re-enables the listeners after an accept failure */
+    bool accept_paused;             /* listeners disabled until accept_resume_ev */
+    uint64_t accept_failures;       /* in the current episode of failures (for the log) */
+    kvg_link pools;                 /* upstream pools of this thread */
+    kvg_exchange_env exchange_env;  /* what this thread's exchanges charge and call */
+    kvg_worker_set *workers;        /* snapshot this thread routes with */
+    kvg_tenant_set *tenants;        /* snapshot this thread authenticates with */
+    kvg_policy_config policy;       /* copy of the operator's settings */
+    uint64_t policy_gen;
+    bool policy_loaded;
+    uint64_t rng;         /* xorshift state for request ids */
+    kvg_buf scratch;      /* reused to compose heads without an allocation per request */
+    kvg_salt_cache salts; /* the scopes' cache salts this thread has computed */
+    bool draining;        /* shutdown: no new requests, close when idle */
+    bool stopped;
+};
+
+int kvg_thread_init(kvg_thread *t, kvg_gateway *gw, unsigned index, bool is_control);
+void kvg_thread_done(kvg_thread *t);
+int kvg_thread_spawn(kvg_thread *t);
+/** Wake t's loop (any thread may call this). */
+void kvg_thread_notify(kvg_thread *t);
+/** Wake every front thread (they pick up registry changes, shutdown). */
+void kvg_gateway_notify_all(kvg_gateway *gw);
+/** Bind and listen; SO_REUSEPORT lets every thread own a socket on the same port. */
+int kvg_listen_socket(const char *host, uint16_t port, bool reuseport, evutil_socket_t *out,
+                      uint16_t *bound_port);
+int kvg_thread_add_listener(kvg_thread *t, kvg_listener *l, evutil_socket_t fd);
+void kvg_thread_close_listeners(kvg_thread *t);
+void kvg_thread_start_drain(kvg_thread *t);
+void kvg_thread_force_close(kvg_thread *t);
+
+/** A fresh request id (hex) from the thread's generator. */
+void kvg_thread_request_id(kvg_thread *t, char *buf, size_t len);
+/** The thread's current worker snapshot, refreshed when the registry changed. Borrowed. */
+kvg_worker_set *kvg_thread_workers(kvg_thread *t);
+/** The thread's current tenant snapshot, refreshed when tenants or keys changed. Borrowed. */
+kvg_tenant_set *kvg_thread_tenants(kvg_thread *t);
+/** The policy settings as of the last change the thread saw. Borrowed. */
+const kvg_policy_config *kvg_thread_policy(kvg_thread *t);
+
+#endif
