@@ -21,7 +21,7 @@ void kvg_thread_exchange_finished(void *thread, kvg_exchange *x)
 {
     kvg_thread *t = thread;
     kvg_gateway *gw = t->gw;
-    int status = x->head_sent ? x->status : 0;
+    int status = x->status; /* 0: no head went out */
     unsigned cls = status >= 100 && status < 600 ? (unsigned)status / 100 : 0;
     atomic_fetch_add_explicit(&gw->stats.requests_by_class[cls], 1, memory_order_relaxed);
     if (gw->access_log_fd < 0)
@@ -50,7 +50,7 @@ void kvg_thread_exchange_finished(void *thread, kvg_exchange *x)
                    "\"ttfb_ms\":",
                    x->retries, (unsigned long long)x->bytes_in, (unsigned long long)x->bytes_out,
                    (double)(now - x->start_ns) / 1e6);
-    if (x->head_sent)
+    if (kvg_exchange_head_sent(x))
         kvg_buf_printf(&b, "%.3f", (double)(x->first_byte_ns - x->start_ns) / 1e6);
     else
         kvg_buf_puts(&b, "null");

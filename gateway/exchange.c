@@ -117,6 +117,12 @@ const char *kvg_exchange_body_bytes(kvg_exchange *x, size_t *len)
     return x->body_bytes = copy;
 }
 
+const char *kvg_exchange_resp_str(kvg_exchange_resp r)
+{
+    static const char *const names[KVG_RESP_COUNT] = {"none", "streaming", "ended", "reset"};
+    return (unsigned)r < KVG_RESP_COUNT ? names[r] : "?";
+}
+
 const char *kvg_exchange_proto_str(kvg_exchange_proto p)
 {
     static const char *const names[KVG_PROTO_COUNT] = {"HTTP/1.1", "HTTP/2"};
@@ -144,7 +150,7 @@ static void arm_send_timer(kvg_exchange *x)
 static void send_timeout_cb(evutil_socket_t fd, short what, void *arg)
 {
     kvg_exchange *x = arg;
-    if (x->aborted || x->front_done || x->handler_done || !x->want_writable)
+    if (x->resp == KVG_RESP_RESET || x->front_done || x->handler_done || !x->want_writable)
         return;
     const kvg_exchange_env *env = x->env;
     if (x->ops->progress(x) != x->send_mark) {
@@ -157,7 +163,7 @@ static void send_timeout_cb(evutil_socket_t fd, short what, void *arg)
     kvg_log_info("request %s: the client took no response byte for %u ms; aborting it",
                  x->request_id, env->limits->send_timeout_ms);
     kvg_exchange_deliver_abort(x); /* frees the worker's slot and cancels its request now */
-    x->aborted = true;
+    x->resp = KVG_RESP_RESET;
     x->ops->abort_stalled(x);
 }
 
@@ -241,7 +247,7 @@ void kvg_exchange_set_request_id(kvg_exchange *x)
 
 void kvg_exchange_read_body(kvg_exchange *x)
 {
-    if (x->aborted || x->front_done)
+    if (x->resp == KVG_RESP_RESET || x->front_done)
         return;
     x->ops->read_body(x);
 }
@@ -249,7 +255,7 @@ void kvg_exchange_read_body(kvg_exchange *x)
 int kvg_exchange_add_header(kvg_exchange *x, const char *name, size_t name_len, const char *value,
                             size_t value_len)
 {
-    if (x->head_sent)
+    if (kvg_exchange_head_sent(x))
         return -EINVAL;
     /* Grow the array in the arena by doubling; old arrays stay in the arena until the end. */
     size_t n = x->resp_nheaders;
@@ -277,18 +283,18 @@ int kvg_exchange_add_header(kvg_exchange *x, const char *name, size_t name_len, 
 
 void kvg_exchange_respond(kvg_exchange *x, int status, int64_t content_length)
 {
-    if (x->head_sent || x->aborted || x->front_done)
+    if (x->resp != KVG_RESP_NONE || x->front_done)
         return;
     x->status = status;
     x->resp_content_length = content_length;
-    x->head_sent = true;
+    x->resp = KVG_RESP_STREAMING;
     x->first_byte_ns = kvg_now_ns();
     x->ops->send_head(x);
 }
 
 void kvg_exchange_write(kvg_exchange *x, const void *data, size_t len)
 {
-    if (!x->head_sent || x->ended || x->aborted || x->front_done || len == 0)
+    if (x->resp != KVG_RESP_STREAMING || x->front_done || len == 0)
         return;
     evbuffer_add(x->out, data, len);
     x->bytes_out += len;
@@ -297,18 +303,18 @@ void kvg_exchange_write(kvg_exchange *x, const void *data, size_t len)
 
 void kvg_exchange_end(kvg_exchange *x)
 {
-    if (!x->head_sent || x->ended || x->aborted || x->front_done)
+    if (x->resp != KVG_RESP_STREAMING || x->front_done)
         return;
-    x->ended = true;
+    x->resp = KVG_RESP_ENDED;
     x->ops->send_end(x);
 }
 
 void kvg_exchange_reset(kvg_exchange *x)
 {
-    if (x->aborted || x->front_done)
+    if (x->resp == KVG_RESP_RESET || x->front_done)
         return;
-    x->aborted = true;
-    x->handler_reset = true; /* the handler asked for it: no on_abort back */
+    x->resp = KVG_RESP_RESET;
+    x->abort_delivered = true; /* the handler asked for it: no on_abort back */
     x->ops->reset(x);
 }
 
@@ -328,7 +334,7 @@ static void charge_output(kvg_exchange *x, size_t pending)
 
 bool kvg_exchange_output_full(kvg_exchange *x)
 {
-    if (x->aborted || x->front_done)
+    if (x->resp == KVG_RESP_RESET || x->front_done)
         return false;
     size_t pending = x->ops->pending(x);
     charge_output(x, pending);
@@ -374,8 +380,8 @@ void kvg_exchange_front_finish(kvg_exchange *x)
     /* A handler still attached learns that the client is gone before x can go, unless it
      * finished the response itself (end or reset) and is about to detach anyway. Its detach
      * then releases x, possibly before on_abort returns: x must not be touched after it. */
-    if (!x->handler_done && !x->abort_delivered && !x->ended && !x->handler_reset) {
-        x->aborted = true;
+    if (!x->handler_done && !x->abort_delivered && x->resp != KVG_RESP_ENDED) {
+        x->resp = KVG_RESP_RESET;
         x->abort_delivered = true;
         x->handler->on_abort(x);
         return;
@@ -419,7 +425,7 @@ void kvg_exchange_deliver_abort(kvg_exchange *x)
 void kvg_exchange_send_body(kvg_exchange *x, int status, const char *content_type, const void *body,
                             size_t len)
 {
-    if (x->head_sent || x->aborted || x->front_done)
+    if (x->resp != KVG_RESP_NONE || x->front_done)
         return;
     if (content_type)
         kvg_exchange_add_header(x, "content-type", 12, content_type, strlen(content_type));
@@ -431,7 +437,7 @@ void kvg_exchange_send_body(kvg_exchange *x, int status, const char *content_typ
 void kvg_exchange_send_error_retry(kvg_exchange *x, int status, const char *type,
                                    unsigned retry_after_s, const char *message)
 {
-    if (x->head_sent) {
+    if (kvg_exchange_head_sent(x)) {
         /* Too late for a status: the only honest signal left is to cut the stream. */
         kvg_exchange_reset(x);
         return;

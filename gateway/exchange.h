@@ -16,6 +16,18 @@
 
 typedef struct kvg_exchange kvg_exchange;
 typedef struct kvg_thread kvg_thread;
+
+/* The life of an exchange's response. The two holds on the exchange (the front's and the
+ * handler's) are apart: front_done, handler_done. */
+typedef enum kvg_exchange_resp {
+    KVG_RESP_NONE = 0,  /* no head yet */
+    KVG_RESP_STREAMING, /* the head is out; body bytes may follow */
+    KVG_RESP_ENDED,     /* complete: kvg_exchange_end */
+    KVG_RESP_RESET,     /* cut short: reset by the handler, the client gone, a timeout */
+    KVG_RESP_COUNT,
+} kvg_exchange_resp;
+
+const char *kvg_exchange_resp_str(kvg_exchange_resp r);
 typedef struct kvg_tenant kvg_tenant;
 
 /* A process-wide bound on bytes held for requests or responses. used moves with atomic adds;
@@ -131,13 +143,10 @@ struct kvg_exchange {
     size_t resp_nheaders;
     int64_t resp_content_length; /* -1: streamed */
     struct evbuffer *out;        /* bytes not yet handed to the front */
-    bool head_sent;
-    bool ended;           /* kvg_exchange_end called */
-    bool aborted;         /* the response cannot continue (reset, or the client is gone) */
-    bool abort_delivered; /* the handler got on_abort */
-    bool handler_reset;   /* the handler reset the response itself */
-    bool front_done;      /* the protocol side has finished with x */
-    bool handler_done;    /* the handler detached */
+    kvg_exchange_resp resp;      /* where the response is */
+    bool abort_delivered;        /* the handler got on_abort (or reset the response itself) */
+    bool front_done;             /* the protocol side has finished with x */
+    bool handler_done;           /* the handler detached */
     bool want_writable;
     uint64_t bytes_in;
     uint64_t bytes_out;
@@ -161,6 +170,12 @@ struct kvg_exchange {
     const kvg_exchange_env *env;
     kvg_thread *thread; /* for the handlers; the exchange itself never looks inside */
 };
+
+/** True once a response head went out (the response may have been cut since). */
+static inline bool kvg_exchange_head_sent(const kvg_exchange *x)
+{
+    return x->status != 0;
+}
 
 /** Set up x for a new request on thread t, whose env x uses (the front calls this). */
 int kvg_exchange_init(kvg_exchange *x, const kvg_exchange_env *env, kvg_thread *t,

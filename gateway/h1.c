@@ -52,6 +52,12 @@ typedef struct h1_conn {
     struct event process_ev; /* re-run the parse loop outside callbacks */
 } h1_conn;
 
+static const char *h1_state_str(h1_state st)
+{
+    static const char *const names[H1_STATE_COUNT] = {"idle", "head", "body", "wait", "closing"};
+    return (unsigned)st < H1_STATE_COUNT ? names[st] : "?";
+}
+
 static void h1_process(h1_conn *h);
 static void h1_finish_exchange(h1_conn *h);
 
@@ -239,7 +245,7 @@ static void op_reset(kvg_exchange *x)
      * bytes), so the client first gets what is already queued for it: the head and the events
      * the worker produced before it failed. Closing at once would discard them, and a client
      * whose socket was behind would see no response at all. */
-    bool framed = h->chunked_response || (x->head_sent && x->resp_content_length >= 0);
+    bool framed = h->chunked_response || (kvg_exchange_head_sent(x) && x->resp_content_length >= 0);
     /* The client must see a broken response, not a short one that looks complete: drop the
      * connection without the terminating chunk. */
     h->close_after = true;
@@ -365,7 +371,7 @@ static void h1_fail(h1_conn *h, int status, const char *msg, int body_rc)
         h->x = x;
     }
     kvg_exchange *x = h->x;
-    if (x->head_sent) {
+    if (kvg_exchange_head_sent(x)) {
         op_reset(x);
         return;
     }
@@ -671,7 +677,7 @@ static void h1_process(h1_conn *h)
             kvg_exchange_deliver_head(h->x);
             if (!h->x || c->closing)
                 return;
-            if (!h->body_wanted && !h->discard_body && !h->x->head_sent)
+            if (!h->body_wanted && !h->discard_body && !kvg_exchange_head_sent(h->x))
                 return; /* the handler decides later; op_read_body resumes us */
             http_parser_pause(&h->parser, 0);
         }
@@ -759,6 +765,8 @@ static void h1_free(kvg_conn *c)
     if (!h)
         return;
     if (h->x) {
+        kvg_log_debug("connection from %s closed in state %s, response %s", c->remote,
+                      h1_state_str(h->state), kvg_exchange_resp_str(h->x->resp));
         kvg_exchange *x = h->x;
         h->x = NULL;
         kvg_exchange_front_finish(x);
@@ -784,7 +792,7 @@ static void h1_drain(kvg_conn *c)
 static void h1_timeout(h1_conn *h)
 {
     kvg_conn *c = h->conn;
-    if (h->state == H1_HEAD || (h->state == H1_BODY && h->x && !h->x->head_sent)) {
+    if (h->state == H1_HEAD || (h->state == H1_BODY && h->x && !kvg_exchange_head_sent(h->x))) {
         c->thread->gw->stats.timeouts++;
         h1_fail(h, 408, "timed out reading the request", 0);
         return;

@@ -20,6 +20,21 @@
 
 typedef struct h2_conn h2_conn;
 
+/* The request side of a stream. The response side is its exchange's (kvg_exchange_resp). */
+typedef enum h2s_state {
+    H2S_HEAD = 0, /* its header block is arriving */
+    H2S_BODY,     /* the head is in; DATA may follow */
+    H2S_COMPLETE, /* END_STREAM received: the whole request is in */
+    H2S_CLOSED,   /* nghttp2 closed the stream; nothing more happens to it */
+    H2S_STATE_COUNT,
+} h2s_state;
+
+static const char *h2s_state_str(h2s_state st)
+{
+    static const char *const names[H2S_STATE_COUNT] = {"head", "body", "complete", "closed"};
+    return (unsigned)st < H2S_STATE_COUNT ? names[st] : "?";
+}
+
 typedef struct h2_stream {
     kvg_exchange x; /* first: the exchange ops recover the stream from it */
     h2_conn *h;
@@ -27,13 +42,12 @@ typedef struct h2_stream {
     kvg_link link;
     size_t head_bytes;
     bool head_too_large;
-    bool request_complete; /* END_STREAM received */
+    h2s_state state;
     bool body_wanted;
     bool body_delivered;
     bool in_head_delivery;
     bool data_deferred; /* nghttp2 is waiting for resume_data */
     bool response_submitted;
-    bool closed;         /* nghttp2 closed the stream */
     size_t buffered;     /* body bytes this stream holds, counted in the connection total */
     uint64_t bytes_sent; /* response body bytes handed to the socket (the send timeout's view) */
     struct event body_timer;
@@ -76,7 +90,7 @@ static void op_read_body(kvg_exchange *x)
     s->body_wanted = true;
     /* Complete already and not inside on_head: deliver now. Inside on_head the caller of
      * deliver_head does it right after, so the handler never runs nested in itself. */
-    if (s->request_complete && !s->in_head_delivery && !s->body_delivered) {
+    if (s->state == H2S_COMPLETE && !s->in_head_delivery && !s->body_delivered) {
         s->body_delivered = true;
         kvg_exchange_deliver_body(x);
     }
@@ -89,7 +103,7 @@ static ssize_t data_read_cb(nghttp2_session *session, int32_t stream_id, uint8_t
     h2_stream *s = source->ptr;
     size_t avail = evbuffer_get_length(s->x.out);
     if (avail == 0) {
-        if (s->x.ended) {
+        if (s->x.resp == KVG_RESP_ENDED) {
             *data_flags |= NGHTTP2_DATA_FLAG_EOF;
             return 0;
         }
@@ -98,7 +112,7 @@ static ssize_t data_read_cb(nghttp2_session *session, int32_t stream_id, uint8_t
     }
     size_t n = KVG_MIN(avail, length);
     *data_flags |= NGHTTP2_DATA_FLAG_NO_COPY;
-    if (s->x.ended && n == avail)
+    if (s->x.resp == KVG_RESP_ENDED && n == avail)
         *data_flags |= NGHTTP2_DATA_FLAG_EOF;
     return (ssize_t)n;
 }
@@ -107,7 +121,7 @@ static void op_send_head(kvg_exchange *x)
 {
     h2_stream *s = stream_of(x);
     h2_conn *h = s->h;
-    if (s->closed)
+    if (s->state == H2S_CLOSED)
         return;
     size_t n = x->resp_nheaders + 2;
     nghttp2_nv *nva = kvg_arena_alloc(&x->arena, n * sizeof(*nva));
@@ -145,7 +159,7 @@ static void op_send_head(kvg_exchange *x)
 
 static void resume(h2_stream *s)
 {
-    if (s->closed)
+    if (s->state == H2S_CLOSED)
         return;
     if (strcmp(s->x.method, "HEAD") == 0) {
         evbuffer_drain(s->x.out, evbuffer_get_length(s->x.out));
@@ -172,7 +186,7 @@ static void op_send_end(kvg_exchange *x)
 static void op_reset(kvg_exchange *x)
 {
     h2_stream *s = stream_of(x);
-    if (s->closed)
+    if (s->state == H2S_CLOSED)
         return;
     nghttp2_submit_rst_stream(s->h->session, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
     h2_schedule_flush(s->h);
@@ -207,7 +221,7 @@ static void op_abort_stalled(kvg_exchange *x)
         kvg_conn_close(c);
         return;
     }
-    if (s->closed)
+    if (s->state == H2S_CLOSED)
         return;
     nghttp2_submit_rst_stream(s->h->session, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_CANCEL);
     h2_schedule_flush(s->h);
@@ -230,9 +244,11 @@ static const kvg_exchange_ops h2_ops = {
 static void stream_finish(h2_stream *s)
 {
     h2_conn *h = s->h;
-    if (s->closed)
+    if (s->state == H2S_CLOSED)
         return;
-    s->closed = true;
+    kvg_log_debug("h2 stream %d of %s closed: request %s, response %s", s->id, h->conn->remote,
+                  h2s_state_str(s->state), kvg_exchange_resp_str(s->x.resp));
+    s->state = H2S_CLOSED;
     kvg_list_unlink(&s->link);
     h->nstreams--;
     if (h->in_head == s) {
@@ -251,11 +267,11 @@ static void body_timeout_cb(evutil_socket_t fd, short what, void *arg)
 {
     h2_stream *s = arg;
     h2_conn *h = s->h;
-    if (s->closed || s->request_complete)
+    if (s->state >= H2S_COMPLETE)
         return;
     h->conn->thread->gw->stats.timeouts++;
     kvg_exchange_deliver_abort(&s->x);
-    if (!s->x.head_sent)
+    if (!kvg_exchange_head_sent(&s->x))
         kvg_exchange_send_error(&s->x, 408, "invalid_request_error",
                                 "timed out reading the request body");
     else
@@ -274,7 +290,7 @@ static void arm_body_timer(h2_stream *s)
 
 static void deliver_body_if_ready(h2_stream *s)
 {
-    if (s->request_complete && s->body_wanted && !s->body_delivered) {
+    if (s->state == H2S_COMPLETE && s->body_wanted && !s->body_delivered) {
         s->body_delivered = true;
         kvg_exchange_deliver_body(&s->x);
     }
@@ -386,7 +402,7 @@ static void request_head_done(h2_stream *s, bool end_stream)
     else if (end_stream)
         x->content_length = 0;
     kvg_exchange_set_request_id(x);
-    s->request_complete = end_stream;
+    s->state = end_stream ? H2S_COMPLETE : H2S_BODY;
     /* The answers below come from the front itself: the handler never sees this request, so
      * it will never detach, and an exchange with a handler attached is only released once it
      * has. Drop the handler (as h1_fail does for requests it answers itself) or the stream
@@ -434,8 +450,8 @@ static int on_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, v
     default:
         return 0;
     }
-    if (end_stream && !s->request_complete) {
-        s->request_complete = true;
+    if (end_stream && s->state < H2S_COMPLETE) {
+        s->state = H2S_COMPLETE;
         event_del(&s->body_timer);
         deliver_body_if_ready(s);
     }
@@ -452,13 +468,13 @@ static int on_data_chunk_recv(nghttp2_session *session, uint8_t flags, int32_t s
     x->bytes_in += len;
     if (x->bytes_in > x->body_limit) {
         /* The 413 goes out first; on_frame_send then resets the rest of the upload. */
-        if (!x->head_sent) {
+        if (!kvg_exchange_head_sent(x)) {
             kvg_exchange_deliver_abort(x);
             kvg_exchange_send_error(x, 413, "invalid_request_error", "request body too large");
         }
         return 0;
     }
-    if (x->head_sent)
+    if (kvg_exchange_head_sent(x))
         return 0; /* answered early: the rest of the upload is dropped */
     /* One connection's streams may hold at most two maximal bodies at once; without this,
      * streams_per_conn x body_bytes (8 GiB by default) could be pinned by a single client. */
@@ -501,7 +517,7 @@ static int on_frame_send(nghttp2_session *session, const nghttp2_frame *frame, v
         !(frame->hd.flags & NGHTTP2_FLAG_END_STREAM))
         return 0;
     h2_stream *s = nghttp2_session_get_stream_user_data(session, frame->hd.stream_id);
-    if (s && !s->request_complete)
+    if (s && s->state < H2S_COMPLETE)
         nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_NO_ERROR);
     return 0;
 }

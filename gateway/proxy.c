@@ -231,7 +231,7 @@ static void up_error(void *ud, int status, const char *msg)
     r->up = NULL;
     kvg_log_warn("request %s to worker %s failed: %s", r->x->request_id, kvg_worker_name(r->worker),
                  msg);
-    if (r->x->head_sent) {
+    if (kvg_exchange_head_sent(r->x)) {
         /* Bytes already went out: the client must see a broken stream, not a clean end. */
         kvg_exchange_reset(r->x);
         finish(r, r->status);
