@@ -322,12 +322,18 @@ static unsigned default_threads(void)
 static int build_state(kvg_gateway *gw, char *token)
 {
     char msg[256] = "";
+    const char *step = "the tenant store";
     int rc = kvg_tenants_new(&gw->tenants);
-    if (rc == 0)
-        rc = kvg_policy_state_new(&gw->policy);
-    if (rc == 0)
-        rc = server_secret(gw);
     if (rc == 0) {
+        step = "the policy settings";
+        rc = kvg_policy_state_new(&gw->policy);
+    }
+    if (rc == 0) {
+        step = "the server secret";
+        rc = server_secret(gw);
+    }
+    if (rc == 0) {
+        step = "the prefix index";
         kvg_index_config icfg = {
             .max_entries = gw->cfg.index_max_entries,
             .default_capacity = gw->cfg.index_default_capacity,
@@ -335,8 +341,7 @@ static int build_state(kvg_gateway *gw, char *token)
         rc = kvg_router_new(&icfg, &gw->router);
     }
     if (rc < 0) {
-        kvg_log_error("cannot set up tenancy, the policy, the secret or the index: %s",
-                      kvg_strerror(rc));
+        kvg_log_error("cannot set up %s: %s", step, kvg_strerror(rc));
         return rc;
     }
     gw->auth_open = gw->cfg.auth_open;

@@ -26,16 +26,18 @@
  * prefers writers (glibc's default prefers readers, which lets a busy stream of lookups starve
  * recording indefinitely).
  *
- * Lookup. Walk keys in order; the alive set starts as the requested workers the index knows
- * and each step keeps those holding keys[i]; a worker's match is the step at which it left the
- * set. A chain walk stops once every alive worker was found, and the walk stops as soon as the
- * set is empty, so a cold request costs one bucket probe. The requested ids are mapped to
- * their positions through a small per-call table keyed by slot, on the stack up to 64 workers,
- * on the heap (bounded, 4096 at a time) above that. Each step is two dependent cache misses
- * (bucket head, node) but steps do not depend on each other, so the walk prefetches a few keys
- * ahead: measured (min of 40 runs, 64 ids, 4096-key chain held by one worker), 320 -> 220 us on
- * a 4.2M-entry index, 72 -> 83 us on a cache-resident 4096-entry one; the index is meant to be
- * big, so the prefetch stays.
+ * Lookup. Everything rests on one fact: what a worker holds of a key chain is a prefix of it
+ * (a key is only recorded with its predecessors, and recording touches keys last to first, so
+ * eviction takes a chain's tail before its head). A lookup first walks the bucket of keys[0]:
+ * nobody holding it is a cold request (one probe). When at most FEW_HOLDERS workers hold it,
+ * each one's depth is found by doubling steps and bisection (depth_of: about 2 log2 n probes,
+ * 24 for a 4096-key prompt instead of 4096). When more hold it (a popular opening), the
+ * bisection runs on holder sets (match_batch, bisect_range): the workers holding a key shrink
+ * along the chain, so a range whose two ends are held by the same set is skipped, and ranges
+ * of a few keys are walked key by key; a shared system prompt held by every worker costs a few
+ * probes of its bucket. Requested ids are mapped to their positions through a per-call table
+ * keyed by slot, on the stack up to 64 workers and on the heap (bounded, 4096 at a time) above.
+ * bench/route has the figures.
  *
  * Recording touches keys from the last to the first, so keys[0] ends most recently used: vLLM
  * frees a finished sequence's blocks tail first, so the head of a prompt outlives its tail.
