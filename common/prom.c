@@ -120,6 +120,17 @@ void kvg_prom_put_scalar_i64(kvg_buf *out, const char *name, kvg_prom_type type,
     kvg_prom_put_i64(out, name, NULL, 0, value);
 }
 
+void kvg_prom_put_by_label(kvg_buf *out, const char *name, kvg_prom_type type, const char *help,
+                           const char *label, const char *const *label_values,
+                           const _Atomic uint64_t *counts, size_t n)
+{
+    kvg_prom_put_header(out, name, type, help);
+    for (size_t i = 0; i < n; i++)
+        kvg_prom_put_u64(
+            out, name, KVG_PROM_LABELS({label, label_values[i]}),
+            atomic_load_explicit((_Atomic uint64_t *)&counts[i], memory_order_relaxed));
+}
+
 void kvg_prom_hist_init(kvg_prom_hist *h)
 {
     for (size_t i = 0; i <= KVG_PROM_BUCKETS_MAX; i++)

@@ -62,6 +62,13 @@ void kvg_prom_put_scalar_u64(kvg_buf *out, const char *name, kvg_prom_type type,
 void kvg_prom_put_scalar_i64(kvg_buf *out, const char *name, kvg_prom_type type, const char *help,
                              int64_t value);
 
+/** A family with one label and a sample for each of its n values: the header, then
+ *  name{label="label_values[i]"} counts[i] for i < n, each count read once (relaxed). For the
+ *  counters kept as an array indexed by an enum, whose names are a table of the same size. */
+void kvg_prom_put_by_label(kvg_buf *out, const char *name, kvg_prom_type type, const char *help,
+                           const char *label, const char *const *label_values,
+                           const _Atomic uint64_t *counts, size_t n);
+
 /* ---- histograms of durations --------------------------------------------------------------- */
 
 /* The most finite buckets a histogram has: the largest set in use (+Inf comes on top). */
