@@ -69,12 +69,11 @@ void kvg_front_stats_write(kvg_buf *out, void *arg)
 {
     kvg_gateway *gw = arg;
     kvg_front_stats *s = &gw->stats;
-    kvg_prom_put_header(out, "kvgate_connections_total", KVG_PROM_COUNTER,
-                        "Front connections accepted, by protocol.");
-    kvg_prom_put_u64(out, "kvgate_connections_total", KVG_PROM_LABELS({"protocol", "http1"}),
-                     atomic_load(&s->connections_total[KVG_PROTO_HTTP1]));
-    kvg_prom_put_u64(out, "kvgate_connections_total", KVG_PROM_LABELS({"protocol", "http2"}),
-                     atomic_load(&s->connections_total[KVG_PROTO_HTTP2]));
+    static const char *const protocols[KVG_PROTO_COUNT] = {
+        [KVG_PROTO_HTTP1] = "http1", [KVG_PROTO_HTTP2] = "http2"};
+    kvg_prom_put_by_label(out, "kvgate_connections_total", KVG_PROM_COUNTER,
+                          "Front connections accepted, by protocol.", "protocol", protocols,
+                          s->connections_total, KVG_PROTO_COUNT);
     kvg_prom_put_scalar_i64(
         out, "kvgate_connections_open", KVG_PROM_GAUGE,
         "Front connections open now (TLS handshakes and protocol detection included).",
@@ -86,34 +85,26 @@ void kvg_front_stats_write(kvg_buf *out, void *arg)
                             gw->max_connections);
     kvg_prom_put_scalar_i64(out, "kvgate_admin_connections_open", KVG_PROM_GAUGE,
                             "Admin connections open now.", atomic_load(&s->admin_connections_open));
-    kvg_prom_put_header(out, "kvgate_connections_refused_total", KVG_PROM_COUNTER,
-                        "Connections refused at a connection limit (HTTP/1.1: 503, HTTP/2: "
-                        "GOAWAY, TLS: closed).");
-    static const char *const listener_kinds[2] = {"front", "admin"};
-    for (unsigned i = 0; i < 2; i++)
-        kvg_prom_put_u64(out, "kvgate_connections_refused_total",
-                         KVG_PROM_LABELS({"listener", listener_kinds[i]}),
-                         atomic_load(&s->connections_refused[i]));
+    static const char *const listeners[2] = {"front", "admin"};
+    kvg_prom_put_by_label(out, "kvgate_connections_refused_total", KVG_PROM_COUNTER,
+                          "Connections refused at a connection limit (HTTP/1.1: 503, HTTP/2: "
+                          "GOAWAY, TLS: closed).",
+                          "listener", listeners, s->connections_refused, 2);
     kvg_prom_put_scalar_u64(
         out, "kvgate_admin_connections_evicted_total", KVG_PROM_COUNTER,
         "Idle admin connections closed to make room for a new one at admin.max_connections.",
         atomic_load(&s->admin_connections_evicted));
-    kvg_prom_put_header(out, "kvgate_accept_errors_total", KVG_PROM_COUNTER,
-                        "Failed accepts: descriptors (EMFILE, ENFILE) and memory (ENOBUFS, "
-                        "ENOMEM) pause the listener for 500 ms.");
     static const char *const accept_kinds[KVG_ACCEPT_ERR_COUNT] = {"descriptors", "memory",
                                                                    "other"};
-    for (unsigned i = 0; i < KVG_ACCEPT_ERR_COUNT; i++)
-        kvg_prom_put_u64(out, "kvgate_accept_errors_total",
-                         KVG_PROM_LABELS({"reason", accept_kinds[i]}),
-                         atomic_load(&s->accept_errors[i]));
-    kvg_prom_put_header(out, "kvgate_http_requests_total", KVG_PROM_COUNTER,
-                        "Requests answered by the front, by status class (0xx: the client left "
-                        "before a status).");
+    kvg_prom_put_by_label(out, "kvgate_accept_errors_total", KVG_PROM_COUNTER,
+                          "Failed accepts: descriptors (EMFILE, ENFILE) and memory (ENOBUFS, "
+                          "ENOMEM) pause the listener for 500 ms.",
+                          "reason", accept_kinds, s->accept_errors, KVG_ACCEPT_ERR_COUNT);
     static const char *const classes[6] = {"0xx", "1xx", "2xx", "3xx", "4xx", "5xx"};
-    for (unsigned c = 0; c < 6; c++)
-        kvg_prom_put_u64(out, "kvgate_http_requests_total", KVG_PROM_LABELS({"class", classes[c]}),
-                         atomic_load(&s->requests_by_class[c]));
+    kvg_prom_put_by_label(out, "kvgate_http_requests_total", KVG_PROM_COUNTER,
+                          "Requests answered by the front, by status class (0xx: the client left "
+                          "before a status).",
+                          "class", classes, s->requests_by_class, 6);
     kvg_prom_put_scalar_u64(out, "kvgate_tls_handshake_failures_total", KVG_PROM_COUNTER,
                             "TLS handshakes that failed.", atomic_load(&s->tls_handshake_failures));
     kvg_prom_put_scalar_u64(out, "kvgate_protocol_errors_total", KVG_PROM_COUNTER,
@@ -126,6 +117,7 @@ void kvg_front_stats_write(kvg_buf *out, void *arg)
                             "Responses aborted because no byte moved toward the client for "
                             "limits.send_timeout_ms (the worker's request is cancelled).",
                             atomic_load(&s->send_timeouts));
+    /* The two budgets are separate objects, not an array: their own loop. */
     const kvg_budget *budgets[2] = {&gw->body_budget, &gw->response_budget};
     static const char *const budget_kinds[2] = {"request_body", "response"};
     kvg_prom_put_header(out, "kvgate_buffer_bytes", KVG_PROM_GAUGE,
@@ -140,13 +132,11 @@ void kvg_front_stats_write(kvg_buf *out, void *arg)
     for (unsigned i = 0; i < 2; i++)
         kvg_prom_put_u64(out, "kvgate_buffer_budget_bytes",
                          KVG_PROM_LABELS({"kind", budget_kinds[i]}), budgets[i]->limit);
-    kvg_prom_put_header(out, "kvgate_buffer_refusals_total", KVG_PROM_COUNTER,
-                        "Request bodies refused at the body budget: the gateway's whole budget "
-                        "(503) or a tenant's share of it (429).");
     static const char *const scopes[2] = {"gateway", "tenant"};
-    for (unsigned i = 0; i < 2; i++)
-        kvg_prom_put_u64(out, "kvgate_buffer_refusals_total", KVG_PROM_LABELS({"scope", scopes[i]}),
-                         atomic_load(&gw->body_budget.refused[i]));
+    kvg_prom_put_by_label(out, "kvgate_buffer_refusals_total", KVG_PROM_COUNTER,
+                          "Request bodies refused at the body budget: the gateway's whole budget "
+                          "(503) or a tenant's share of it (429).",
+                          "scope", scopes, gw->body_budget.refused, 2);
     kvg_prom_put_scalar_u64(out, "kvgate_shutting_down", KVG_PROM_GAUGE,
                             "1 while the gateway drains for exit.",
                             atomic_load(&gw->shutting_down) ? 1 : 0);
