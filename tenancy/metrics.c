@@ -192,12 +192,9 @@ void kvg_tenants_write_metrics(kvg_tenants *ts, size_t label_cap, kvg_buf *out)
             put_counts(out, (family)f, "other", &other);
     }
 
-    kvg_prom_put_header(out, "kvgate_auth_failures_total", KVG_PROM_COUNTER,
-                        "Requests refused with 401 before any tenant was known, by reason "
-                        "(missing, malformed, unknown key).");
-    for (size_t i = 0; i < AUTH_REASON_COUNT; i++)
-        kvg_prom_put_u64(out, "kvgate_auth_failures_total",
-                         KVG_PROM_LABELS({"reason", kvg_tenancy_auth_reasons[i]}),
-                         atomic_load_explicit(&ts->auth_failures[i], memory_order_relaxed));
+    kvg_prom_put_by_label(out, "kvgate_auth_failures_total", KVG_PROM_COUNTER,
+                          "Requests refused with 401 before any tenant was known, by reason "
+                          "(missing, malformed, unknown key).",
+                          "reason", kvg_tenancy_auth_reasons, ts->auth_failures, AUTH_REASON_COUNT);
     kvg_tenant_set_unref(set);
 }
