@@ -75,9 +75,10 @@ void kvg_prom_put_by_label(kvg_buf *out, const char *name, kvg_prom_type type, c
 #define KVG_PROM_BUCKETS_MAX 15
 
 /* A histogram's layout, shared by all its series: inclusive upper bounds in nanoseconds,
- * ascending (+Inf is implicit), written as le="%g" of the bound in seconds; and the resolution
- * of _sum, a power of ten of nanoseconds (1: _sum has 9 decimals; 1000: 6). A coarser sum wraps
- * later: 2^64 microseconds of request time is 584,000 years, 2^64 ns only 584. */
+ * ascending (+Inf is implicit), written as le="%g" of the bound in seconds, so that the le values
+ * cannot drift from the bounds compared (a bound needs at most 6 significant digits); and the
+ * resolution of _sum, a power of ten of nanoseconds (1: _sum has 9 decimals; 1000: 6). A coarser
+ * sum wraps later: 2^64 microseconds of request time is 584,000 years, 2^64 ns only 584. */
 typedef struct kvg_prom_buckets {
     const uint64_t *bounds_ns;
     size_t count; /* <= KVG_PROM_BUCKETS_MAX */
