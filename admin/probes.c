@@ -4,6 +4,8 @@
 
 #include <string.h>
 
+#include "prom.h"
+
 void kvg_admin_healthz(admin_ctx *c)
 {
     kvg_admin_json(c->resp, 200);
@@ -68,10 +70,10 @@ void kvg_admin_metrics(admin_ctx *c)
     if (admin->policy) {
         kvg_policy_config pc;
         kvg_policy_state_get(admin->policy, &pc);
-        kvg_buf_printf(&resp->body,
-                       "# HELP kvgate_policy_info The routing policy in force (value 1).\n"
-                       "# TYPE kvgate_policy_info gauge\nkvgate_policy_info{policy=\"%s\"} 1\n",
-                       kvg_policy_kind_str(pc.kind));
+        kvg_prom_put_header(&resp->body, "kvgate_policy_info", KVG_PROM_GAUGE,
+                            "The routing policy in force (value 1).");
+        kvg_prom_put_u64(&resp->body, "kvgate_policy_info",
+                         KVG_PROM_LABELS({"policy", kvg_policy_kind_str(pc.kind)}), 1);
     }
     for (size_t i = 0; i < n; i++)
         writers[i].fn(&resp->body, writers[i].ud);

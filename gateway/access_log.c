@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "gateway_int.h"
+#include "prom.h"
 
 #define ACCESS_PATH_MAX 512
 
@@ -65,97 +66,79 @@ void kvg_thread_exchange_finished(void *thread, kvg_exchange *x)
     kvg_buf_done(&b);
 }
 
-static void counter(kvg_buf *out, const char *name, const char *help, uint64_t v)
-{
-    kvg_buf_printf(out, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name,
-                   (unsigned long long)v);
-}
-
-static void gauge(kvg_buf *out, const char *name, const char *help, int64_t v)
-{
-    kvg_buf_printf(out, "# HELP %s %s\n# TYPE %s gauge\n%s %lld\n", name, help, name, name,
-                   (long long)v);
-}
-
 void kvg_front_stats_write(kvg_buf *out, void *arg)
 {
     kvg_gateway *gw = arg;
     kvg_front_stats *s = &gw->stats;
-    kvg_buf_puts(out, "# HELP kvgate_connections_total Front connections accepted, by protocol.\n"
-                      "# TYPE kvgate_connections_total counter\n");
-    kvg_buf_printf(out, "kvgate_connections_total{protocol=\"http1\"} %llu\n",
-                   (unsigned long long)atomic_load(&s->connections_total[KVG_PROTO_HTTP1]));
-    kvg_buf_printf(out, "kvgate_connections_total{protocol=\"http2\"} %llu\n",
-                   (unsigned long long)atomic_load(&s->connections_total[KVG_PROTO_HTTP2]));
-    gauge(out, "kvgate_connections_open",
-          "Front connections open now (TLS handshakes and protocol detection included).",
-          atomic_load(&s->connections_open));
-    gauge(out, "kvgate_connections_limit",
-          "Front connections the gateway serves at once (limits.max_connections, or derived "
-          "from the descriptor limit); past it new ones are refused politely.",
-          gw->max_connections);
-    gauge(out, "kvgate_admin_connections_open", "Admin connections open now.",
-          atomic_load(&s->admin_connections_open));
-    kvg_buf_puts(out, "# HELP kvgate_connections_refused_total Connections refused at a "
-                      "connection limit (HTTP/1.1: 503, HTTP/2: GOAWAY, TLS: closed).\n"
-                      "# TYPE kvgate_connections_refused_total counter\n");
-    static const char *const listener_kinds[2] = {"front", "admin"};
-    for (unsigned i = 0; i < 2; i++)
-        kvg_buf_printf(out, "kvgate_connections_refused_total{listener=\"%s\"} %llu\n",
-                       listener_kinds[i],
-                       (unsigned long long)atomic_load(&s->connections_refused[i]));
-    counter(out, "kvgate_admin_connections_evicted_total",
-            "Idle admin connections closed to make room for a new one at admin.max_connections.",
-            atomic_load(&s->admin_connections_evicted));
-    kvg_buf_puts(out, "# HELP kvgate_accept_errors_total Failed accepts: descriptors (EMFILE, "
-                      "ENFILE) and memory (ENOBUFS, ENOMEM) pause the listener for 500 ms.\n"
-                      "# TYPE kvgate_accept_errors_total counter\n");
+    static const char *const protocols[KVG_PROTO_COUNT] = {
+        [KVG_PROTO_HTTP1] = "http1", [KVG_PROTO_HTTP2] = "http2"};
+    kvg_prom_put_by_label(out, "kvgate_connections_total", KVG_PROM_COUNTER,
+                          "Front connections accepted, by protocol.", "protocol", protocols,
+                          s->connections_total, KVG_PROTO_COUNT);
+    kvg_prom_put_scalar_i64(
+        out, "kvgate_connections_open", KVG_PROM_GAUGE,
+        "Front connections open now (TLS handshakes and protocol detection included).",
+        atomic_load(&s->connections_open));
+    kvg_prom_put_scalar_i64(out, "kvgate_connections_limit", KVG_PROM_GAUGE,
+                            "Front connections the gateway serves at once "
+                            "(limits.max_connections, or derived from the descriptor limit); "
+                            "past it new ones are refused politely.",
+                            gw->max_connections);
+    kvg_prom_put_scalar_i64(out, "kvgate_admin_connections_open", KVG_PROM_GAUGE,
+                            "Admin connections open now.", atomic_load(&s->admin_connections_open));
+    static const char *const listeners[2] = {"front", "admin"};
+    kvg_prom_put_by_label(out, "kvgate_connections_refused_total", KVG_PROM_COUNTER,
+                          "Connections refused at a connection limit (HTTP/1.1: 503, HTTP/2: "
+                          "GOAWAY, TLS: closed).",
+                          "listener", listeners, s->connections_refused, 2);
+    kvg_prom_put_scalar_u64(
+        out, "kvgate_admin_connections_evicted_total", KVG_PROM_COUNTER,
+        "Idle admin connections closed to make room for a new one at admin.max_connections.",
+        atomic_load(&s->admin_connections_evicted));
     static const char *const accept_kinds[KVG_ACCEPT_ERR_COUNT] = {"descriptors", "memory",
                                                                    "other"};
-    for (unsigned i = 0; i < KVG_ACCEPT_ERR_COUNT; i++)
-        kvg_buf_printf(out, "kvgate_accept_errors_total{reason=\"%s\"} %llu\n", accept_kinds[i],
-                       (unsigned long long)atomic_load(&s->accept_errors[i]));
-    kvg_buf_puts(out, "# HELP kvgate_http_requests_total Requests answered by the front, by status "
-                      "class (0xx: the client left before a status).\n"
-                      "# TYPE kvgate_http_requests_total counter\n");
-    for (unsigned c = 0; c < 6; c++)
-        kvg_buf_printf(out, "kvgate_http_requests_total{class=\"%uxx\"} %llu\n", c,
-                       (unsigned long long)atomic_load(&s->requests_by_class[c]));
-    counter(out, "kvgate_tls_handshake_failures_total", "TLS handshakes that failed.",
-            atomic_load(&s->tls_handshake_failures));
-    counter(out, "kvgate_protocol_errors_total",
-            "Connections or requests dropped for malformed HTTP/1.1 or HTTP/2.",
-            atomic_load(&s->protocol_errors));
-    counter(out, "kvgate_timeouts_total",
-            "Front read and send timeouts and upstream connect/response timeouts.",
-            atomic_load(&s->timeouts));
-    counter(out, "kvgate_send_timeouts_total",
-            "Responses aborted because no byte moved toward the client for "
-            "limits.send_timeout_ms (the worker's request is cancelled).",
-            atomic_load(&s->send_timeouts));
+    kvg_prom_put_by_label(out, "kvgate_accept_errors_total", KVG_PROM_COUNTER,
+                          "Failed accepts: descriptors (EMFILE, ENFILE) and memory (ENOBUFS, "
+                          "ENOMEM) pause the listener for 500 ms.",
+                          "reason", accept_kinds, s->accept_errors, KVG_ACCEPT_ERR_COUNT);
+    static const char *const classes[6] = {"0xx", "1xx", "2xx", "3xx", "4xx", "5xx"};
+    kvg_prom_put_by_label(out, "kvgate_http_requests_total", KVG_PROM_COUNTER,
+                          "Requests answered by the front, by status class (0xx: the client left "
+                          "before a status).",
+                          "class", classes, s->requests_by_class, 6);
+    kvg_prom_put_scalar_u64(out, "kvgate_tls_handshake_failures_total", KVG_PROM_COUNTER,
+                            "TLS handshakes that failed.", atomic_load(&s->tls_handshake_failures));
+    kvg_prom_put_scalar_u64(out, "kvgate_protocol_errors_total", KVG_PROM_COUNTER,
+                            "Connections or requests dropped for malformed HTTP/1.1 or HTTP/2.",
+                            atomic_load(&s->protocol_errors));
+    kvg_prom_put_scalar_u64(out, "kvgate_timeouts_total", KVG_PROM_COUNTER,
+                            "Front read and send timeouts and upstream connect/response timeouts.",
+                            atomic_load(&s->timeouts));
+    kvg_prom_put_scalar_u64(out, "kvgate_send_timeouts_total", KVG_PROM_COUNTER,
+                            "Responses aborted because no byte moved toward the client for "
+                            "limits.send_timeout_ms (the worker's request is cancelled).",
+                            atomic_load(&s->send_timeouts));
+    /* The two budgets are separate objects, not an array: their own loop. */
     const kvg_budget *budgets[2] = {&gw->body_budget, &gw->response_budget};
     static const char *const budget_kinds[2] = {"request_body", "response"};
-    kvg_buf_puts(out, "# HELP kvgate_buffer_bytes Bytes held for requests in flight: request "
-                      "bodies (received and rewritten) and responses queued toward clients.\n"
-                      "# TYPE kvgate_buffer_bytes gauge\n");
+    kvg_prom_put_header(out, "kvgate_buffer_bytes", KVG_PROM_GAUGE,
+                        "Bytes held for requests in flight: request bodies (received and "
+                        "rewritten) and responses queued toward clients.");
     for (unsigned i = 0; i < 2; i++)
-        kvg_buf_printf(out, "kvgate_buffer_bytes{kind=\"%s\"} %llu\n", budget_kinds[i],
-                       (unsigned long long)atomic_load(&budgets[i]->used));
-    kvg_buf_puts(out, "# HELP kvgate_buffer_budget_bytes The budget of kvgate_buffer_bytes "
-                      "(limits.body_budget_mib, limits.response_budget_mib).\n"
-                      "# TYPE kvgate_buffer_budget_bytes gauge\n");
+        kvg_prom_put_u64(out, "kvgate_buffer_bytes", KVG_PROM_LABELS({"kind", budget_kinds[i]}),
+                         atomic_load(&budgets[i]->used));
+    kvg_prom_put_header(out, "kvgate_buffer_budget_bytes", KVG_PROM_GAUGE,
+                        "The budget of kvgate_buffer_bytes (limits.body_budget_mib, "
+                        "limits.response_budget_mib).");
     for (unsigned i = 0; i < 2; i++)
-        kvg_buf_printf(out, "kvgate_buffer_budget_bytes{kind=\"%s\"} %llu\n", budget_kinds[i],
-                       (unsigned long long)budgets[i]->limit);
-    kvg_buf_puts(out, "# HELP kvgate_buffer_refusals_total Request bodies refused at the body "
-                      "budget: the gateway's whole budget (503) or a tenant's share of it "
-                      "(429).\n# TYPE kvgate_buffer_refusals_total counter\n");
+        kvg_prom_put_u64(out, "kvgate_buffer_budget_bytes",
+                         KVG_PROM_LABELS({"kind", budget_kinds[i]}), budgets[i]->limit);
     static const char *const scopes[2] = {"gateway", "tenant"};
-    for (unsigned i = 0; i < 2; i++)
-        kvg_buf_printf(out, "kvgate_buffer_refusals_total{scope=\"%s\"} %llu\n", scopes[i],
-                       (unsigned long long)atomic_load(&gw->body_budget.refused[i]));
-    kvg_buf_printf(out,
-                   "# HELP kvgate_shutting_down 1 while the gateway drains for exit.\n"
-                   "# TYPE kvgate_shutting_down gauge\nkvgate_shutting_down %d\n",
-                   atomic_load(&gw->shutting_down) ? 1 : 0);
+    kvg_prom_put_by_label(out, "kvgate_buffer_refusals_total", KVG_PROM_COUNTER,
+                          "Request bodies refused at the body budget: the gateway's whole budget "
+                          "(503) or a tenant's share of it (429).",
+                          "scope", scopes, gw->body_budget.refused, 2);
+    kvg_prom_put_scalar_u64(out, "kvgate_shutting_down", KVG_PROM_GAUGE,
+                            "1 while the gateway drains for exit.",
+                            atomic_load(&gw->shutting_down) ? 1 : 0);
 }

@@ -930,30 +930,25 @@ void kvg_index_write_metrics(kvg_prefix_index *idx, kvg_buf *out)
     /* Written under the read lock so the series agree with each other; this only holds back
      * recording for the time it takes to format a few lines per worker. */
     pthread_rwlock_rdlock(&idx->lock);
-    kvg_router_put_header(out, "kvgate_index_entries", "gauge",
-                          "(worker, block) entries the prefix index holds.");
-    kvg_buf_printf(out, "kvgate_index_entries %llu\n", (unsigned long long)idx->entries);
-    kvg_router_put_header(
-        out, "kvgate_index_capacity_entries", "gauge",
-        "Entries the prefix index may hold: the sum of the workers' KV capacities in "
-        "blocks, capped by the index's own limit.");
-    kvg_buf_printf(out, "kvgate_index_capacity_entries %llu\n",
-                   (unsigned long long)capacity_sum(idx));
-    kvg_router_put_header(
-        out, "kvgate_index_evictions_total", "counter",
-        "Entries the prefix index evicted as least recently used to stay within a "
-        "worker's capacity or its own limit.");
-    kvg_buf_printf(out, "kvgate_index_evictions_total %llu\n", (unsigned long long)idx->evictions);
-    kvg_router_put_header(out, "kvgate_index_inserts_total", "counter",
-                          "Entries added to the prefix index by recording what workers hold.");
-    kvg_buf_printf(out, "kvgate_index_inserts_total %llu\n", (unsigned long long)idx->inserts);
-    kvg_router_put_header(out, "kvgate_index_worker_entries", "gauge",
-                          "Blocks the prefix index believes the worker holds.");
+    kvg_prom_put_scalar_u64(out, "kvgate_index_entries", KVG_PROM_GAUGE,
+                            "(worker, block) entries the prefix index holds.", idx->entries);
+    kvg_prom_put_scalar_u64(out, "kvgate_index_capacity_entries", KVG_PROM_GAUGE,
+                            "Entries the prefix index may hold: the sum of the workers' KV "
+                            "capacities in blocks, capped by the index's own limit.",
+                            capacity_sum(idx));
+    kvg_prom_put_scalar_u64(out, "kvgate_index_evictions_total", KVG_PROM_COUNTER,
+                            "Entries the prefix index evicted as least recently used to stay "
+                            "within a worker's capacity or its own limit.",
+                            idx->evictions);
+    kvg_prom_put_scalar_u64(out, "kvgate_index_inserts_total", KVG_PROM_COUNTER,
+                            "Entries added to the prefix index by recording what workers hold.",
+                            idx->inserts);
+    kvg_prom_put_header(out, "kvgate_index_worker_entries", KVG_PROM_GAUGE,
+                        "Blocks the prefix index believes the worker holds.");
     for (uint32_t i = 0; i < idx->nworkers; i++) {
         const wslot *w = &idx->slots[idx->order[i]];
-        kvg_buf_puts(out, "kvgate_index_worker_entries{worker=\"");
-        kvg_router_put_label_value(out, w->name);
-        kvg_buf_printf(out, "\"} %llu\n", (unsigned long long)w->count);
+        kvg_prom_put_u64(out, "kvgate_index_worker_entries", KVG_PROM_LABELS({"worker", w->name}),
+                         w->count);
     }
     pthread_rwlock_unlock(&idx->lock);
 }

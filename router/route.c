@@ -10,21 +10,16 @@
 #include <string.h>
 
 /* Decision latency buckets (upper bounds, ns): a decision takes microseconds; the top buckets
- * catch a pathological body or a stalled lock. */
-#define ROUTE_BUCKETS 15
-static const uint64_t route_bounds_ns[ROUTE_BUCKETS] = {
+ * catch a pathological body or a stalled lock. The sum in nanoseconds: decisions are short. */
+static const uint64_t route_bounds_ns[] = {
     1000,   2500,    5000,    10000,   25000,    50000,    100000,    250000,
     500000, 1000000, 2500000, 5000000, 10000000, 25000000, 100000000,
 };
-static const char *const route_le[ROUTE_BUCKETS] = {
-    "1e-06",  "2.5e-06", "5e-06",  "1e-05", "2.5e-05", "5e-05", "0.0001", "0.00025",
-    "0.0005", "0.001",   "0.0025", "0.005", "0.01",    "0.025", "0.1",
+static const kvg_prom_buckets route_buckets = {
+    .bounds_ns = route_bounds_ns,
+    .count = KVG_ARRAY_LEN(route_bounds_ns),
+    .sum_unit_ns = 1,
 };
-
-typedef struct route_hist {
-    _Atomic uint64_t buckets[ROUTE_BUCKETS + 1];
-    _Atomic uint64_t sum_ns;
-} route_hist;
 
 struct kvg_router {
     kvg_prefix_index *index;
@@ -32,7 +27,7 @@ struct kvg_router {
      * snapshot brings the index up to date (under sync_lock, rarely). */
     pthread_mutex_t sync_lock;
     _Atomic uint64_t synced_generation;
-    route_hist stages[KVG_ROUTE_STAGE_COUNT];
+    kvg_prom_hist stages[KVG_ROUTE_STAGE_COUNT]; /* route_buckets */
     _Atomic uint64_t blocks_hashed;
     _Atomic uint64_t blocks_matched;
     _Atomic uint64_t decisions[KVG_POLICY_KIND_COUNT][KVG_POLICY_REASON_COUNT];
@@ -233,19 +228,10 @@ int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_reque
     return 0;
 }
 
-static void hist_observe(route_hist *h, uint64_t ns)
-{
-    size_t i = 0;
-    while (i < ROUTE_BUCKETS && ns > route_bounds_ns[i])
-        i++;
-    atomic_fetch_add_explicit(&h->buckets[i], 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&h->sum_ns, ns, memory_order_relaxed);
-}
-
 void kvg_router_count(kvg_router *rt, const kvg_route_decision *d)
 {
     for (int s = 0; s < KVG_ROUTE_STAGE_COUNT; s++)
-        hist_observe(&rt->stages[s], d->stage_ns[s]);
+        kvg_prom_hist_observe(&rt->stages[s], &route_buckets, d->stage_ns[s]);
     atomic_fetch_add_explicit(&rt->blocks_hashed, d->nkeys, memory_order_relaxed);
     if ((unsigned)d->policy < KVG_POLICY_KIND_COUNT &&
         (unsigned)d->reason < KVG_POLICY_REASON_COUNT)
@@ -279,53 +265,40 @@ void kvg_router_write_metrics(kvg_router *rt, kvg_buf *out)
     kvg_index_write_metrics(rt->index, out);
 
     const char *name = "kvgate_route_decision_seconds";
-    kvg_router_put_header(
-        out, name, "histogram",
+    kvg_prom_put_header(
+        out, name, KVG_PROM_HISTOGRAM,
         "Time to take a routing decision, by stage: parse (body scan and prefix stream), "
         "hash (block keys), lookup (prefix index), choose (policy), total (hash to "
         "choose).");
-    for (int s = 0; s < KVG_ROUTE_STAGE_COUNT; s++) {
-        route_hist *h = &rt->stages[s];
-        uint64_t cum = 0;
-        for (size_t b = 0; b <= ROUTE_BUCKETS; b++) {
-            cum += atomic_load_explicit(&h->buckets[b], memory_order_relaxed);
-            kvg_buf_printf(out, "%s_bucket{stage=\"%s\",le=\"%s\"} %llu\n", name, stage_names[s],
-                           b < ROUTE_BUCKETS ? route_le[b] : "+Inf", (unsigned long long)cum);
-        }
-        uint64_t sum = atomic_load_explicit(&h->sum_ns, memory_order_relaxed);
-        kvg_buf_printf(out, "%s_sum{stage=\"%s\"} %llu.%09llu\n", name, stage_names[s],
-                       (unsigned long long)(sum / 1000000000),
-                       (unsigned long long)(sum % 1000000000));
-        kvg_buf_printf(out, "%s_count{stage=\"%s\"} %llu\n", name, stage_names[s],
-                       (unsigned long long)cum);
-    }
+    for (int s = 0; s < KVG_ROUTE_STAGE_COUNT; s++)
+        kvg_prom_put_hist(out, name, KVG_PROM_LABELS({"stage", stage_names[s]}), &rt->stages[s],
+                          &route_buckets);
 
-    kvg_router_put_header(
-        out, "kvgate_route_blocks_total", "counter",
+    kvg_prom_put_header(
+        out, "kvgate_route_blocks_total", KVG_PROM_COUNTER,
         "Block keys of routed requests: hashed (looked up), and matched: the leading blocks "
         "the worker that answered 200 was predicted to hold.");
-    kvg_buf_printf(out, "kvgate_route_blocks_total{kind=\"hashed\"} %llu\n",
-                   (unsigned long long)atomic_load(&rt->blocks_hashed));
-    kvg_buf_printf(out, "kvgate_route_blocks_total{kind=\"matched\"} %llu\n",
-                   (unsigned long long)atomic_load(&rt->blocks_matched));
+    kvg_prom_put_u64(out, "kvgate_route_blocks_total", KVG_PROM_LABELS({"kind", "hashed"}),
+                     atomic_load(&rt->blocks_hashed));
+    kvg_prom_put_u64(out, "kvgate_route_blocks_total", KVG_PROM_LABELS({"kind", "matched"}),
+                     atomic_load(&rt->blocks_matched));
 
-    kvg_router_put_header(
-        out, "kvgate_route_decisions_total", "counter",
+    kvg_prom_put_header(
+        out, "kvgate_route_decisions_total", KVG_PROM_COUNTER,
         "Routing decisions by policy and by why the chosen worker won (hit: it holds a "
         "prefix; cold: no worker does, rendezvous placement; load: load alone).");
     for (int k = 0; k < KVG_POLICY_KIND_COUNT; k++)
         for (int r = 0; r < KVG_POLICY_REASON_COUNT; r++) {
             uint64_t v = atomic_load_explicit(&rt->decisions[k][r], memory_order_relaxed);
             if (v)
-                kvg_buf_printf(out,
-                               "kvgate_route_decisions_total{policy=\"%s\",reason=\"%s\"} %llu\n",
-                               kvg_policy_kind_str((kvg_policy_kind)k),
-                               kvg_policy_reason_str((kvg_policy_reason)r), (unsigned long long)v);
+                kvg_prom_put_u64(
+                    out, "kvgate_route_decisions_total",
+                    KVG_PROM_LABELS({"policy", kvg_policy_kind_str((kvg_policy_kind)k)},
+                                    {"reason", kvg_policy_reason_str((kvg_policy_reason)r)}),
+                    v);
         }
-    kvg_router_put_header(
-        out, "kvgate_route_record_failures_total", "counter",
-        "Answered requests whose blocks could not be recorded in the prefix index (the "
-        "worker had left it, or memory ran out).");
-    kvg_buf_printf(out, "kvgate_route_record_failures_total %llu\n",
-                   (unsigned long long)atomic_load(&rt->record_failures));
+    kvg_prom_put_scalar_u64(out, "kvgate_route_record_failures_total", KVG_PROM_COUNTER,
+                            "Answered requests whose blocks could not be recorded in the prefix "
+                            "index (the worker had left it, or memory ran out).",
+                            atomic_load(&rt->record_failures));
 }

@@ -9,14 +9,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "prom.h"
 #include "router.h"
 
 /* HTTP status codes counted per worker: 0 (no status) .. 599. */
 #define WORKER_CODES 600
-/* Upper bounds (inclusive) of the latency histograms, in nanoseconds; +Inf is implicit. */
-#define HIST_BUCKETS 15
-extern const uint64_t kvg_router_hist_bounds_ns[HIST_BUCKETS];
-extern const char *const kvg_router_hist_le[HIST_BUCKETS];
+/* The layout of the per-worker latency histograms (request duration, ttfb). */
+extern const kvg_prom_buckets kvg_router_latency_buckets;
 
 #define URL_MAX 1024
 #define HOST_MAX 256
@@ -40,13 +39,6 @@ typedef struct worker_spec {
     uint16_t port;
     bool no_cache_salt;
 } worker_spec;
-
-/* Counts of a latency histogram; buckets are per bucket (not cumulative) so recording touches
- * one of them, and the writer sums them up. */
-typedef struct worker_hist {
-    _Atomic uint64_t buckets[HIST_BUCKETS + 1]; /* last one: above every bound */
-    _Atomic uint64_t sum_us;
-} worker_hist;
 
 /* Health packed in one word so an observation is a single CAS: the top bit is set while
  * down, the low bits count the current streak (failures while up, successes while down). */
@@ -72,8 +64,8 @@ struct kvg_worker {
     _Atomic bool retired;
     _Atomic uint64_t retries;
     _Atomic uint64_t codes[WORKER_CODES];
-    worker_hist duration;
-    worker_hist ttfb;
+    kvg_prom_hist duration; /* kvg_router_latency_buckets */
+    kvg_prom_hist ttfb;
     /* Prefix predictions against the engine's usage reports (kvg_worker_record_usage). */
     _Atomic uint64_t usage_predicted; /* tokens the index predicted cached */
     _Atomic uint64_t usage_cached;    /* tokens the engine reported cached */
@@ -119,10 +111,5 @@ void kvg_router_worker_set_retired(kvg_worker *w);
  *  On failure the caller keeps its references. */
 int kvg_router_set_new(kvg_worker **workers, size_t n, uint64_t generation, kvg_worker_set **out);
 kvg_worker_set *kvg_router_set_ref(kvg_worker_set *set);
-
-/* Append a Prometheus label value, escaping backslash, double quote and line feed. */
-void kvg_router_put_label_value(kvg_buf *out, const char *v);
-/** "# HELP name help" and "# TYPE name type" lines (help: a constant, no escaping needed). */
-void kvg_router_put_header(kvg_buf *out, const char *name, const char *type, const char *help);
 
 #endif

@@ -14,15 +14,18 @@
 #include <string.h>
 
 /* Latency buckets for LLM traffic: short requests and cache hits at the low end, long
- * generations (minutes) at the top. */
-const uint64_t kvg_router_hist_bounds_ns[HIST_BUCKETS] = {
+ * generations (minutes) at the top. The sum in microseconds: a nanosecond sum would wrap within
+ * months on a busy worker. Defined here, where they are observed, so that observing folds them
+ * into constants. */
+static const uint64_t latency_bounds_ns[] = {
     5000000ull,     10000000ull,    25000000ull,    50000000ull,    100000000ull,
     250000000ull,   500000000ull,   1000000000ull,  2500000000ull,  5000000000ull,
     10000000000ull, 20000000000ull, 30000000000ull, 60000000000ull, 120000000000ull,
 };
-const char *const kvg_router_hist_le[HIST_BUCKETS] = {
-    "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1",
-    "2.5",   "5",    "10",    "20",   "30",  "60",   "120",
+const kvg_prom_buckets kvg_router_latency_buckets = {
+    .bounds_ns = latency_bounds_ns,
+    .count = KVG_ARRAY_LEN(latency_bounds_ns),
+    .sum_unit_ns = 1000,
 };
 
 static _Atomic uint64_t next_worker_id = 1;
@@ -385,12 +388,8 @@ int kvg_router_worker_new(worker_spec *spec, kvg_worker_source source, unsigned 
     atomic_init(&w->retries, 0u);
     for (size_t i = 0; i < WORKER_CODES; i++)
         atomic_init(&w->codes[i], 0u);
-    for (size_t i = 0; i <= HIST_BUCKETS; i++) {
-        atomic_init(&w->duration.buckets[i], 0u);
-        atomic_init(&w->ttfb.buckets[i], 0u);
-    }
-    atomic_init(&w->duration.sum_us, 0u);
-    atomic_init(&w->ttfb.sum_us, 0u);
+    kvg_prom_hist_init(&w->duration);
+    kvg_prom_hist_init(&w->ttfb);
     *out = w;
     return 0;
 }
@@ -561,24 +560,14 @@ void kvg_worker_inflight_release(kvg_worker *w)
                                                     memory_order_relaxed, memory_order_relaxed));
 }
 
-static void hist_observe(worker_hist *h, uint64_t ns)
-{
-    size_t i = 0;
-    while (i < HIST_BUCKETS && ns > kvg_router_hist_bounds_ns[i])
-        i++;
-    atomic_fetch_add_explicit(&h->buckets[i], 1, memory_order_relaxed);
-    /* Microseconds: a nanosecond sum would wrap within months on a busy worker. */
-    atomic_fetch_add_explicit(&h->sum_us, (ns + 500) / 1000, memory_order_relaxed);
-}
-
 void kvg_worker_record(kvg_worker *w, int status, uint64_t duration_ns, uint64_t ttfb_ns)
 {
     /* The status comes from an upstream peer; one outside the table is not counted by code. */
     if (status >= 0 && status < WORKER_CODES)
         atomic_fetch_add_explicit(&w->codes[status], 1, memory_order_relaxed);
-    hist_observe(&w->duration, duration_ns);
+    kvg_prom_hist_observe(&w->duration, &kvg_router_latency_buckets, duration_ns);
     if (ttfb_ns)
-        hist_observe(&w->ttfb, ttfb_ns);
+        kvg_prom_hist_observe(&w->ttfb, &kvg_router_latency_buckets, ttfb_ns);
 }
 
 static const char *const outcome_names[KVG_USAGE_OUTCOME_COUNT] = {

@@ -4,6 +4,8 @@
 
 #include <string.h>
 
+#include "prom.h"
+
 /*
  * Series (one per tenant of the current snapshot; a removed tenant's series disappear):
  *   kvgate_tenants                                 gauge    tenants defined
@@ -39,36 +41,6 @@ typedef struct tenant_counts {
     uint64_t buffered;
     uint64_t usage[3]; /* prompt, cached, predicted tokens */
 } tenant_counts;
-
-/* Label values escape backslash, double quote and line feed; nothing else. */
-static void put_label_value(kvg_buf *out, const char *v)
-{
-    const char *run = v;
-    for (const char *p = v; *p; p++) {
-        const char *esc = *p == '\\' ? "\\\\" : *p == '"' ? "\\\"" : *p == '\n' ? "\\n" : NULL;
-        if (!esc)
-            continue;
-        kvg_buf_append(out, run, (size_t)(p - run));
-        kvg_buf_puts(out, esc);
-        run = p + 1;
-    }
-    kvg_buf_puts(out, run);
-}
-
-static void put_header(kvg_buf *out, const char *name, const char *type, const char *help)
-{
-    /* help strings are constants without backslashes or line feeds, so need no escaping */
-    kvg_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-}
-
-/* name{tenant="..." */
-static void put_series(kvg_buf *out, const char *name, const char *tenant)
-{
-    kvg_buf_puts(out, name);
-    kvg_buf_puts(out, "{tenant=\"");
-    put_label_value(out, tenant);
-    kvg_buf_putc(out, '"');
-}
 
 static void read_counts(const tenant_runtime *rt, tenant_counts *c)
 {
@@ -117,29 +89,30 @@ static void put_counts(kvg_buf *out, family f, const char *tenant, const tenant_
         for (size_t i = 0; i < TENANT_CODE_SLOTS; i++) {
             if (!c->codes[i])
                 continue;
-            put_series(out, "kvgate_tenant_requests_total", tenant);
-            kvg_buf_printf(out, ",code=\"%s\"} %llu\n", kvg_tenancy_code_label(i),
-                           (unsigned long long)c->codes[i]);
+            kvg_prom_put_u64(
+                out, "kvgate_tenant_requests_total",
+                KVG_PROM_LABELS({"tenant", tenant}, {"code", kvg_tenancy_code_label(i)}),
+                c->codes[i]);
         }
         break;
     case FAM_REFUSALS:
-        for (size_t i = KVG_ADMIT_OK + 1; i < KVG_ADMIT_RESULT_COUNT; i++) {
-            put_series(out, "kvgate_tenant_rate_limited_total", tenant);
-            kvg_buf_printf(out, ",reason=\"%s\"} %llu\n", kvg_admit_result_str((kvg_admit_result)i),
-                           (unsigned long long)c->refusals[i]);
-        }
+        for (size_t i = KVG_ADMIT_OK + 1; i < KVG_ADMIT_RESULT_COUNT; i++)
+            kvg_prom_put_u64(out, "kvgate_tenant_rate_limited_total",
+                             KVG_PROM_LABELS({"tenant", tenant},
+                                             {"reason", kvg_admit_result_str((kvg_admit_result)i)}),
+                             c->refusals[i]);
         break;
     case FAM_PROMPT_BYTES:
-        put_series(out, "kvgate_tenant_prompt_bytes_total", tenant);
-        kvg_buf_printf(out, "} %llu\n", (unsigned long long)c->prompt_bytes);
+        kvg_prom_put_u64(out, "kvgate_tenant_prompt_bytes_total",
+                         KVG_PROM_LABELS({"tenant", tenant}), c->prompt_bytes);
         break;
     case FAM_INFLIGHT:
-        put_series(out, "kvgate_tenant_inflight", tenant);
-        kvg_buf_printf(out, "} %llu\n", (unsigned long long)c->inflight);
+        kvg_prom_put_u64(out, "kvgate_tenant_inflight", KVG_PROM_LABELS({"tenant", tenant}),
+                         c->inflight);
         break;
     case FAM_BUFFERED:
-        put_series(out, "kvgate_tenant_buffered_bytes", tenant);
-        kvg_buf_printf(out, "} %llu\n", (unsigned long long)c->buffered);
+        kvg_prom_put_u64(out, "kvgate_tenant_buffered_bytes", KVG_PROM_LABELS({"tenant", tenant}),
+                         c->buffered);
         break;
     case FAM_PROMPT_TOKENS:
     case FAM_CACHED_TOKENS:
@@ -148,8 +121,7 @@ static void put_counts(kvg_buf *out, family f, const char *tenant, const tenant_
                                             "kvgate_tenant_cached_tokens_total",
                                             "kvgate_tenant_predicted_tokens_total"};
         size_t k = (size_t)(f - FAM_PROMPT_TOKENS);
-        put_series(out, names[k], tenant);
-        kvg_buf_printf(out, "} %llu\n", (unsigned long long)c->usage[k]);
+        kvg_prom_put_u64(out, names[k], KVG_PROM_LABELS({"tenant", tenant}), c->usage[k]);
         break;
     }
     case FAM_COUNT:
@@ -165,35 +137,36 @@ static bool labelled(const kvg_tenant *t, size_t label_cap)
 void kvg_tenants_write_metrics(kvg_tenants *ts, size_t label_cap, kvg_buf *out)
 {
     static const struct {
-        const char *name, *type, *help;
+        const char *name;
+        kvg_prom_type type;
+        const char *help;
     } fams[FAM_COUNT] = {
-        [FAM_REQUESTS] = {"kvgate_tenant_requests_total", "counter",
+        [FAM_REQUESTS] = {"kvgate_tenant_requests_total", KVG_PROM_COUNTER,
                           "Requests of the tenant finished, by HTTP status sent to the client "
                           "(499: the client went away; other statuses by class)."},
-        [FAM_REFUSALS] = {"kvgate_tenant_rate_limited_total", "counter",
+        [FAM_REFUSALS] = {"kvgate_tenant_rate_limited_total", KVG_PROM_COUNTER,
                           "Requests of the tenant refused with 429 by its limits, by reason "
                           "(rate, bytes, inflight, buffer: its share of the body budget)."},
-        [FAM_PROMPT_BYTES] = {"kvgate_tenant_prompt_bytes_total", "counter",
+        [FAM_PROMPT_BYTES] = {"kvgate_tenant_prompt_bytes_total", KVG_PROM_COUNTER,
                               "Prompt bytes of the tenant's finished requests."},
-        [FAM_INFLIGHT] = {"kvgate_tenant_inflight", "gauge",
+        [FAM_INFLIGHT] = {"kvgate_tenant_inflight", KVG_PROM_GAUGE,
                           "Requests of the tenant admitted and not yet finished."},
-        [FAM_BUFFERED] = {"kvgate_tenant_buffered_bytes", "gauge",
+        [FAM_BUFFERED] = {"kvgate_tenant_buffered_bytes", KVG_PROM_GAUGE,
                           "Request-body bytes the gateway holds for the tenant now (received "
                           "and rewritten), against its share of limits.body_budget_mib."},
-        [FAM_PROMPT_TOKENS] = {"kvgate_tenant_prompt_tokens_total", "counter",
+        [FAM_PROMPT_TOKENS] = {"kvgate_tenant_prompt_tokens_total", KVG_PROM_COUNTER,
                                "Prompt tokens of the tenant's answered requests, as the "
                                "engines reported them (usage.prompt_tokens)."},
-        [FAM_CACHED_TOKENS] = {"kvgate_tenant_cached_tokens_total", "counter",
+        [FAM_CACHED_TOKENS] = {"kvgate_tenant_cached_tokens_total", KVG_PROM_COUNTER,
                                "Of those, tokens the engines reported served from their prefix "
                                "cache (usage.prompt_tokens_details.cached_tokens)."},
-        [FAM_PREDICTED_TOKENS] = {"kvgate_tenant_predicted_tokens_total", "counter",
+        [FAM_PREDICTED_TOKENS] = {"kvgate_tenant_predicted_tokens_total", KVG_PROM_COUNTER,
                                   "Of those, tokens the router predicted cached on the worker "
                                   "it chose."},
     };
     kvg_tenant_set *set = kvg_tenants_acquire(ts);
 
-    put_header(out, "kvgate_tenants", "gauge", "Tenants defined.");
-    kvg_buf_printf(out, "kvgate_tenants %zu\n", set->count);
+    kvg_prom_put_scalar_u64(out, "kvgate_tenants", KVG_PROM_GAUGE, "Tenants defined.", set->count);
 
     /* The capped tenants' sum, read once so every family shows the same moment's sum. */
     tenant_counts other = {0}, c;
@@ -207,7 +180,7 @@ void kvg_tenants_write_metrics(kvg_tenants *ts, size_t label_cap, kvg_buf *out)
         any_other = true;
     }
     for (int f = 0; f < FAM_COUNT; f++) {
-        put_header(out, fams[f].name, fams[f].type, fams[f].help);
+        kvg_prom_put_header(out, fams[f].name, fams[f].type, fams[f].help);
         for (size_t i = 0; i < set->count; i++) {
             const kvg_tenant *t = set->tenants[i];
             if (!labelled(t, label_cap))
@@ -219,12 +192,9 @@ void kvg_tenants_write_metrics(kvg_tenants *ts, size_t label_cap, kvg_buf *out)
             put_counts(out, (family)f, "other", &other);
     }
 
-    put_header(out, "kvgate_auth_failures_total", "counter",
-               "Requests refused with 401 before any tenant was known, by reason (missing, "
-               "malformed, unknown key).");
-    for (size_t i = 0; i < AUTH_REASON_COUNT; i++)
-        kvg_buf_printf(
-            out, "kvgate_auth_failures_total{reason=\"%s\"} %llu\n", kvg_tenancy_auth_reasons[i],
-            (unsigned long long)atomic_load_explicit(&ts->auth_failures[i], memory_order_relaxed));
+    kvg_prom_put_by_label(out, "kvgate_auth_failures_total", KVG_PROM_COUNTER,
+                          "Requests refused with 401 before any tenant was known, by reason "
+                          "(missing, malformed, unknown key).",
+                          "reason", kvg_tenancy_auth_reasons, ts->auth_failures, AUTH_REASON_COUNT);
     kvg_tenant_set_unref(set);
 }
