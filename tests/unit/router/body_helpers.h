@@ -40,8 +40,8 @@ typedef struct bad_case {
     const char *msg; /* expected message prefix */
 } bad_case;
 
-/* The tests of test_body_lex.c and test_body_canon.c: test_body.c's main runs them with its own
- * in one group. */
+/* The tests of test_body_lex.c and test_body_canon.c, which test_body.c's main runs with its own
+ * (test_parts.h). */
 extern const struct CMUnitTest body_lex_tests[];
 extern const size_t body_lex_tests_count;
 extern const struct CMUnitTest body_canon_tests[];

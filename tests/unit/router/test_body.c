@@ -10,12 +10,12 @@
 
 #include <errno.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "body_helpers.h"
 #include "fail_alloc.h"
 #include "router.h"
+#include "test_parts.h"
 
 /* ---- placements ------------------------------------------------------------------------------ */
 
@@ -311,17 +311,10 @@ int main(void)
         cmocka_unit_test(test_alloc_failures),
         cmocka_unit_test(test_scan_api),
     };
-    /* One group for the three files, as TAP wants one plan per executable. The group runner
-     * behind cmocka_run_group_tests, which wants an array of a size known here. */
-    size_t n = KVG_ARRAY_LEN(tests) + body_lex_tests_count + body_canon_tests_count;
-    struct CMUnitTest *all = malloc(n * sizeof(*all));
-    if (!all)
-        return 1;
-    memcpy(all, tests, sizeof(tests));
-    memcpy(all + KVG_ARRAY_LEN(tests), body_lex_tests, body_lex_tests_count * sizeof(*all));
-    memcpy(all + KVG_ARRAY_LEN(tests) + body_lex_tests_count, body_canon_tests,
-           body_canon_tests_count * sizeof(*all));
-    int rc = _cmocka_run_group_tests("tests", all, n, NULL, NULL);
-    free(all);
-    return rc;
+    const test_part parts[] = {
+        {tests, KVG_ARRAY_LEN(tests)},
+        {body_lex_tests, body_lex_tests_count},
+        {body_canon_tests, body_canon_tests_count},
+    };
+    return run_test_parts(parts, KVG_ARRAY_LEN(parts));
 }
