@@ -15,7 +15,8 @@
 /*
  * How the pieces fit (the worker registry's snapshot design, one level deeper):
  *
- *   kvg_tenants --current--> kvg_tenant_set (immutable; sorted tenants + key digest index)
+ *   kvg_tenants --slot--> kvg_tenant_set (immutable; sorted tenants + key digest index;
+ *                                 |         published through common/snapshot.h)
  *                                 | one reference each
  *                                 v
  *                            kvg_tenant (immutable: spec + keys; refcounted)
