@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for common/snapshot.c: references, publishing, the per-thread cache, and readers
- * acquiring while a writer publishes (the unit suite runs it under TSan for the ordering). */
+ * acquiring while a writer publishes (build with -Db_sanitize=thread to check the ordering). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
