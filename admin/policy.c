@@ -33,7 +33,10 @@ void kvg_admin_policy_put(admin_ctx *c)
         kvg_admin_fail(c, 400, "%s", msg);
         goto out;
     }
-    kvg_policy_state_set(c->admin->policy, &cfg);
+    if (kvg_policy_state_set(c->admin->policy, &cfg) < 0) {
+        kvg_admin_fail(c, 500, "out of memory publishing the settings");
+        goto out;
+    }
     if (!kvg_admin_commit(c))
         goto out;
     kvg_admin_detail(c, "policy=%s", kvg_policy_kind_str(cfg.kind));

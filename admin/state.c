@@ -133,8 +133,13 @@ static int apply(kvg_admin *admin, const sections *s, char *msg, size_t msg_len)
             return rc;
         }
     }
-    if (s->policy && admin->policy)
-        kvg_policy_state_set(admin->policy, &cfg);
+    if (s->policy && admin->policy) {
+        rc = kvg_policy_state_set(admin->policy, &cfg);
+        if (rc < 0) {
+            snprintf(msg, msg_len, "policy: %s", kvg_strerror(rc));
+            return rc;
+        }
+    }
     return 0;
 }
 

@@ -38,11 +38,11 @@ struct kvg_thread {
     uint64_t accept_failures;       /* in the current episode of failures (for the log) */
     kvg_link pools;                 /* upstream pools of this thread */
     kvg_exchange_env exchange_env;  /* what this thread's exchanges charge and call */
-    kvg_worker_set *workers;        /* snapshot this thread routes with */
-    kvg_tenant_set *tenants;        /* snapshot this thread authenticates with */
-    kvg_policy_config policy;       /* copy of the operator's settings */
-    uint64_t policy_gen;
-    bool policy_loaded;
+    /* The snapshots this thread routes (kvg_worker_set), authenticates (kvg_tenant_set) and
+     * decides (kvg_policy_settings) with, re-acquired when their generation moves. */
+    kvg_snapshot_cache workers;
+    kvg_snapshot_cache tenants;
+    kvg_snapshot_cache policy;
     uint64_t rng;         /* xorshift state for request ids */
     kvg_buf scratch;      /* reused to compose heads without an allocation per request */
     kvg_salt_cache salts; /* the scopes' cache salts this thread has computed */
@@ -67,11 +67,14 @@ void kvg_thread_force_close(kvg_thread *t);
 
 /** A fresh request id (hex) from the thread's generator. */
 void kvg_thread_request_id(kvg_thread *t, char *buf, size_t len);
-/** The thread's current worker snapshot, refreshed when the registry changed. Borrowed. */
+/* The thread's snapshots, refreshed when their generation moved (a relaxed load and a compare
+ * when it did not). Each is borrowed until the thread's next call of the same function, which
+ * may drop it: take a reference (or copy) to keep something longer. */
+/** The current worker snapshot; a change also drops the pools of retired workers. */
 kvg_worker_set *kvg_thread_workers(kvg_thread *t);
-/** The thread's current tenant snapshot, refreshed when tenants or keys changed. Borrowed. */
+/** The current tenant snapshot. */
 kvg_tenant_set *kvg_thread_tenants(kvg_thread *t);
-/** The policy settings as of the last change the thread saw. Borrowed. */
+/** The current policy settings. */
 const kvg_policy_config *kvg_thread_policy(kvg_thread *t);
 
 #endif

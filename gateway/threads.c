@@ -46,6 +46,12 @@ int kvg_thread_init(kvg_thread *t, kvg_gateway *gw, unsigned index, bool is_cont
     t->notify_fd = -1;
     kvg_list_init(&t->conns);
     kvg_list_init(&t->pools);
+    /* Bound to what the gateway has created so far (tests build threads with a registry only);
+     * a refresher is only called when its store exists. */
+    kvg_snapshot_cache_init(&t->workers,
+                            gw->registry ? kvg_registry_snapshots(gw->registry) : NULL);
+    kvg_snapshot_cache_init(&t->tenants, gw->tenants ? kvg_tenants_snapshots(gw->tenants) : NULL);
+    kvg_snapshot_cache_init(&t->policy, gw->policy ? kvg_policy_state_snapshots(gw->policy) : NULL);
     struct event_config *ec = event_config_new();
     if (!ec)
         return -ENOMEM;
@@ -102,12 +108,9 @@ void kvg_thread_done(kvg_thread *t)
         if (t->listeners[i])
             evconnlistener_free(t->listeners[i]);
     t->nlisteners = 0;
-    if (t->workers)
-        kvg_worker_set_unref(t->workers);
-    t->workers = NULL;
-    if (t->tenants)
-        kvg_tenant_set_unref(t->tenants);
-    t->tenants = NULL;
+    kvg_snapshot_cache_done(&t->workers);
+    kvg_snapshot_cache_done(&t->tenants);
+    kvg_snapshot_cache_done(&t->policy);
     kvg_buf_done(&t->scratch);
     kvg_salt_cache_done(&t->salts);
     if (t->notify_ev)
@@ -328,42 +331,25 @@ static void notify_cb(evutil_socket_t fd, short what, void *arg)
 
 /* ---- per-thread helpers -------------------------------------------------------------------- */
 
+/* Each costs a relaxed load and a compare per request while nothing changes. */
+
 kvg_worker_set *kvg_thread_workers(kvg_thread *t)
 {
-    kvg_registry *reg = t->gw->registry;
-    uint64_t gen = kvg_registry_generation(reg);
-    if (!t->workers || kvg_worker_set_generation(t->workers) != gen) {
-        kvg_worker_set *old = t->workers;
-        t->workers = kvg_registry_acquire(reg);
-        if (old)
-            kvg_worker_set_unref(old);
+    if (kvg_snapshot_cache_refresh(&t->workers))
         kvg_upstream_thread_refresh(t);
-    }
-    return t->workers;
+    return kvg_worker_set_of(kvg_snapshot_cache_get(&t->workers));
 }
 
 kvg_tenant_set *kvg_thread_tenants(kvg_thread *t)
 {
-    kvg_tenants *ts = t->gw->tenants;
-    uint64_t gen = kvg_tenants_generation(ts);
-    if (!t->tenants || kvg_tenant_set_generation(t->tenants) != gen) {
-        kvg_tenant_set *old = t->tenants;
-        t->tenants = kvg_tenants_acquire(ts);
-        if (old)
-            kvg_tenant_set_unref(old);
-    }
-    return t->tenants;
+    kvg_snapshot_cache_refresh(&t->tenants);
+    return kvg_tenant_set_of(kvg_snapshot_cache_get(&t->tenants));
 }
 
 const kvg_policy_config *kvg_thread_policy(kvg_thread *t)
 {
-    uint64_t gen = kvg_policy_state_generation(t->gw->policy);
-    if (!t->policy_loaded || gen != t->policy_gen) {
-        kvg_policy_state_get(t->gw->policy, &t->policy);
-        t->policy_gen = gen;
-        t->policy_loaded = true;
-    }
-    return &t->policy;
+    kvg_snapshot_cache_refresh(&t->policy);
+    return kvg_policy_config_of(kvg_snapshot_cache_get(&t->policy));
 }
 
 void kvg_thread_request_id(kvg_thread *t, char *buf, size_t len)

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "common.h"
+#include "snapshot.h"
 
 typedef enum kvg_policy_kind {
     KVG_POLICY_LEAST_LOADED = 0, /* fewest requests in flight, ties by round robin */
@@ -69,16 +70,38 @@ int kvg_policy_config_apply_json(kvg_policy_config *cfg, const kvg_json *obj, ch
 /** Serialise cfg as a JSON object (every field). */
 void kvg_policy_config_to_json(const kvg_policy_config *cfg, kvg_buf *out);
 
-/* The current settings, shared by the admin API (writer) and every gateway thread (readers). */
+/* The current settings, shared by the admin API (writer) and every gateway thread (readers):
+ * each set publishes an immutable, refcounted kvg_policy_settings (common/snapshot.h). */
 typedef struct kvg_policy_state kvg_policy_state;
+/** The settings as published: never changed once published; freed with the last reference. */
+typedef struct kvg_policy_settings {
+    kvg_snapshot snap; /* refcount and generation */
+    kvg_policy_config cfg;
+} kvg_policy_settings;
+_Static_assert(offsetof(kvg_policy_settings, snap) == 0,
+               "settings are their snapshot header (kvg_policy_config_of)");
+
+/** A state holding the defaults (kvg_policy_config_init) as generation 1. 0 or -ENOMEM. */
 int kvg_policy_state_new(kvg_policy_state **out);
+/** Free the state; settings objects threads still hold stay valid. NULL is a no-op. */
 void kvg_policy_state_free(kvg_policy_state *st);
-/** Copy the current settings out. Thread-safe. */
+/** Copy the current settings out. Thread-safe; takes a mutex for a pointer load and a
+ *  refcount increment, so hot paths read through a kvg_snapshot_cache instead. */
 void kvg_policy_state_get(kvg_policy_state *st, kvg_policy_config *out);
-/** Replace the settings. Thread-safe. */
-void kvg_policy_state_set(kvg_policy_state *st, const kvg_policy_config *cfg);
-/** Incremented by every set: readers cache a copy and refresh when it moves. */
+/** Publish a copy of cfg as the settings, one generation up. Thread-safe (concurrent sets:
+ *  the last one wins). 0, or -ENOMEM with the settings unchanged. */
+int kvg_policy_state_set(kvg_policy_state *st, const kvg_policy_config *cfg);
+/** Incremented by every set; a relaxed atomic load. A thread that reads it and then acquires
+ *  (or gets) finds at least those settings. */
 uint64_t kvg_policy_state_generation(const kvg_policy_state *st);
+/** The slot the settings are published in, for a thread's kvg_snapshot_cache; its objects are
+ *  kvg_policy_settings (kvg_policy_config_of). Lives as long as the state. */
+kvg_snapshot_slot *kvg_policy_state_snapshots(kvg_policy_state *st);
+/** The settings of a snapshot of kvg_policy_state_snapshots' slot, borrowed from it. */
+static inline const kvg_policy_config *kvg_policy_config_of(const kvg_snapshot *snap)
+{
+    return &((const kvg_policy_settings *)(const void *)snap)->cfg;
+}
 
 /* ---- prefix-aware choice ------------------------------------------------------------------- */
 

@@ -4,18 +4,14 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 struct kvg_policy_state {
-    pthread_mutex_t lock; /* guards cfg; held for a struct copy only */
-    kvg_policy_config cfg;
-    _Atomic uint64_t generation;
+    kvg_snapshot_slot snapshots; /* of kvg_policy_settings */
 };
 
 static int bad(char *msg, size_t msg_len, const char *fmt, ...) KVG_PRINTF(3, 4);
@@ -211,18 +207,42 @@ void kvg_policy_config_to_json(const kvg_policy_config *cfg, kvg_buf *out)
     kvg_buf_putc(out, '}');
 }
 
+/* ---- the shared settings ---------------------------------------------------------------- */
+
+static void settings_free(kvg_snapshot *snap)
+{
+    free(KVG_CONTAINER_OF(snap, kvg_policy_settings, snap));
+}
+
+/* An unpublished settings object with one reference. */
+static kvg_policy_settings *settings_new(const kvg_policy_config *cfg)
+{
+    kvg_policy_settings *s = malloc(sizeof(*s));
+    if (!s)
+        return NULL;
+    kvg_snapshot_init(&s->snap, settings_free);
+    s->cfg = *cfg;
+    return s;
+}
+
 int kvg_policy_state_new(kvg_policy_state **out)
 {
-    kvg_policy_state *st = calloc(1, sizeof(*st));
+    kvg_policy_config cfg;
+    kvg_policy_config_init(&cfg);
+    kvg_policy_state *st = malloc(sizeof(*st));
     if (!st)
         return -ENOMEM;
-    int rc = -pthread_mutex_init(&st->lock, NULL);
+    kvg_policy_settings *first = settings_new(&cfg);
+    if (!first) {
+        free(st);
+        return -ENOMEM;
+    }
+    int rc = kvg_snapshot_slot_init(&st->snapshots, &first->snap);
     if (rc < 0) {
+        kvg_snapshot_unref(&first->snap);
         free(st);
         return rc;
     }
-    kvg_policy_config_init(&st->cfg);
-    atomic_init(&st->generation, 1);
     *out = st;
     return 0;
 }
@@ -231,28 +251,32 @@ void kvg_policy_state_free(kvg_policy_state *st)
 {
     if (!st)
         return;
-    pthread_mutex_destroy(&st->lock);
+    kvg_snapshot_slot_done(&st->snapshots);
     free(st);
 }
 
 void kvg_policy_state_get(kvg_policy_state *st, kvg_policy_config *out)
 {
-    pthread_mutex_lock(&st->lock);
-    *out = st->cfg;
-    pthread_mutex_unlock(&st->lock);
+    kvg_snapshot *snap = kvg_snapshot_slot_acquire(&st->snapshots);
+    *out = *kvg_policy_config_of(snap);
+    kvg_snapshot_unref(snap);
 }
 
-void kvg_policy_state_set(kvg_policy_state *st, const kvg_policy_config *cfg)
+int kvg_policy_state_set(kvg_policy_state *st, const kvg_policy_config *cfg)
 {
-    /* The number moves inside the critical section (as the registry's does): a reader that
-     * sees the new number and then copies gets at least these settings. */
-    pthread_mutex_lock(&st->lock);
-    st->cfg = *cfg;
-    atomic_fetch_add_explicit(&st->generation, 1, memory_order_relaxed);
-    pthread_mutex_unlock(&st->lock);
+    kvg_policy_settings *next = settings_new(cfg);
+    if (!next)
+        return -ENOMEM;
+    kvg_snapshot_unref(kvg_snapshot_slot_publish(&st->snapshots, &next->snap));
+    return 0;
 }
 
 uint64_t kvg_policy_state_generation(const kvg_policy_state *st)
 {
-    return atomic_load_explicit(&((kvg_policy_state *)st)->generation, memory_order_relaxed);
+    return kvg_snapshot_slot_generation(&st->snapshots);
+}
+
+kvg_snapshot_slot *kvg_policy_state_snapshots(kvg_policy_state *st)
+{
+    return &st->snapshots;
 }

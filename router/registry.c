@@ -23,16 +23,18 @@ struct kvg_registry {
     unsigned nthreads;
     uint32_t default_max_inflight;
     unsigned fall, rise;
-    /* Serialises mutations; guards the layers. Held while building a snapshot, never by
-     * readers. */
+    /* Serialises mutations (and so the publishes); guards the layers. Held while building a
+     * snapshot, never by readers. */
     pthread_mutex_t write_lock;
-    /* Guards the current pointer only: readers hold it for a pointer load and a refcount
-     * increment. */
-    pthread_mutex_t pub_lock;
-    kvg_worker_set *current;
-    _Atomic uint64_t generation;
+    kvg_snapshot_slot snapshots; /* of kvg_worker_set */
     layer layers[KVG_WORKER_SOURCE_COUNT];
 };
+
+/* The published snapshot, for the writer: write_lock held. */
+static kvg_worker_set *current(const kvg_registry *reg)
+{
+    return kvg_worker_set_of(kvg_snapshot_slot_current(&reg->snapshots));
+}
 
 /* ---- snapshots ------------------------------------------------------------------------------ */
 
@@ -41,7 +43,15 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-int kvg_router_set_new(kvg_worker **workers, size_t n, uint64_t generation, kvg_worker_set **out)
+static void set_free(kvg_snapshot *snap)
+{
+    kvg_worker_set *set = kvg_worker_set_of(snap);
+    for (size_t i = 0; i < set->count; i++)
+        kvg_worker_unref(set->workers[i]);
+    free(set);
+}
+
+int kvg_router_set_new(kvg_worker **workers, size_t n, kvg_worker_set **out)
 {
     size_t nmodels = 0;
     for (size_t i = 0; i < n; i++)
@@ -50,8 +60,7 @@ int kvg_router_set_new(kvg_worker **workers, size_t n, uint64_t generation, kvg_
         malloc(sizeof(*set) + n * sizeof(kvg_worker *) + nmodels * sizeof(const char *));
     if (!set)
         return -ENOMEM;
-    atomic_init(&set->refs, 1);
-    set->generation = generation;
+    kvg_snapshot_init(&set->snap, set_free);
     set->count = n;
     set->workers = (kvg_worker **)(void *)(set + 1);
     set->models = (const char **)(void *)(set->workers + n);
@@ -72,24 +81,15 @@ int kvg_router_set_new(kvg_worker **workers, size_t n, uint64_t generation, kvg_
     return 0;
 }
 
-kvg_worker_set *kvg_router_set_ref(kvg_worker_set *set)
-{
-    atomic_fetch_add_explicit(&set->refs, 1, memory_order_relaxed);
-    return set;
-}
-
 void kvg_worker_set_unref(kvg_worker_set *set)
 {
-    if (!set || atomic_fetch_sub_explicit(&set->refs, 1, memory_order_acq_rel) != 1)
-        return;
-    for (size_t i = 0; i < set->count; i++)
-        kvg_worker_unref(set->workers[i]);
-    free(set);
+    if (set)
+        kvg_snapshot_unref(&set->snap);
 }
 
 uint64_t kvg_worker_set_generation(const kvg_worker_set *set)
 {
-    return set->generation;
+    return kvg_snapshot_generation(&set->snap);
 }
 
 size_t kvg_worker_set_count(const kvg_worker_set *set)
@@ -224,7 +224,7 @@ static int build(kvg_registry *reg, const layer *admin, const layer *config, kvg
     kvg_worker **ws = malloc((cap ? cap : 1) * sizeof(*ws));
     if (!ws)
         return -ENOMEM;
-    const kvg_worker_set *cur = reg->current;
+    const kvg_worker_set *cur = current(reg);
     size_t n = 0, i = 0, j = 0, o = 0;
     int rc = 0;
     while (i < admin->n || j < config->n) {
@@ -256,7 +256,7 @@ static int build(kvg_registry *reg, const layer *admin, const layer *config, kvg
             goto fail_workers;
         n++;
     }
-    rc = kvg_router_set_new(ws, n, cur->generation + 1, out);
+    rc = kvg_router_set_new(ws, n, out);
     if (rc < 0)
         goto fail_workers;
     free(ws);
@@ -285,14 +285,8 @@ static void publish(kvg_registry *reg, kvg_worker_set *next)
                               memory_order_relaxed);
     }
 
-    /* The number changes inside the critical section: a thread that reads it and then
-     * acquires finds at least that snapshot, and one that acquires and then reads it sees at
-     * least the snapshot's number. */
-    pthread_mutex_lock(&reg->pub_lock);
-    kvg_worker_set *old = reg->current;
-    reg->current = next;
-    atomic_store_explicit(&reg->generation, next->generation, memory_order_relaxed);
-    pthread_mutex_unlock(&reg->pub_lock);
+    kvg_worker_set *old =
+        kvg_worker_set_of(kvg_snapshot_slot_publish(&reg->snapshots, &next->snap));
 
     size_t k = 0;
     for (size_t i = 0; i < old->count; i++) {
@@ -327,22 +321,22 @@ int kvg_registry_new(const kvg_registry_config *cfg, kvg_registry **out)
         cfg->default_max_inflight ? cfg->default_max_inflight : DEFAULT_MAX_INFLIGHT;
     reg->fall = cfg->health_fall ? cfg->health_fall : DEFAULT_FALL;
     reg->rise = cfg->health_rise ? cfg->health_rise : DEFAULT_RISE;
-    atomic_init(&reg->generation, 1);
 
+    kvg_worker_set *empty;
     rc = -pthread_mutex_init(&reg->write_lock, NULL);
     if (rc < 0)
         goto fail_reg;
-    rc = -pthread_mutex_init(&reg->pub_lock, NULL);
+    rc = kvg_router_set_new(NULL, 0, &empty);
     if (rc < 0)
         goto fail_write_lock;
-    rc = kvg_router_set_new(NULL, 0, 1, &reg->current);
+    rc = kvg_snapshot_slot_init(&reg->snapshots, &empty->snap);
     if (rc < 0)
-        goto fail_pub_lock;
+        goto fail_empty;
     *out = reg;
     return 0;
 
-fail_pub_lock:
-    pthread_mutex_destroy(&reg->pub_lock);
+fail_empty:
+    kvg_worker_set_unref(empty);
 fail_write_lock:
     pthread_mutex_destroy(&reg->write_lock);
 fail_reg:
@@ -354,12 +348,12 @@ void kvg_registry_free(kvg_registry *reg)
 {
     if (!reg)
         return;
-    for (size_t i = 0; i < reg->current->count; i++)
-        kvg_router_worker_set_retired(reg->current->workers[i]);
-    kvg_worker_set_unref(reg->current);
+    const kvg_worker_set *cur = current(reg);
+    for (size_t i = 0; i < cur->count; i++)
+        kvg_router_worker_set_retired(cur->workers[i]);
+    kvg_snapshot_slot_done(&reg->snapshots);
     for (size_t i = 0; i < KVG_WORKER_SOURCE_COUNT; i++)
         layer_done(&reg->layers[i]);
-    pthread_mutex_destroy(&reg->pub_lock);
     pthread_mutex_destroy(&reg->write_lock);
     free(reg);
 }
@@ -456,7 +450,7 @@ int kvg_registry_drain(kvg_registry *reg, const char *name)
     kvg_worker_set *set;
     int rc;
     pthread_mutex_lock(&reg->write_lock);
-    kvg_worker *w = name ? kvg_worker_set_find(reg->current, name) : NULL;
+    kvg_worker *w = name ? kvg_worker_set_find(current(reg), name) : NULL;
     if (!w) {
         rc = KVG_ENOTFOUND;
         goto out;
@@ -764,13 +758,15 @@ int kvg_registry_admin_from_json(kvg_registry *reg, const kvg_json *arr, char *m
 
 uint64_t kvg_registry_generation(const kvg_registry *reg)
 {
-    return atomic_load_explicit(&((kvg_registry *)reg)->generation, memory_order_relaxed);
+    return kvg_snapshot_slot_generation(&reg->snapshots);
 }
 
 kvg_worker_set *kvg_registry_acquire(kvg_registry *reg)
 {
-    pthread_mutex_lock(&reg->pub_lock);
-    kvg_worker_set *set = kvg_router_set_ref(reg->current);
-    pthread_mutex_unlock(&reg->pub_lock);
-    return set;
+    return kvg_worker_set_of(kvg_snapshot_slot_acquire(&reg->snapshots));
+}
+
+kvg_snapshot_slot *kvg_registry_snapshots(kvg_registry *reg)
+{
+    return &reg->snapshots;
 }

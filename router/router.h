@@ -12,6 +12,7 @@
 #include "common.h"
 #include "gpu_hash.h"
 #include "policy.h"
+#include "snapshot.h"
 
 typedef struct kvg_registry kvg_registry;
 typedef struct kvg_worker kvg_worker;
@@ -114,12 +115,21 @@ void kvg_registry_admin_to_json(kvg_registry *reg, kvg_buf *out);
 int kvg_registry_admin_from_json(kvg_registry *reg, const kvg_json *arr, char *msg, size_t msg_len);
 
 /** Generation number, incremented by every published change. A relaxed atomic read: threads
- *  poll it to notice a new snapshot cheaply. */
+ *  poll it to notice a new snapshot cheaply. A thread that reads it and then acquires finds at
+ *  least that snapshot (common/snapshot.h). */
 uint64_t kvg_registry_generation(const kvg_registry *reg);
 /** The current snapshot, referenced; release with kvg_worker_set_unref. Never NULL.
  *  Holds an internal mutex for a pointer load and a refcount increment only; hot paths cache
  *  the snapshot and acquire again when kvg_registry_generation changes. */
 kvg_worker_set *kvg_registry_acquire(kvg_registry *reg);
+/** The slot the snapshots are published in, for a thread's kvg_snapshot_cache; its objects are
+ *  worker sets (kvg_worker_set_of). Lives as long as the registry. */
+kvg_snapshot_slot *kvg_registry_snapshots(kvg_registry *reg);
+/** The worker set a snapshot of kvg_registry_snapshots' slot is (its header comes first). */
+static inline kvg_worker_set *kvg_worker_set_of(kvg_snapshot *snap)
+{
+    return (kvg_worker_set *)(void *)snap;
+}
 
 void kvg_worker_set_unref(kvg_worker_set *set);
 uint64_t kvg_worker_set_generation(const kvg_worker_set *set);

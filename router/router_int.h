@@ -83,13 +83,14 @@ _Static_assert(offsetof(struct kvg_worker, spec) + sizeof(void *) <= 64,
                "the fields a routing decision reads fit in the first cache line");
 
 struct kvg_worker_set {
-    _Atomic size_t refs;
-    uint64_t generation;
+    kvg_snapshot snap; /* first: kvg_worker_set_of casts; refcount and generation */
     size_t count;
     kvg_worker **workers; /* sorted by name; one reference each */
     const char **models;  /* distinct, sorted; point into the workers' specs */
     size_t nmodels;
 };
+_Static_assert(offsetof(struct kvg_worker_set, snap) == 0,
+               "a worker set is its snapshot header (kvg_worker_set_of)");
 
 /** Validate def and build its spec (the registry default applied to max_inflight).
  *  0, KVG_EPARSE / KVG_ELIMIT with msg, or -ENOMEM. */
@@ -107,9 +108,9 @@ int kvg_router_worker_new(worker_spec *spec, kvg_worker_source source, unsigned 
                           unsigned fall, unsigned rise, kvg_worker **out);
 void kvg_router_worker_set_retired(kvg_worker *w);
 
-/** Create a snapshot over workers (sorted by name), taking the caller's reference to each.
- *  On failure the caller keeps its references. */
-int kvg_router_set_new(kvg_worker **workers, size_t n, uint64_t generation, kvg_worker_set **out);
-kvg_worker_set *kvg_router_set_ref(kvg_worker_set *set);
+/** Create a snapshot over workers (sorted by name), taking the caller's reference to each,
+ *  with one reference and no generation until the registry publishes it. On failure the caller
+ *  keeps its references. */
+int kvg_router_set_new(kvg_worker **workers, size_t n, kvg_worker_set **out);
 
 #endif

@@ -117,7 +117,7 @@ static ssize_t key_position(const kvg_tenant *t, const char *key_id)
  * keys old->keys plus add (when not NULL) minus the key at drop (when >= 0). */
 static int commit_keys(kvg_tenants *ts, size_t at, const kvg_key_info *add, ssize_t drop)
 {
-    const kvg_tenant *old = ts->current->tenants[at];
+    const kvg_tenant *old = kvg_tenancy_current(ts)->tenants[at];
     kvg_key_info keys[KVG_TENANT_KEYS_MAX];
     size_t n = 0;
     for (size_t i = 0; i < old->nkeys; i++)
@@ -151,7 +151,7 @@ int kvg_tenants_key_create(kvg_tenants *ts, const char *tenant_id, char *key, ch
         goto out;
 
     pthread_mutex_lock(&ts->write_lock);
-    const kvg_tenant_set *cur = ts->current;
+    const kvg_tenant_set *cur = kvg_tenancy_current(ts);
     size_t at = kvg_tenancy_set_search(cur, tenant_id, &found);
     if (!found) {
         rc = KVG_ENOTFOUND;
@@ -195,7 +195,7 @@ int kvg_tenants_key_restore(kvg_tenants *ts, const char *tenant_id, const kvg_ke
     if (!key || !kvg_tenancy_key_id_valid(key->id))
         return KVG_EPARSE;
     pthread_mutex_lock(&ts->write_lock);
-    const kvg_tenant_set *cur = ts->current;
+    const kvg_tenant_set *cur = kvg_tenancy_current(ts);
     size_t at = kvg_tenancy_set_search(cur, tenant_id, &found);
     if (!found)
         rc = KVG_ENOTFOUND;
@@ -217,9 +217,10 @@ int kvg_tenants_key_delete(kvg_tenants *ts, const char *tenant_id, const char *k
     if (!tenant_id || !key_id)
         return rc;
     pthread_mutex_lock(&ts->write_lock);
-    size_t at = kvg_tenancy_set_search(ts->current, tenant_id, &found);
+    const kvg_tenant_set *cur = kvg_tenancy_current(ts);
+    size_t at = kvg_tenancy_set_search(cur, tenant_id, &found);
     if (found) {
-        ssize_t k = key_position(ts->current->tenants[at], key_id);
+        ssize_t k = key_position(cur->tenants[at], key_id);
         if (k >= 0)
             rc = commit_keys(ts, at, NULL, k);
     }

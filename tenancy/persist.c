@@ -514,7 +514,7 @@ int kvg_tenants_from_json(kvg_tenants *ts, const kvg_json *arr, char *msg, size_
     pthread_mutex_lock(&ts->write_lock);
     /* Tenants that stay keep their runtime (buckets, in-flight count, counters, ordinal), as a
      * put would; new ones are numbered in id order. Both lists are sorted: one merge walk. */
-    const kvg_tenant_set *cur = ts->current;
+    const kvg_tenant_set *cur = kvg_tenancy_current(ts);
     uint64_t ordinal = ts->next_ordinal;
     for (size_t i = 0, o = 0; i < n; i++) {
         while (o < cur->count && strcmp(cur->tenants[o]->spec->id, list[i]->spec->id) < 0)
@@ -526,7 +526,7 @@ int kvg_tenants_from_json(kvg_tenants *ts, const kvg_json *arr, char *msg, size_
         else
             ordinal++;
     }
-    rc = kvg_tenancy_set_new(list, n, cur->generation + 1, &dup, &next);
+    rc = kvg_tenancy_set_new(list, n, &dup, &next);
     if (rc == -EEXIST) {
         rc = bad(msg, msg_len, "tenant \"%s\": keys: a key digest also belongs to another key",
                  list[dup]->spec->id);

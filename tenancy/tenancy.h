@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "common.h"
+#include "snapshot.h"
 
 typedef struct kvg_tenants kvg_tenants;       /* the store: current snapshot + changes */
 typedef struct kvg_tenant_set kvg_tenant_set; /* one immutable snapshot */
@@ -100,9 +101,21 @@ int kvg_tenants_key_restore(kvg_tenants *ts, const char *tenant_id, const kvg_ke
 /** Delete a key. 0 or KVG_ENOTFOUND (no such tenant or key). */
 int kvg_tenants_key_delete(kvg_tenants *ts, const char *tenant_id, const char *key_id);
 
-/* Snapshots. */
+/* Snapshots (common/snapshot.h). */
+/** Incremented by every published change; a relaxed atomic load. A thread that reads it and
+ *  then acquires finds at least that snapshot. */
 uint64_t kvg_tenants_generation(const kvg_tenants *ts);
+/** The current snapshot, referenced; release with kvg_tenant_set_unref. Never NULL. Takes a
+ *  mutex for a pointer load and an increment: hot paths use a kvg_snapshot_cache. */
 kvg_tenant_set *kvg_tenants_acquire(kvg_tenants *ts);
+/** The slot the snapshots are published in, for a thread's kvg_snapshot_cache; its objects are
+ *  tenant sets (kvg_tenant_set_of). Lives as long as the store. */
+kvg_snapshot_slot *kvg_tenants_snapshots(kvg_tenants *ts);
+/** The tenant set a snapshot of kvg_tenants_snapshots' slot is (its header comes first). */
+static inline kvg_tenant_set *kvg_tenant_set_of(kvg_snapshot *snap)
+{
+    return (kvg_tenant_set *)(void *)snap;
+}
 void kvg_tenant_set_unref(kvg_tenant_set *set);
 uint64_t kvg_tenant_set_generation(const kvg_tenant_set *set);
 size_t kvg_tenant_set_count(const kvg_tenant_set *set);

@@ -15,7 +15,8 @@
 /*
  * How the pieces fit (the worker registry's snapshot design, one level deeper):
  *
- *   kvg_tenants --current--> kvg_tenant_set (immutable; sorted tenants + key digest index)
+ *   kvg_tenants --slot--> kvg_tenant_set (immutable; sorted tenants + key digest index;
+ *                                 |         published through common/snapshot.h)
  *                                 | one reference each
  *                                 v
  *                            kvg_tenant (immutable: spec + keys; refcounted)
@@ -113,22 +114,21 @@ typedef struct key_slot {
 } key_slot;
 
 struct kvg_tenant_set {
-    _Atomic size_t refs;
-    uint64_t generation;
+    kvg_snapshot snap; /* first: kvg_tenant_set_of casts; refcount and generation */
     size_t count;
     kvg_tenant **tenants; /* sorted by id; one reference each */
     key_slot *index;      /* index_mask + 1 slots, at most half full */
     size_t index_mask;
 };
+_Static_assert(offsetof(struct kvg_tenant_set, snap) == 0,
+               "a tenant set is its snapshot header (kvg_tenant_set_of)");
 
 struct kvg_tenants {
-    /* Serialises changes; held while a snapshot is built, never by readers. */
+    /* Serialises changes (and so the publishes); held while a snapshot is built, never by
+     * readers. */
     pthread_mutex_t write_lock;
-    /* Guards current only: readers hold it for a pointer load and a refcount increment. */
-    pthread_mutex_t pub_lock;
-    kvg_tenant_set *current;
-    _Atomic uint64_t generation;
-    uint64_t next_ordinal; /* under write_lock */
+    kvg_snapshot_slot snapshots; /* of kvg_tenant_set */
+    uint64_t next_ordinal;       /* under write_lock */
     _Atomic uint64_t auth_failures[AUTH_REASON_COUNT];
 };
 
@@ -152,10 +152,10 @@ int kvg_tenancy_tenant_new(tenant_spec *spec, tenant_runtime *rt, const kvg_key_
 /* ---- tenants.c ------------------------------------------------------------------------------- */
 
 /** A snapshot over tenants[0..n) (sorted by id, distinct), taking the caller's reference to
- *  each on success only. Builds the key index: -EEXIST when two keys share a digest (*dup, when
- *  not NULL, gets the position of a tenant holding it), -ENOMEM. */
-int kvg_tenancy_set_new(kvg_tenant **tenants, size_t n, uint64_t generation, size_t *dup,
-                        kvg_tenant_set **out);
+ *  each on success only; one reference, no generation until published. Builds the key index:
+ *  -EEXIST when two keys share a digest (*dup, when not NULL, gets the position of a tenant
+ *  holding it), -ENOMEM. */
+int kvg_tenancy_set_new(kvg_tenant **tenants, size_t n, size_t *dup, kvg_tenant_set **out);
 /** Position of id in the set, or its insertion point with *found false. */
 size_t kvg_tenancy_set_search(const kvg_tenant_set *set, const char *id, bool *found);
 /** The tenant holding a key with this digest, or NULL; *key gets its position. Compares the
@@ -174,6 +174,11 @@ typedef enum commit_op {
 int kvg_tenancy_commit(kvg_tenants *ts, commit_op op, size_t at, kvg_tenant *t);
 /** With write_lock held: swap next in (taking the caller's reference). */
 void kvg_tenancy_publish(kvg_tenants *ts, kvg_tenant_set *next);
+/** With write_lock held: the published snapshot, borrowed. */
+static inline kvg_tenant_set *kvg_tenancy_current(const kvg_tenants *ts)
+{
+    return kvg_tenant_set_of(kvg_snapshot_slot_current(&ts->snapshots));
+}
 
 /* ---- keys.c ---------------------------------------------------------------------------------- */
 

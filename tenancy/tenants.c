@@ -25,8 +25,15 @@ static const uint8_t *slot_digest(const kvg_tenant_set *set, key_slot s)
     return set->tenants[s.tenant - 1]->keys[s.key].digest;
 }
 
-int kvg_tenancy_set_new(kvg_tenant **tenants, size_t n, uint64_t generation, size_t *dup,
-                        kvg_tenant_set **out)
+static void set_free(kvg_snapshot *snap)
+{
+    kvg_tenant_set *set = kvg_tenant_set_of(snap);
+    for (size_t i = 0; i < set->count; i++)
+        kvg_tenant_unref(set->tenants[i]);
+    free(set);
+}
+
+int kvg_tenancy_set_new(kvg_tenant **tenants, size_t n, size_t *dup, kvg_tenant_set **out)
 {
     size_t nkeys = 0;
     for (size_t i = 0; i < n; i++)
@@ -39,8 +46,7 @@ int kvg_tenancy_set_new(kvg_tenant **tenants, size_t n, uint64_t generation, siz
     kvg_tenant_set *set = malloc(sizeof(*set) + tenants_size + cap * sizeof(key_slot));
     if (!set)
         return -ENOMEM;
-    atomic_init(&set->refs, 1);
-    set->generation = generation;
+    kvg_snapshot_init(&set->snap, set_free);
     set->count = n;
     set->tenants = (kvg_tenant **)(void *)(set + 1);
     set->index = (key_slot *)(void *)((char *)set->tenants + tenants_size);
@@ -70,24 +76,15 @@ int kvg_tenancy_set_new(kvg_tenant **tenants, size_t n, uint64_t generation, siz
     return 0;
 }
 
-static kvg_tenant_set *set_ref(kvg_tenant_set *set)
-{
-    atomic_fetch_add_explicit(&set->refs, 1, memory_order_relaxed);
-    return set;
-}
-
 void kvg_tenant_set_unref(kvg_tenant_set *set)
 {
-    if (!set || atomic_fetch_sub_explicit(&set->refs, 1, memory_order_acq_rel) != 1)
-        return;
-    for (size_t i = 0; i < set->count; i++)
-        kvg_tenant_unref(set->tenants[i]);
-    free(set);
+    if (set)
+        kvg_snapshot_unref(&set->snap);
 }
 
 uint64_t kvg_tenant_set_generation(const kvg_tenant_set *set)
 {
-    return set->generation;
+    return kvg_snapshot_generation(&set->snap);
 }
 
 size_t kvg_tenant_set_count(const kvg_tenant_set *set)
@@ -148,20 +145,12 @@ kvg_tenant *kvg_tenancy_set_lookup(const kvg_tenant_set *set, const uint8_t *dig
 
 void kvg_tenancy_publish(kvg_tenants *ts, kvg_tenant_set *next)
 {
-    /* The number changes inside the critical section: a thread that reads it and then
-     * acquires finds at least that snapshot, and one that acquires and then reads it sees at
-     * least the snapshot's number. */
-    pthread_mutex_lock(&ts->pub_lock);
-    kvg_tenant_set *old = ts->current;
-    ts->current = next;
-    atomic_store_explicit(&ts->generation, next->generation, memory_order_relaxed);
-    pthread_mutex_unlock(&ts->pub_lock);
-    kvg_tenant_set_unref(old);
+    kvg_snapshot_unref(kvg_snapshot_slot_publish(&ts->snapshots, &next->snap));
 }
 
 int kvg_tenancy_commit(kvg_tenants *ts, commit_op op, size_t at, kvg_tenant *t)
 {
-    const kvg_tenant_set *cur = ts->current;
+    const kvg_tenant_set *cur = kvg_tenancy_current(ts);
     size_t n = op == COMMIT_INSERT   ? cur->count + 1
                : op == COMMIT_REMOVE ? cur->count - 1
                                      : cur->count;
@@ -185,7 +174,7 @@ int kvg_tenancy_commit(kvg_tenants *ts, commit_op op, size_t at, kvg_tenant *t)
         ts_new[k++] = t;
 
     kvg_tenant_set *next;
-    int rc = kvg_tenancy_set_new(ts_new, n, cur->generation + 1, NULL, &next);
+    int rc = kvg_tenancy_set_new(ts_new, n, NULL, &next);
     if (rc < 0) {
         free(ts_new);
         return rc;
@@ -209,23 +198,23 @@ int kvg_tenants_new(kvg_tenants **out)
     kvg_tenants *ts = calloc(1, sizeof(*ts));
     if (!ts)
         return -ENOMEM;
-    atomic_init(&ts->generation, 1);
     for (size_t i = 0; i < AUTH_REASON_COUNT; i++)
         atomic_init(&ts->auth_failures[i], 0u);
+    kvg_tenant_set *empty;
     rc = -pthread_mutex_init(&ts->write_lock, NULL);
     if (rc < 0)
         goto fail_ts;
-    rc = -pthread_mutex_init(&ts->pub_lock, NULL);
+    rc = kvg_tenancy_set_new(NULL, 0, NULL, &empty);
     if (rc < 0)
         goto fail_write_lock;
-    rc = kvg_tenancy_set_new(NULL, 0, 1, NULL, &ts->current);
+    rc = kvg_snapshot_slot_init(&ts->snapshots, &empty->snap);
     if (rc < 0)
-        goto fail_pub_lock;
+        goto fail_empty;
     *out = ts;
     return 0;
 
-fail_pub_lock:
-    pthread_mutex_destroy(&ts->pub_lock);
+fail_empty:
+    kvg_tenant_set_unref(empty);
 fail_write_lock:
     pthread_mutex_destroy(&ts->write_lock);
 fail_ts:
@@ -237,8 +226,7 @@ void kvg_tenants_free(kvg_tenants *ts)
 {
     if (!ts)
         return;
-    kvg_tenant_set_unref(ts->current);
-    pthread_mutex_destroy(&ts->pub_lock);
+    kvg_snapshot_slot_done(&ts->snapshots);
     pthread_mutex_destroy(&ts->write_lock);
     free(ts);
 }
@@ -254,7 +242,7 @@ int kvg_tenants_put(kvg_tenants *ts, const kvg_tenant_def *def, bool *created, c
         return rc;
 
     pthread_mutex_lock(&ts->write_lock);
-    const kvg_tenant_set *cur = ts->current;
+    const kvg_tenant_set *cur = kvg_tenancy_current(ts);
     bool found;
     size_t at = kvg_tenancy_set_search(cur, spec->id, &found);
     if (found) {
@@ -307,7 +295,7 @@ int kvg_tenants_remove(kvg_tenants *ts, const char *id)
     if (!id)
         return rc;
     pthread_mutex_lock(&ts->write_lock);
-    size_t at = kvg_tenancy_set_search(ts->current, id, &found);
+    size_t at = kvg_tenancy_set_search(kvg_tenancy_current(ts), id, &found);
     if (found)
         rc = kvg_tenancy_commit(ts, COMMIT_REMOVE, at, NULL);
     pthread_mutex_unlock(&ts->write_lock);
@@ -316,15 +304,17 @@ int kvg_tenants_remove(kvg_tenants *ts, const char *id)
 
 uint64_t kvg_tenants_generation(const kvg_tenants *ts)
 {
-    return atomic_load_explicit(&((kvg_tenants *)ts)->generation, memory_order_relaxed);
+    return kvg_snapshot_slot_generation(&ts->snapshots);
 }
 
 kvg_tenant_set *kvg_tenants_acquire(kvg_tenants *ts)
 {
-    pthread_mutex_lock(&ts->pub_lock);
-    kvg_tenant_set *set = set_ref(ts->current);
-    pthread_mutex_unlock(&ts->pub_lock);
-    return set;
+    return kvg_tenant_set_of(kvg_snapshot_slot_acquire(&ts->snapshots));
+}
+
+kvg_snapshot_slot *kvg_tenants_snapshots(kvg_tenants *ts)
+{
+    return &ts->snapshots;
 }
 
 void kvg_tenants_record_auth_failure(kvg_tenants *ts, const char *reason)

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "fail_alloc.h"
 #include "policy.h"
 
 /* Field by field: kvg_policy_candidate has padding, which compound literals need not zero. */
@@ -1047,6 +1048,78 @@ static void test_state(void **state)
     kvg_policy_state_free(NULL);
 }
 
+/* The settings as immutable snapshots: a thread's cached settings are the published object
+ * (no copy), stay as they were while it holds them, and reload once per change. */
+static void test_state_snapshots(void **state)
+{
+    (void)state;
+    kvg_policy_state *st = NULL;
+    assert_int_equal(kvg_policy_state_new(&st), 0);
+    kvg_snapshot_cache cache;
+    kvg_snapshot_cache_init(&cache, kvg_policy_state_snapshots(st));
+    assert_true(kvg_snapshot_cache_refresh(&cache));
+    const kvg_policy_config *held = kvg_policy_config_of(kvg_snapshot_cache_get(&cache));
+    kvg_policy_config defaults;
+    kvg_policy_config_init(&defaults);
+    kvg_buf a, b; /* compared as JSON: the struct has padding */
+    kvg_buf_init(&a);
+    kvg_buf_init(&b);
+    kvg_policy_config_to_json(held, &a);
+    kvg_policy_config_to_json(&defaults, &b);
+    assert_string_equal(a.data, b.data);
+    kvg_buf_done(&a);
+    kvg_buf_done(&b);
+    assert_int_equal(kvg_snapshot_generation(kvg_snapshot_cache_get(&cache)),
+                     kvg_policy_state_generation(st));
+    assert_false(kvg_snapshot_cache_refresh(&cache));
+
+    /* A set publishes a new object; the one the thread holds does not change under it. */
+    kvg_policy_config c = defaults;
+    c.kind = KVG_POLICY_LEAST_LOADED;
+    c.load_factor = 2;
+    assert_int_equal(kvg_policy_state_set(st, &c), 0);
+    assert_int_equal(held->kind, KVG_POLICY_COST);
+    assert_true(held->load_factor == defaults.load_factor);
+    assert_true(kvg_snapshot_cache_refresh(&cache));
+    const kvg_policy_config *now = kvg_policy_config_of(kvg_snapshot_cache_get(&cache));
+    assert_ptr_not_equal(now, held);
+    assert_int_equal(now->kind, KVG_POLICY_LEAST_LOADED);
+    assert_true(now->load_factor == 2);
+    assert_false(kvg_snapshot_cache_refresh(&cache));
+
+    /* Out of memory: -ENOMEM, and neither the settings nor the number move. */
+    uint64_t g = kvg_policy_state_generation(st);
+    c.kind = KVG_POLICY_RANDOM;
+    fail_alloc_nth(0);
+    assert_int_equal(kvg_policy_state_set(st, &c), -ENOMEM);
+    assert_true(fail_alloc_off());
+    assert_int_equal(kvg_policy_state_generation(st), g);
+    assert_false(kvg_snapshot_cache_refresh(&cache));
+    kvg_policy_config d;
+    kvg_policy_state_get(st, &d);
+    assert_int_equal(d.kind, KVG_POLICY_LEAST_LOADED);
+
+    /* The thread's settings outlive the state. */
+    kvg_policy_state_free(st);
+    assert_int_equal(now->kind, KVG_POLICY_LEAST_LOADED);
+    kvg_snapshot_cache_done(&cache);
+
+    /* Creation fails cleanly at each of its allocations. */
+    for (long n = 0;; n++) {
+        kvg_policy_state *s2 = NULL;
+        fail_alloc_nth(n);
+        int rc = kvg_policy_state_new(&s2);
+        bool injected = fail_alloc_off();
+        if (!injected) {
+            assert_int_equal(rc, 0);
+            kvg_policy_state_free(s2);
+            break;
+        }
+        assert_int_equal(rc, -ENOMEM);
+        assert_null(s2);
+    }
+}
+
 /* The first `top` places of choose_top are exactly choose's, for random inputs. */
 static void test_choose_top(void **state)
 {
@@ -1133,6 +1206,7 @@ int main(void)
         cmocka_unit_test(test_choose_top),
         cmocka_unit_test(test_salt_cache),
         cmocka_unit_test(test_state),
+        cmocka_unit_test(test_state_snapshots),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1496,6 +1496,122 @@ static void test_decide_ranked_places(void **state)
     kvg_registry_free(reg);
 }
 
+/* ---- the registry's snapshot slot through a per-thread cache (common/snapshot.h) ---------- */
+
+static void test_snapshot_cache(void **state)
+{
+    (void)state;
+    kvg_registry *reg = new_registry(1);
+    kvg_snapshot_cache cache;
+    kvg_snapshot_cache_init(&cache, kvg_registry_snapshots(reg));
+    assert_true(kvg_snapshot_cache_refresh(&cache));
+    kvg_worker_set *set = kvg_worker_set_of(kvg_snapshot_cache_get(&cache));
+    kvg_worker_set *acquired = kvg_registry_acquire(reg);
+    assert_ptr_equal(set, acquired); /* the same published object, not a copy */
+    kvg_worker_set_unref(acquired);
+    assert_int_equal(kvg_worker_set_generation(set), kvg_registry_generation(reg));
+    assert_int_equal(kvg_worker_set_count(set), 0);
+
+    /* Nothing published: no reload, whatever was tried. */
+    char msg[256];
+    kvg_worker_def bad = {.name = "a", .url = "ftp://h:1"};
+    assert_int_equal(kvg_registry_put(reg, &bad, KVG_WORKER_SOURCE_ADMIN, msg, sizeof(msg)),
+                     KVG_EPARSE);
+    assert_int_equal(kvg_registry_remove(reg, "nope"), KVG_ENOTFOUND);
+    assert_int_equal(kvg_registry_drain(reg, "nope"), KVG_ENOTFOUND);
+    assert_false(kvg_snapshot_cache_refresh(&cache));
+
+    /* A put: the new snapshot, one generation up; the old one, still held, is unchanged. */
+    kvg_worker_set *before = kvg_registry_acquire(reg);
+    assert_int_equal(put(reg, "a", "http://h:1", KVG_WORKER_SOURCE_ADMIN), 0);
+    assert_true(kvg_snapshot_cache_refresh(&cache));
+    set = kvg_worker_set_of(kvg_snapshot_cache_get(&cache));
+    assert_int_equal(kvg_worker_set_generation(set), kvg_worker_set_generation(before) + 1);
+    assert_int_equal(kvg_worker_set_count(set), 1);
+    assert_int_equal(kvg_worker_set_count(before), 0);
+    kvg_worker_set_unref(before);
+    kvg_worker *a = kvg_worker_set_find(set, "a");
+
+    /* A drain publishes the same workers under a new number. */
+    assert_int_equal(kvg_registry_drain(reg, "a"), 0);
+    assert_true(kvg_snapshot_cache_refresh(&cache));
+    set = kvg_worker_set_of(kvg_snapshot_cache_get(&cache));
+    assert_ptr_equal(kvg_worker_set_find(set, "a"), a);
+    assert_true(kvg_worker_draining(a));
+    assert_false(kvg_snapshot_cache_refresh(&cache));
+
+    /* The thread's snapshot outlives the registry (a thread that ends after it). */
+    kvg_registry_free(reg);
+    assert_true(kvg_worker_retired(a));
+    assert_string_equal(kvg_worker_name(kvg_worker_set_at(set, 0)), "a");
+    kvg_snapshot_cache_done(&cache);
+}
+
+typedef struct cache_reader {
+    kvg_registry *reg;
+    _Atomic bool *stop;
+    int failures;
+    unsigned long reloads;
+} cache_reader;
+
+/* A gateway thread's pattern: refresh per "request", route with the cached set. */
+static void *read_through_cache(void *p)
+{
+    cache_reader *r = p;
+    kvg_snapshot_cache cache;
+    kvg_snapshot_cache_init(&cache, kvg_registry_snapshots(r->reg));
+    uint64_t last = 0;
+    while (!atomic_load(r->stop)) {
+        uint64_t g = kvg_registry_generation(r->reg);
+        if (kvg_snapshot_cache_refresh(&cache))
+            r->reloads++;
+        kvg_worker_set *s = kvg_worker_set_of(kvg_snapshot_cache_get(&cache));
+        uint64_t sg = kvg_worker_set_generation(s);
+        if (sg < g || sg < last)
+            r->failures++;
+        last = sg;
+        for (size_t i = 0; i < kvg_worker_set_count(s); i++) {
+            kvg_worker *w = kvg_worker_set_at(s, i);
+            if (kvg_worker_set_find(s, kvg_worker_name(w)) != w)
+                r->failures++;
+        }
+    }
+    kvg_snapshot_cache_done(&cache);
+    return NULL;
+}
+
+static void test_snapshot_cache_threads(void **state)
+{
+    (void)state;
+    kvg_registry *reg = new_registry(2);
+    _Atomic bool stop = false;
+    pthread_t th[2];
+    cache_reader r[2];
+    for (int i = 0; i < 2; i++) {
+        r[i] = (cache_reader){.reg = reg, .stop = &stop};
+        assert_int_equal(pthread_create(&th[i], NULL, read_through_cache, &r[i]), 0);
+    }
+    char name[16], url[32];
+    uint64_t g = kvg_registry_generation(reg);
+    for (int i = 0; i < 2000; i++) {
+        snprintf(name, sizeof(name), "w%d", i % 7);
+        snprintf(url, sizeof(url), "http://h:%d", 1000 + i % 3);
+        if (i % 4 == 3) {
+            int rc = kvg_registry_remove(reg, name);
+            assert_true(rc == 0 || rc == KVG_ENOTFOUND);
+        } else {
+            assert_int_equal(put(reg, name, url, KVG_WORKER_SOURCE_ADMIN), 0);
+        }
+    }
+    atomic_store(&stop, true);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+        assert_int_equal(r[i].failures, 0);
+    }
+    assert_true(kvg_registry_generation(reg) > g);
+    kvg_registry_free(reg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1516,6 +1632,8 @@ int main(void)
         cmocka_unit_test(test_admin_json_round_trip),
         cmocka_unit_test(test_admin_json_rejects),
         cmocka_unit_test(test_concurrent_stress),
+        cmocka_unit_test(test_snapshot_cache),
+        cmocka_unit_test(test_snapshot_cache_threads),
         cmocka_unit_test(test_alloc_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

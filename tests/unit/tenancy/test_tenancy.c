@@ -1989,6 +1989,74 @@ static void test_alloc_failures(void **state)
     kvg_tenants_free(ts);
 }
 
+/* ---- the store's snapshot slot through a per-thread cache (common/snapshot.h) ------------- */
+
+/* What a gateway thread sees: every published change (puts, keys, removals, a state file) is
+ * one reload; a refused change none; a key works once the thread has refreshed. */
+static void test_snapshot_cache(void **state)
+{
+    (void)state;
+    kvg_tenants *ts = new_store();
+    kvg_snapshot_cache cache;
+    kvg_snapshot_cache_init(&cache, kvg_tenants_snapshots(ts));
+    assert_true(kvg_snapshot_cache_refresh(&cache));
+    kvg_tenant_set *set = kvg_tenant_set_of(kvg_snapshot_cache_get(&cache));
+    kvg_tenant_set *acquired = kvg_tenants_acquire(ts);
+    assert_ptr_equal(set, acquired);
+    kvg_tenant_set_unref(acquired);
+    assert_int_equal(kvg_tenant_set_generation(set), kvg_tenants_generation(ts));
+
+    assert_int_equal(put_simple(ts, "acme"), 0);
+    assert_true(kvg_snapshot_cache_refresh(&cache));
+    assert_false(kvg_snapshot_cache_refresh(&cache));
+    uint64_t g = kvg_tenants_generation(ts);
+
+    char key[KVG_KEY_LEN + 1], kid[KVG_KEY_ID_LEN + 1];
+    assert_int_equal(kvg_tenants_key_create(ts, "acme", key, kid), 0);
+    /* Until the refresh the thread holds the snapshot from before the key. */
+    set = kvg_tenant_set_of(kvg_snapshot_cache_get(&cache));
+    assert_null(kvg_tenant_set_authenticate(set, key, strlen(key)));
+    assert_true(kvg_snapshot_cache_refresh(&cache));
+    set = kvg_tenant_set_of(kvg_snapshot_cache_get(&cache));
+    assert_int_equal(kvg_tenant_set_generation(set), g + 1);
+    kvg_tenant *t = kvg_tenant_set_authenticate(set, key, strlen(key));
+    assert_non_null(t);
+    assert_string_equal(kvg_tenant_id(t), "acme");
+
+    /* Refused changes publish nothing. */
+    assert_int_equal(kvg_tenants_remove(ts, "nope"), KVG_ENOTFOUND);
+    assert_int_equal(kvg_tenants_key_delete(ts, "acme", "k000000000000000"), KVG_ENOTFOUND);
+    assert_int_equal(kvg_tenants_key_create(ts, "nope", key, kid), KVG_ENOTFOUND);
+    assert_false(kvg_snapshot_cache_refresh(&cache));
+
+    /* A whole state file is one snapshot. */
+    kvg_tenants *other = new_store();
+    assert_int_equal(put_simple(other, "a"), 0);
+    assert_int_equal(put_simple(other, "b"), 0);
+    kvg_buf text;
+    kvg_buf_init(&text);
+    kvg_tenants_to_json(other, &text);
+    kvg_tenants_free(other);
+    char msg[256] = "";
+    assert_int_equal(load(ts, text.data, msg, sizeof(msg)), 0);
+    kvg_buf_done(&text);
+    assert_true(kvg_snapshot_cache_refresh(&cache));
+    set = kvg_tenant_set_of(kvg_snapshot_cache_get(&cache));
+    assert_int_equal(kvg_tenant_set_generation(set), g + 2);
+    assert_int_equal(kvg_tenant_set_count(set), 2);
+    assert_false(kvg_snapshot_cache_refresh(&cache));
+
+    assert_int_equal(kvg_tenants_remove(ts, "a"), 0);
+    assert_true(kvg_snapshot_cache_refresh(&cache));
+    set = kvg_tenant_set_of(kvg_snapshot_cache_get(&cache));
+    assert_int_equal(kvg_tenant_set_count(set), 1);
+
+    /* The thread's snapshot outlives the store. */
+    kvg_tenants_free(ts);
+    assert_string_equal(kvg_tenant_id(kvg_tenant_set_at(set, 0)), "b");
+    kvg_snapshot_cache_done(&cache);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2010,6 +2078,7 @@ int main(void)
         cmocka_unit_test(test_load_10k),
         cmocka_unit_test(test_state_file),
         cmocka_unit_test(test_concurrent_stress),
+        cmocka_unit_test(test_snapshot_cache),
         cmocka_unit_test(test_alloc_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
