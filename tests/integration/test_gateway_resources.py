@@ -447,8 +447,15 @@ def test_one_tenant_cannot_take_the_whole_body_budget(simworker, kvgate):
         keys[tenant] = gw.admin.post(f"/admin/v1/tenants/{tenant}/keys").json()["key"]
     size = 100 * 1024
     auth = {"Authorization": f"Bearer {keys['greedy']}"}
-    uploads = [start_upload(gw.port, size, size - 1024, auth) for _ in range(3)]
+    uploads = []
     try:
+        # One at a time, each counted before the next starts: the gateway's two threads would
+        # otherwise take the three heads in either order.
+        for i in range(3):
+            uploads.append(start_upload(gw.port, size, size - 1024, auth))
+            if i < 2:
+                assert wait_for(lambda: gw.metric("kvgate_tenant_buffered_bytes",
+                                                  tenant="greedy") >= (i + 1) * 2 * size, 3)
         early = early_statuses(uploads)
         assert early == [None, None, 429], early  # 2 x 2 x 100 KiB fit in half of 1 MiB
         assert uploads[2].headers["retry-after"] == "1"
