@@ -179,6 +179,9 @@ const char *kvg_field_expect(const kvg_field *f, bool quote_keywords, char *buf,
     case KVG_FIELD_STRINGS:
         snprintf(buf, len, "an array of strings");
         break;
+    case KVG_FIELD_OBJECTS:
+        snprintf(buf, len, "an array of objects");
+        break;
     case KVG_FIELD_U32:
     case KVG_FIELD_U64:
     case KVG_FIELD_SIZE:
@@ -211,6 +214,7 @@ static const char *kind_of(const kvg_field *f)
 {
     switch (f->type) {
     case KVG_FIELD_STRINGS:
+    case KVG_FIELD_OBJECTS:
         return "an array";
     case KVG_FIELD_U32:
     case KVG_FIELD_U64:
@@ -455,7 +459,8 @@ void kvg_fields_defaults(const kvg_fields *t, void *target)
         case KVG_FIELD_CHARS:
             snprintf(p, f->max + 1, "%s", f->def.s ? f->def.s : "");
             break;
-        case KVG_FIELD_STRINGS: {
+        case KVG_FIELD_STRINGS:
+        case KVG_FIELD_OBJECTS: {
             size_t zero = 0;
             store_ptr(target, f->offset, NULL);
             memcpy(at(target, f->count_offset), &zero, sizeof(zero));
@@ -562,6 +567,34 @@ static int decode_strings(const kvg_field *f, void *base, const kvg_json *v, con
     return 0;
 }
 
+static int decode_objects(const kvg_field *f, void *base, const kvg_json *v, const char *path,
+                          kvg_fields_ctx *c)
+{
+    char ipath[PATH_MAX_LEN], idx[24];
+    if (v->type != KVG_JSON_ARRAY)
+        return fail_value(c, KVG_FIELD_MISTYPED, f, path, v);
+    size_t n = v->u.arr.count;
+    if (f->max && n > f->max)
+        return kvg_fields_fail(c, KVG_FIELD_RANGE, path, "more than %" PRIu64 " %s", f->max,
+                               f->name);
+    char *items = c->arena ? kvg_arena_alloc(c->arena, (n ? n : 1) * f->elem_size) : NULL;
+    if (!items)
+        return fail_nomem(c);
+    for (size_t i = 0; i < n; i++) {
+        snprintf(idx, sizeof(idx), "[%zu]", i);
+        kvg_fields_path(ipath, sizeof(ipath), path, idx);
+        memset(items + i * f->elem_size, 0, f->elem_size);
+        kvg_fields_defaults(f->object, items + i * f->elem_size);
+        int rc =
+            kvg_fields_decode(f->object, items + i * f->elem_size, v->u.arr.items[i], ipath, c);
+        if (rc < 0)
+            return rc;
+    }
+    store_ptr(base, f->offset, items);
+    memcpy(at(base, f->count_offset), &n, sizeof(n));
+    return 0;
+}
+
 static int decode_value(const kvg_field *f, void *base, const kvg_json *v, const char *path,
                         kvg_fields_ctx *c);
 
@@ -628,6 +661,8 @@ static int decode_value(const kvg_field *f, void *base, const kvg_json *v, const
         return rc;
     case KVG_FIELD_STRINGS:
         return decode_strings(f, base, v, path, c);
+    case KVG_FIELD_OBJECTS:
+        return decode_objects(f, base, v, path, c);
     case KVG_FIELD_U32:
     case KVG_FIELD_U64:
     case KVG_FIELD_SIZE:
@@ -1174,6 +1209,19 @@ static void encode_value(const kvg_field *f, const void *base, unsigned in, kvg_
     case KVG_FIELD_OBJECT:
         kvg_fields_encode(f->object, cat(base, f->offset), in, out);
         break;
+    case KVG_FIELD_OBJECTS: {
+        const char *items = load_ptr(base, f->offset);
+        size_t n;
+        memcpy(&n, cat(base, f->count_offset), sizeof(n));
+        kvg_buf_putc(out, '[');
+        for (size_t i = 0; i < n; i++) {
+            if (i)
+                kvg_buf_putc(out, ',');
+            kvg_fields_encode(f->object, items + i * f->elem_size, in, out);
+        }
+        kvg_buf_putc(out, ']');
+        break;
+    }
     default:
         break;
     }

@@ -40,6 +40,8 @@ typedef enum kvg_field_type {
     KVG_FIELD_BOOL,       /* bool */
     KVG_FIELD_ENUM,       /* an enum (int-sized): the index of its keyword in keywords[] */
     KVG_FIELD_OBJECT,     /* a struct at offset described by the table `object` */
+    KVG_FIELD_OBJECTS,    /* an array of such structs (elem_size each) at offset, count at
+                             count_offset */
     KVG_FIELD_EMBED,      /* like OBJECT, but its members stand at this level (no name) */
     KVG_FIELD_CUSTOM,     /* decode and encode hooks, for what the types above cannot say */
     KVG_FIELD_TYPE_COUNT,
@@ -75,16 +77,17 @@ typedef struct kvg_field {
     unsigned required_in; /* KVG_SET_*: absent there is an error (JSON objects only) */
     unsigned flags;       /* KVG_FIELD_* */
     size_t offset;        /* of the value in the target struct */
-    size_t count_offset;  /* STRINGS: of its size_t count */
+    size_t count_offset;  /* STRINGS, OBJECTS: of its size_t count */
+    size_t elem_size;     /* OBJECTS: of one struct */
     /* Range. Integers: min..max of the value as written (0..0 means the type's whole range).
      * STRING, CHARS: min..max bytes (max 0: any; CHARS: max is the room, without the NUL).
-     * STRINGS: max items (0: any). */
+     * STRINGS, OBJECTS: max items (0: any). */
     uint64_t min, max;
     double dmin, dmax; /* DOUBLE: min..dmax, finite */
     unsigned shift;    /* integers: the struct holds the written value << shift (MiB -> bytes) */
     const char *const *keywords; /* ENUM: keyword of each value, nkeywords of them */
     size_t nkeywords;
-    const kvg_fields *object; /* OBJECT, EMBED */
+    const kvg_fields *object; /* OBJECT, OBJECTS, EMBED */
     const char *item;         /* STRINGS: key=value name of one item ("model=a,model=b") */
     /* The default, as written: what kvg_fields_defaults stores. */
     union {

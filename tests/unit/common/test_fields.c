@@ -41,6 +41,8 @@ typedef struct thing {
 typedef struct record {
     thing thing;
     uint32_t extra;
+    limits *parts;
+    size_t nparts;
 } record;
 
 static const char *const colours[] = {"red", "green", "blue"};
@@ -194,6 +196,14 @@ static const kvg_field record_fields[] = {
      .type = KVG_FIELD_U32,
      .set_in = KVG_SET_STATE,
      .offset = offsetof(record, extra)},
+    {.name = "parts",
+     .type = KVG_FIELD_OBJECTS,
+     .set_in = KVG_SET_STATE,
+     .offset = offsetof(record, parts),
+     .count_offset = offsetof(record, nparts),
+     .elem_size = sizeof(limits),
+     .object = &limit_table,
+     .max = 2},
 };
 static const kvg_fields record_table = {"record", record_fields, KVG_ARRAY_LEN(record_fields),
                                         NULL};
@@ -469,8 +479,31 @@ static void test_embed(void **state)
     assert_string_equal(r.thing.name, "n");
     char *s = encode(&record_table, &r, KVG_SET_STATE);
     assert_non_null(strstr(s, "{\"name\":\"n\",\"note\":\"none\""));
-    assert_non_null(strstr(s, ",\"extra\":5}"));
+    assert_non_null(strstr(s, ",\"extra\":5,\"parts\":[]}"));
     free(s);
+    /* arrays of objects: each from its defaults */
+    v = parse(&f, "{\"name\":\"n\",\"parts\":[{\"rate\":2},{\"burst\":3}]}");
+    assert_int_equal(kvg_fields_decode(&record_table, &r, v, NULL, &f.c), 0);
+    assert_int_equal(r.nparts, 2);
+    assert_true(r.parts[0].rate == 2 && r.parts[0].burst == 1);
+    assert_true(r.parts[1].rate == 0 && r.parts[1].burst == 3);
+    s = encode(&record_table, &r, KVG_SET_STATE);
+    assert_non_null(strstr(s, ",\"parts\":[{\"rate\":2,\"burst\":1},{\"rate\":0,\"burst\":3}]}"));
+    free(s);
+    static const struct {
+        const char *json, *msg;
+    } bad[] = {
+        {"{\"name\":\"n\",\"parts\":{}}", "parts: must be an array of objects"},
+        {"{\"name\":\"n\",\"parts\":[1]}", "parts[0]: must be an object"},
+        {"{\"name\":\"n\",\"parts\":[{},{\"burst\":0}]}",
+         "parts[1].burst: must be a number in 1..100"},
+        {"{\"name\":\"n\",\"parts\":[{},{},{}]}", "parts: more than 2 parts"},
+    };
+    for (size_t i = 0; i < KVG_ARRAY_LEN(bad); i++) {
+        assert_int_equal(kvg_fields_decode(&record_table, &r, parse(&f, bad[i].json), NULL, &f.c),
+                         KVG_EPARSE);
+        assert_string_equal(f.msg, bad[i].msg);
+    }
     /* members of the embedded table are required, repeated and unknown as its own */
     assert_int_equal(kvg_fields_decode(&record_table, &r, parse(&f, "{\"extra\":1}"), NULL, &f.c),
                      KVG_EPARSE);
