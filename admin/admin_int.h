@@ -103,8 +103,6 @@ bool kvg_admin_decode(admin_ctx *c, const kvg_fields *table, void *target, const
 /** True when v is a JSON string without NUL characters; otherwise writes
  *  "<field>: must be a string" (or the NUL complaint) to msg. */
 bool kvg_admin_c_string(const kvg_json *v, const char *field, char *msg, size_t msg_len);
-/** True when v is an integer 0..UINT32_MAX written without fraction or exponent. */
-bool kvg_admin_get_u32(const kvg_json *v, uint32_t *out);
 /** True when key (of length len, from a parsed object) is exactly lit. */
 bool kvg_admin_key_is(const char *key, size_t len, const char *lit);
 

@@ -82,15 +82,6 @@ bool kvg_admin_c_string(const kvg_json *v, const char *field, char *msg, size_t 
     return true;
 }
 
-bool kvg_admin_get_u32(const kvg_json *v, uint32_t *out)
-{
-    if (v->type != KVG_JSON_NUMBER || !v->u.num.is_int || v->u.num.ival < 0 ||
-        v->u.num.ival > (int64_t)UINT32_MAX)
-        return false;
-    *out = (uint32_t)v->u.num.ival;
-    return true;
-}
-
 bool kvg_admin_key_is(const char *key, size_t len, const char *lit)
 {
     /* len guards against "url\u0000..." passing a plain strcmp */
