@@ -260,7 +260,8 @@ static void show_name(const char *s, size_t len, char *out)
 
 /* What a template's placeholders stand for. */
 typedef struct vars {
-    const char *path, *raw, *expect, *shape, *kind, *type, *min, *max, *object, *required, *value;
+    const char *path, *raw, *expect, *shape, *kind, *type, *min, *max, *object, *required, *value,
+        *keywords;
 } vars;
 
 static const char *var(const vars *v, const char *name, size_t len)
@@ -274,7 +275,7 @@ static const char *var(const vars *v, const char *name, size_t len)
         {"kind", offsetof(vars, kind)},     {"type", offsetof(vars, type)},
         {"min", offsetof(vars, min)},       {"max", offsetof(vars, max)},
         {"object", offsetof(vars, object)}, {"required", offsetof(vars, required)},
-        {"value", offsetof(vars, value)},
+        {"value", offsetof(vars, value)},   {"keywords", offsetof(vars, keywords)},
     };
     for (size_t i = 0; i < KVG_ARRAY_LEN(names); i++) {
         if (strlen(names[i].name) == len && memcmp(names[i].name, name, len) == 0) {
@@ -365,6 +366,14 @@ static int fail_value(kvg_fields_ctx *c, kvg_field_problem problem, const kvg_fi
     }
     if (given && given->type == KVG_JSON_STRING)
         show_name(given->u.str.ptr, given->u.str.len, value);
+    char keywords[256] = "";
+    for (size_t k = 0, o = 0; f->type == KVG_FIELD_ENUM && k < f->nkeywords && o < sizeof(keywords);
+         k++) {
+        int n = snprintf(keywords + o, sizeof(keywords) - o, "%s%s", k ? ", " : "", f->keywords[k]);
+        if (n < 0)
+            break;
+        o += (size_t)n;
+    }
     vars v = {.path = path,
               .expect = expect,
               .shape = shape,
@@ -372,11 +381,12 @@ static int fail_value(kvg_fields_ctx *c, kvg_field_problem problem, const kvg_fi
               .type = given ? kvg_json_type_str(given->type) : "string",
               .min = lo,
               .max = hi,
-              .value = value};
+              .value = value,
+              .keywords = keywords};
     const char *canon = "{path}: must be {expect}";
     const char *tmpl;
     if (problem == KVG_FIELD_MISTYPED)
-        tmpl = tmpl_or(w->mistyped, "{path}: must be {shape}");
+        tmpl = tmpl_or(w->mistyped, "{path}: must be {shape}, not {type}");
     else if (problem == KVG_FIELD_INVALID)
         tmpl = tmpl_or(f->invalid, canon);
     else if (f->type == KVG_FIELD_DOUBLE)
@@ -794,7 +804,7 @@ int kvg_fields_decode(const kvg_fields *t, void *target, const kvg_json *obj, co
         if (!f || !(f->set_in & c->from))
             return fail_unknown(obj, i, path, c);
         kvg_fields_path(fpath, sizeof(fpath), path, f->name);
-        if (seen_has(&seen, f))
+        if (seen_has(&seen, f) && !c->last_repeat_wins)
             return kvg_fields_fail(c, KVG_FIELD_REPEATED, fpath, "appears more than once");
         if (seen.n < FIELDS_PER_OBJECT_MAX)
             seen.f[seen.n++] = f;

@@ -97,7 +97,7 @@ typedef struct kvg_field {
         const char *s;
     } def;
     /* Template for a value of the right type that is refused; NULL: "{path}: must be
-     * {expect}" (see kvg_fields_wording for the placeholders, plus {value}: the string given). */
+     * {expect}" (kvg_fields_wording lists the placeholders). */
     const char *invalid;
     /** Further check of a decoded value (for STRINGS, of each item): 0, or a negative code with
      *  the problem in why, without the field's name ("must be an absolute path"). */
@@ -127,10 +127,13 @@ struct kvg_fields {
  *   {shape}    what a value must look like: {expect}, except "a string" for keywords
  *   {kind}     the JSON kind only ("an integer", "a number", "an array", "a string")
  *   {type}     the JSON type of the value given ("string", "null")
+ *   {keywords} a keyword field's keywords, separated by commas
+ *   {value}    the string given (printable, bounded)
  *   {min} {max} the range
  *   {object}   the path of the object, {required} its required fields ("\"name\" and \"url\"")
  * Canonical: unknown "{path}: unknown field", missing "{path}: required", mistyped "{path}:
- * must be {shape}", not_integer, int_range and num_range "{path}: must be {expect}", nul
+ * must be {shape}, not {type}", not_integer, int_range and num_range "{path}: must be {expect}",
+ * nul
  * "{path}: must not contain NUL characters". An entry point passes other wording only where
  * its tests pin older messages (docs say which).
  */
@@ -171,6 +174,10 @@ struct kvg_fields_ctx {
     char *msg;                         /* the first error, "path: problem" (may be NULL) */
     size_t msg_len;
     kvg_field_problem problem; /* out: what the first error was */
+    /* A member given twice takes its last value instead of being an error: the policy
+     * settings' rule, which tests/unit/policy pins (every entry point's parser refuses repeated
+     * members before a decoder sees them, so only direct callers can tell). */
+    bool last_repeat_wins;
 };
 
 /** Store every field's default into target (nested objects too; CUSTOM fields untouched).

@@ -324,7 +324,7 @@ static void test_decode_errors(void **state)
 {
     (void)state;
     static const bad_case cases[] = {
-        {KVG_SET_STATE, "[]", KVG_FIELD_MISTYPED, "must be an object"},
+        {KVG_SET_STATE, "[]", KVG_FIELD_MISTYPED, "must be an object, not array"},
         {KVG_SET_STATE, "{\"name\":\"n\",\"nmae\":1}", KVG_FIELD_UNKNOWN, "nmae: unknown field"},
         {KVG_SET_ADMIN, "{\"name\":\"n\",\"note\":\"x\"}", KVG_FIELD_UNKNOWN,
          "note: unknown field"},
@@ -333,7 +333,7 @@ static void test_decode_errors(void **state)
         {KVG_SET_STATE, "{\"name\":\"n\",\"name\":\"m\"}", KVG_FIELD_REPEATED,
          "name: appears more than once"},
         {KVG_SET_STATE, "{}", KVG_FIELD_MISSING, "name: required"},
-        {KVG_SET_STATE, "{\"name\":1}", KVG_FIELD_MISTYPED, "name: must be a string"},
+        {KVG_SET_STATE, "{\"name\":1}", KVG_FIELD_MISTYPED, "name: must be a string, not number"},
         {KVG_SET_STATE, "{\"name\":\"a\\u0000b\"}", KVG_FIELD_MISTYPED,
          "name: must not contain NUL characters"},
         {KVG_SET_STATE, "{\"name\":\"n\",\"note\":\"\"}", KVG_FIELD_RANGE,
@@ -343,15 +343,15 @@ static void test_decode_errors(void **state)
         {KVG_SET_STATE, "{\"name\":\"n\",\"path\":\"rel\"}", KVG_FIELD_INVALID,
          "path: must start with '/'"},
         {KVG_SET_STATE, "{\"name\":\"n\",\"tags\":\"a\"}", KVG_FIELD_MISTYPED,
-         "tags: must be an array of strings"},
+         "tags: must be an array of strings, not string"},
         {KVG_SET_STATE, "{\"name\":\"n\",\"tags\":[\"a\",2]}", KVG_FIELD_MISTYPED,
-         "tags[1]: must be a string"},
+         "tags[1]: must be a string, not number"},
         {KVG_SET_STATE, "{\"name\":\"n\",\"tags\":[\"a\",\"bad\"]}", KVG_FIELD_INVALID,
          "tags[1]: \"bad\" is not a tag"},
         {KVG_SET_STATE, "{\"name\":\"n\",\"tags\":[\"a\",\"b\",\"c\",\"d\"]}", KVG_FIELD_RANGE,
          "tags: more than 3 tags"},
         {KVG_SET_STATE, "{\"name\":\"n\",\"count\":\"5\"}", KVG_FIELD_MISTYPED,
-         "count: must be an integer in 1..1000"},
+         "count: must be an integer in 1..1000, not string"},
         {KVG_SET_STATE, "{\"name\":\"n\",\"count\":0}", KVG_FIELD_RANGE,
          "count: must be an integer in 1..1000"},
         {KVG_SET_STATE, "{\"name\":\"n\",\"count\":1.5}", KVG_FIELD_RANGE,
@@ -365,15 +365,15 @@ static void test_decode_errors(void **state)
         {KVG_SET_STATE, "{\"name\":\"n\",\"size\":-5}", KVG_FIELD_RANGE,
          "size: must be an integer in 0..18446744073709551615"},
         {KVG_SET_STATE, "{\"name\":\"n\",\"loud\":1}", KVG_FIELD_MISTYPED,
-         "loud: must be true or false"},
+         "loud: must be true or false, not number"},
         {KVG_SET_STATE, "{\"name\":\"n\",\"colour\":1}", KVG_FIELD_MISTYPED,
-         "colour: must be a string"},
+         "colour: must be a string, not number"},
         {KVG_SET_STATE, "{\"name\":\"n\",\"colour\":\"pink\"}", KVG_FIELD_RANGE,
          "colour: must be red, green or blue"},
         {KVG_SET_STATE, "{\"name\":\"n\",\"auth\":\"none\"}", KVG_FIELD_INVALID,
          "auth: \"none\" is not keys or open"},
         {KVG_SET_STATE, "{\"name\":\"n\",\"limits\":[]}", KVG_FIELD_MISTYPED,
-         "limits: must be an object"},
+         "limits: must be an object, not array"},
         {KVG_SET_STATE, "{\"name\":\"n\",\"limits\":{\"rate\":-1}}", KVG_FIELD_RANGE,
          "limits.rate: must be a number in 0..1e15"},
         {KVG_SET_STATE, "{\"name\":\"n\",\"limits\":{\"rate\":1e999}}", KVG_FIELD_RANGE,
@@ -381,7 +381,7 @@ static void test_decode_errors(void **state)
         {KVG_SET_STATE, "{\"name\":\"n\",\"limits\":{\"burst\":0.5}}", KVG_FIELD_RANGE,
          "limits.burst: must be a number in 1..100"},
         {KVG_SET_STATE, "{\"name\":\"n\",\"limits\":{\"rate\":\"x\"}}", KVG_FIELD_MISTYPED,
-         "limits.rate: must be a number in 0..1e15"},
+         "limits.rate: must be a number in 0..1e15, not string"},
         {KVG_SET_STATE, "{\"name\":\"n\",\"limits\":{\"cap\":1}}", KVG_FIELD_UNKNOWN,
          "limits.cap: unknown field"},
         {KVG_SET_STATE, "{\"name\":\"n\",\"custom\":41}", KVG_FIELD_INVALID,
@@ -493,8 +493,8 @@ static void test_embed(void **state)
     static const struct {
         const char *json, *msg;
     } bad[] = {
-        {"{\"name\":\"n\",\"parts\":{}}", "parts: must be an array of objects"},
-        {"{\"name\":\"n\",\"parts\":[1]}", "parts[0]: must be an object"},
+        {"{\"name\":\"n\",\"parts\":{}}", "parts: must be an array of objects, not object"},
+        {"{\"name\":\"n\",\"parts\":[1]}", "parts[0]: must be an object, not number"},
         {"{\"name\":\"n\",\"parts\":[{},{\"burst\":0}]}",
          "parts[1].burst: must be a number in 1..100"},
         {"{\"name\":\"n\",\"parts\":[{},{},{}]}", "parts: more than 2 parts"},
@@ -553,19 +553,19 @@ static void test_set_text(void **state)
     static const struct {
         const char *key, *text, *msg;
     } bad[] = {
-        {"count", "many", "count: must be an integer in 1..1000"},
+        {"count", "many", "count: must be an integer in 1..1000, not string"},
         {"count", "-1", "count: must be an integer in 1..1000"},
         {"count", "1.5", "count: must be an integer in 1..1000"},
-        {"count", "", "count: must be an integer in 1..1000"},
-        {"count", "1 ", "count: must be an integer in 1..1000"},
-        {"loud", "maybe", "loud: must be true or false"},
+        {"count", "", "count: must be an integer in 1..1000, not string"},
+        {"count", "1 ", "count: must be an integer in 1..1000, not string"},
+        {"loud", "maybe", "loud: must be true or false, not string"},
         {"colour", "pink", "colour: must be red, green or blue"},
         {"tag", "bad", "tags[2]: \"bad\" is not a tag"},
         {"tags", "x", "tags: unknown field"},
         {"gpu", "1", "gpu: unknown field"},
         {"limits.gpu", "1", "limits.gpu: unknown field"},
         {"custom", "42", "custom: unknown field"}, /* STATE only */
-        {"limits", "1", "limits: must be an object"},
+        {"limits", "1", "limits: must be an object, not string"},
     };
     for (size_t i = 0; i < KVG_ARRAY_LEN(bad); i++) {
         assert_int_equal(set(&f, &t, bad[i].key, bad[i].text), KVG_EPARSE);
@@ -628,8 +628,8 @@ static void test_json_set_text(void **state)
     } bad[] = {
         {"size", "-3", "size: must be an integer in 0..18446744073709551615"},
         {"rate", "-0.5", "limits.rate: must be a number in 0..1e15"},
-        {"size", "lots", "size: must be an integer in 0..18446744073709551615"},
-        {"loud", "yes", "loud: must be true or false"},
+        {"size", "lots", "size: must be an integer in 0..18446744073709551615, not string"},
+        {"loud", "yes", "loud: must be true or false, not string"},
         {"custom", "42", "custom: unknown field"},
         {"nope", "1", "nope: unknown field"},
     };
