@@ -841,23 +841,6 @@ static void assert_config_equal(const kvg_policy_config *a, const kvg_policy_con
     assert_true(a->kv_usage_cost == b->kv_usage_cost);
 }
 
-/* The settings' field table names the kinds as kvg_policy_kind_str does, and its defaults are
- * what kvg_policy_config_init gives. */
-static void test_config_fields(void **state)
-{
-    (void)state;
-    const kvg_field *f = kvg_fields_find(&kvg_policy_fields, "policy", 6);
-    assert_non_null(f);
-    assert_int_equal(f->nkeywords, KVG_POLICY_KIND_COUNT);
-    for (size_t k = 0; k < KVG_POLICY_KIND_COUNT; k++)
-        assert_string_equal(f->keywords[k], kvg_policy_kind_str((kvg_policy_kind)k));
-    kvg_policy_config cfg;
-    kvg_policy_config_init(&cfg);
-    assert_int_equal(cfg.kind, KVG_POLICY_COST);
-    assert_int_equal(cfg.block_bytes, 64);
-    assert_true(cfg.load_factor == 0.5 && cfg.waiting_cost_per_request == 5000);
-}
-
 static void test_config(void **state)
 {
     (void)state;
@@ -1147,7 +1130,6 @@ int main(void)
         cmocka_unit_test(test_bucket),
         cmocka_unit_test(test_scope_salt),
         cmocka_unit_test(test_config),
-        cmocka_unit_test(test_config_fields),
         cmocka_unit_test(test_choose_top),
         cmocka_unit_test(test_salt_cache),
         cmocka_unit_test(test_state),
