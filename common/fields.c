@@ -552,8 +552,10 @@ static int decode_string(const kvg_field *f, bool item, const kvg_json *v, const
     return 0;
 }
 
-static int decode_strings(const kvg_field *f, void *base, const kvg_json *v, const char *path,
-                          kvg_fields_ctx *c)
+/* STRINGS and OBJECTS: an array of strings, or of objects each from its defaults. The items go
+ * into one arena allocation, stored with their count once all are good. */
+static int decode_array(const kvg_field *f, void *base, const kvg_json *v, const char *path,
+                        kvg_fields_ctx *c)
 {
     char ipath[PATH_MAX_LEN], idx[24];
     if (v->type != KVG_JSON_ARRAY)
@@ -562,41 +564,22 @@ static int decode_strings(const kvg_field *f, void *base, const kvg_json *v, con
     if (f->max && n > f->max)
         return kvg_fields_fail(c, KVG_FIELD_RANGE, path, "more than %" PRIu64 " %s", f->max,
                                f->name);
-    const char **items = c->arena ? kvg_arena_alloc(c->arena, (n ? n : 1) * sizeof(char *)) : NULL;
+    size_t size = f->type == KVG_FIELD_STRINGS ? sizeof(char *) : f->elem_size;
+    char *items = c->arena ? kvg_arena_alloc(c->arena, (n ? n : 1) * size) : NULL;
     if (!items)
         return fail_nomem(c);
     for (size_t i = 0; i < n; i++) {
+        void *item = items + i * size;
+        int rc;
         snprintf(idx, sizeof(idx), "[%zu]", i);
         kvg_fields_path(ipath, sizeof(ipath), path, idx);
-        int rc = decode_string(f, true, v->u.arr.items[i], ipath, c, &items[i]);
-        if (rc < 0)
-            return rc;
-    }
-    store_ptr(base, f->offset, items);
-    memcpy(at(base, f->count_offset), &n, sizeof(n));
-    return 0;
-}
-
-static int decode_objects(const kvg_field *f, void *base, const kvg_json *v, const char *path,
-                          kvg_fields_ctx *c)
-{
-    char ipath[PATH_MAX_LEN], idx[24];
-    if (v->type != KVG_JSON_ARRAY)
-        return fail_value(c, KVG_FIELD_MISTYPED, f, path, v);
-    size_t n = v->u.arr.count;
-    if (f->max && n > f->max)
-        return kvg_fields_fail(c, KVG_FIELD_RANGE, path, "more than %" PRIu64 " %s", f->max,
-                               f->name);
-    char *items = c->arena ? kvg_arena_alloc(c->arena, (n ? n : 1) * f->elem_size) : NULL;
-    if (!items)
-        return fail_nomem(c);
-    for (size_t i = 0; i < n; i++) {
-        snprintf(idx, sizeof(idx), "[%zu]", i);
-        kvg_fields_path(ipath, sizeof(ipath), path, idx);
-        memset(items + i * f->elem_size, 0, f->elem_size);
-        kvg_fields_defaults(f->object, items + i * f->elem_size);
-        int rc =
-            kvg_fields_decode(f->object, items + i * f->elem_size, v->u.arr.items[i], ipath, c);
+        if (f->type == KVG_FIELD_STRINGS) {
+            rc = decode_string(f, true, v->u.arr.items[i], ipath, c, (const char **)item);
+        } else {
+            memset(item, 0, size);
+            kvg_fields_defaults(f->object, item);
+            rc = kvg_fields_decode(f->object, item, v->u.arr.items[i], ipath, c);
+        }
         if (rc < 0)
             return rc;
     }
@@ -670,9 +653,8 @@ static int decode_value(const kvg_field *f, void *base, const kvg_json *v, const
             memcpy(at(base, f->offset), s, v->u.str.len + 1);
         return rc;
     case KVG_FIELD_STRINGS:
-        return decode_strings(f, base, v, path, c);
     case KVG_FIELD_OBJECTS:
-        return decode_objects(f, base, v, path, c);
+        return decode_array(f, base, v, path, c);
     case KVG_FIELD_U32:
     case KVG_FIELD_U64:
     case KVG_FIELD_SIZE:
@@ -1178,15 +1160,21 @@ static void encode_value(const kvg_field *f, const void *base, unsigned in, kvg_
         kvg_buf_json_string(out, s, strnlen(s, f->max));
         break;
     }
-    case KVG_FIELD_STRINGS: {
-        const char *const *items = load_ptr(base, f->offset);
-        size_t n;
+    case KVG_FIELD_STRINGS:
+    case KVG_FIELD_OBJECTS: {
+        const char *items = load_ptr(base, f->offset);
+        size_t n, size = f->type == KVG_FIELD_STRINGS ? sizeof(char *) : f->elem_size;
         memcpy(&n, cat(base, f->count_offset), sizeof(n));
         kvg_buf_putc(out, '[');
         for (size_t i = 0; i < n; i++) {
             if (i)
                 kvg_buf_putc(out, ',');
-            kvg_buf_json_string(out, items[i], strlen(items[i]));
+            if (f->type == KVG_FIELD_OBJECTS) {
+                kvg_fields_encode(f->object, items + i * size, in, out);
+                continue;
+            }
+            const char *s = load_ptr(items, i * size);
+            kvg_buf_json_string(out, s, strlen(s));
         }
         kvg_buf_putc(out, ']');
         break;
@@ -1219,19 +1207,6 @@ static void encode_value(const kvg_field *f, const void *base, unsigned in, kvg_
     case KVG_FIELD_OBJECT:
         kvg_fields_encode(f->object, cat(base, f->offset), in, out);
         break;
-    case KVG_FIELD_OBJECTS: {
-        const char *items = load_ptr(base, f->offset);
-        size_t n;
-        memcpy(&n, cat(base, f->count_offset), sizeof(n));
-        kvg_buf_putc(out, '[');
-        for (size_t i = 0; i < n; i++) {
-            if (i)
-                kvg_buf_putc(out, ',');
-            kvg_fields_encode(f->object, items + i * f->elem_size, in, out);
-        }
-        kvg_buf_putc(out, ']');
-        break;
-    }
     default:
         break;
     }

@@ -319,6 +319,27 @@ static int parse_body(int argc, char **argv, const kvg_fields *fields, const cha
     return parse_args(argc, argv, &os, a, max_pos, field_opt, b);
 }
 
+/* put NAME [ARG] [options]: the resource's body from the options (and from the second argument
+ * when the resource takes one of its fields positionally), NAME the path's last segment. */
+static int cmd_put(cli *c, int argc, char **argv, const kvg_fields *fields, const char *positional,
+                   const char *what)
+{
+    args a = {.npos = 0};
+    size_t npos = positional ? 2 : 1;
+    req_body b;
+    int rc = parse_body(argc, argv, fields, positional, &a, npos, &b);
+    if (!rc)
+        rc = need(&a, npos, what);
+    if (!rc && positional)
+        rc = body_set(&b, positional, a.pos[1]);
+    body_done(&b, c, rc == 0);
+    if (rc)
+        return rc;
+    put_segment(&c->path, a.pos[0]);
+    c->method = "PUT";
+    return 0;
+}
+
 static int cmd_workers(cli *c, int argc, char **argv)
 {
     args a = {.npos = 0};
@@ -331,20 +352,9 @@ static int cmd_workers(cli *c, int argc, char **argv)
         c->method = "GET";
         return rc;
     }
-    if (strcmp(sub, "put") == 0) {
-        req_body b;
-        int rc = parse_body(argc - 1, argv + 1, &kvg_worker_fields, "url", &a, 2, &b);
-        if (!rc)
-            rc = need(&a, 2, "NAME and URL: workers put NAME URL");
-        if (!rc)
-            rc = body_set(&b, "url", a.pos[1]);
-        body_done(&b, c, rc == 0);
-        if (rc)
-            return rc;
-        put_segment(&c->path, a.pos[0]);
-        c->method = "PUT";
-        return 0;
-    }
+    if (strcmp(sub, "put") == 0)
+        return cmd_put(c, argc - 1, argv + 1, &kvg_worker_fields, "url",
+                       "NAME and URL: workers put NAME URL");
     if (strcmp(sub, "get") && strcmp(sub, "delete") && strcmp(sub, "drain"))
         return usage_error("workers: unknown subcommand \"%s\"", sub);
     int rc = parse_args(argc - 1, argv + 1, NULL, &a, 1, NULL, NULL);
@@ -368,18 +378,8 @@ static int cmd_tenants(cli *c, int argc, char **argv)
         c->method = "GET";
         return parse_args(argc - 1, argv + 1, NULL, &a, 0, NULL, NULL);
     }
-    if (strcmp(sub, "put") == 0) {
-        req_body b;
-        int rc = parse_body(argc - 1, argv + 1, &kvg_tenant_fields, NULL, &a, 1, &b);
-        if (!rc)
-            rc = need(&a, 1, "ID: tenants put ID");
-        body_done(&b, c, rc == 0);
-        if (rc)
-            return rc;
-        put_segment(&c->path, a.pos[0]);
-        c->method = "PUT";
-        return 0;
-    }
+    if (strcmp(sub, "put") == 0)
+        return cmd_put(c, argc - 1, argv + 1, &kvg_tenant_fields, NULL, "ID: tenants put ID");
     if (strcmp(sub, "get") && strcmp(sub, "delete"))
         return usage_error("tenants: unknown subcommand \"%s\"", sub);
     int rc = parse_args(argc - 1, argv + 1, NULL, &a, 1, NULL, NULL);

@@ -195,7 +195,15 @@ static const kvg_fields admin_table = {"admin", admin_fields, KVG_ARRAY_LEN(admi
         .offset = offsetof(st, field), .min = (lo), .max = (hi), .def.u = (dflt)                   \
     }
 
-/* The budgets are byte counts past 4 GiB on a large machine: MiB in the file, bytes inside. */
+/* The budgets are byte counts past 4 GiB on a large machine: MiB in the file (1 to 1048576, 1024
+ * by default), bytes inside. */
+#define BUDGET_FIELD(budget)                                                                       \
+    {                                                                                              \
+        .name = #budget "_mib", .type = KVG_FIELD_U64, .set_in = KVG_SET_CONFIG,                   \
+        .offset = offsetof(kvg_front_limits, budget##_bytes), .min = 1, .max = 1u << 20,           \
+        .shift = 20, .def.u = 1024                                                                 \
+    }
+
 static const kvg_field limits_fields[] = {
     {.name = "header_bytes",
      .type = KVG_FIELD_SIZE,
@@ -218,23 +226,9 @@ static const kvg_field limits_fields[] = {
     U32_FIELD(kvg_front_limits, body_min_rate, 0, 1u << 30, 1024),
     U32_FIELD(kvg_front_limits, send_timeout_ms, 100, 86400000, 60000),
     U32_FIELD(kvg_front_limits, max_connections, 0, 10000000, 0),
-    {.name = "body_budget_mib",
-     .type = KVG_FIELD_U64,
-     .set_in = KVG_SET_CONFIG,
-     .offset = offsetof(kvg_front_limits, body_budget_bytes),
-     .min = 1,
-     .max = 1u << 20,
-     .shift = 20,
-     .def.u = 1024},
+    BUDGET_FIELD(body_budget),
     U32_FIELD(kvg_front_limits, tenant_body_share, 1, 100, 25),
-    {.name = "response_budget_mib",
-     .type = KVG_FIELD_U64,
-     .set_in = KVG_SET_CONFIG,
-     .offset = offsetof(kvg_front_limits, response_budget_bytes),
-     .min = 1,
-     .max = 1u << 20,
-     .shift = 20,
-     .def.u = 1024},
+    BUDGET_FIELD(response_budget),
 };
 
 static const kvg_fields limits_table = {"limits", limits_fields, KVG_ARRAY_LEN(limits_fields),
@@ -262,14 +256,16 @@ static int check_http_path(const void *value, char *why, size_t len)
     return KVG_EPARSE;
 }
 
+/* The path of an HTTP check, in a char array of the section's struct. */
+#define PATH_FIELD(st, dflt)                                                                       \
+    {                                                                                              \
+        .name = "path", .type = KVG_FIELD_CHARS, .set_in = KVG_SET_CONFIG,                         \
+        .offset = offsetof(st, path), .max = sizeof(((st *)0)->path) - 1, .def.s = (dflt),         \
+        .check = check_http_path                                                                   \
+    }
+
 static const kvg_field health_fields[] = {
-    {.name = "path",
-     .type = KVG_FIELD_CHARS,
-     .set_in = KVG_SET_CONFIG,
-     .offset = offsetof(kvg_health_config, path),
-     .max = sizeof(((kvg_health_config *)0)->path) - 1,
-     .def.s = "/health",
-     .check = check_http_path},
+    PATH_FIELD(kvg_health_config, "/health"),
     U32_FIELD(kvg_health_config, interval_ms, 100, 3600000, 2000),
     U32_FIELD(kvg_health_config, timeout_ms, 10, 600000, 1000),
     U32_FIELD(kvg_health_config, fall, 1, 100, 3),
@@ -290,13 +286,7 @@ static int check_scrape(const void *target, char *why, size_t len)
 }
 
 static const kvg_field scrape_fields[] = {
-    {.name = "path",
-     .type = KVG_FIELD_CHARS,
-     .set_in = KVG_SET_CONFIG,
-     .offset = offsetof(kvg_scrape_config, path),
-     .max = sizeof(((kvg_scrape_config *)0)->path) - 1,
-     .def.s = "/metrics",
-     .check = check_http_path},
+    PATH_FIELD(kvg_scrape_config, "/metrics"),
     U32_FIELD(kvg_scrape_config, interval_ms, 0, 3600000, 0),
     U32_FIELD(kvg_scrape_config, timeout_ms, 10, 600000, 1000),
 };
@@ -342,6 +332,13 @@ static const char *const level_keywords[KVG_LOG_LEVEL_COUNT] = {"error", "warn",
     {                                                                                              \
         .name = #field, .type = KVG_FIELD_STRING, .set_in = (where), .flags = KVG_FIELD_NONEMPTY,  \
         .offset = offsetof(kvg_config, field), .def.s = (dflt)                                     \
+    }
+
+/* A section of the file: its struct in kvg_config, its table <section>_table. */
+#define SECTION(section)                                                                           \
+    {                                                                                              \
+        .name = #section, .type = KVG_FIELD_OBJECT, .set_in = KVG_SET_CONFIG,                      \
+        .offset = offsetof(kvg_config, section), .object = &section##_table                        \
     }
 
 static const kvg_field config_fields[] = {
@@ -392,26 +389,10 @@ static const kvg_field config_fields[] = {
      .offset = offsetof(kvg_config, worker_header),
      .def.b = true},
     U32_FIELD(kvg_config, shutdown_timeout_ms, 0, 3600000, 30000),
-    {.name = "limits",
-     .type = KVG_FIELD_OBJECT,
-     .set_in = KVG_SET_CONFIG,
-     .offset = offsetof(kvg_config, limits),
-     .object = &limits_table},
-    {.name = "upstream",
-     .type = KVG_FIELD_OBJECT,
-     .set_in = KVG_SET_CONFIG,
-     .offset = offsetof(kvg_config, upstream),
-     .object = &upstream_table},
-    {.name = "health",
-     .type = KVG_FIELD_OBJECT,
-     .set_in = KVG_SET_CONFIG,
-     .offset = offsetof(kvg_config, health),
-     .object = &health_table},
-    {.name = "scrape",
-     .type = KVG_FIELD_OBJECT,
-     .set_in = KVG_SET_CONFIG,
-     .offset = offsetof(kvg_config, scrape),
-     .object = &scrape_table},
+    SECTION(limits),
+    SECTION(upstream),
+    SECTION(health),
+    SECTION(scrape),
     {.name = "workers",
      .type = KVG_FIELD_CUSTOM,
      .set_in = KVG_SET_CONFIG,

@@ -14,6 +14,7 @@
 #include "common.h"
 #include "fail_alloc.h"
 #include "fields.h"
+#include "fields_fix.h"
 
 typedef enum colour { RED = 0, GREEN, BLUE } colour;
 
@@ -210,25 +211,9 @@ static const kvg_fields record_table = {"record", record_fields, KVG_ARRAY_LEN(r
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
-typedef struct fix {
-    kvg_arena arena;
-    char msg[256];
-    kvg_fields_ctx c;
-} fix;
-
-static void fix_init(fix *f, unsigned from)
-{
-    kvg_arena_init(&f->arena, 0);
-    f->msg[0] = '\0';
-    f->c = (kvg_fields_ctx){
-        .from = from, .arena = &f->arena, .msg = f->msg, .msg_len = sizeof(f->msg)};
-}
-
 static kvg_json *parse(fix *f, const char *text)
 {
-    kvg_json *v;
-    assert_int_equal(kvg_json_parse(text, strlen(text), &f->arena, NULL, &v, NULL), 0);
-    return v;
+    return fix_parse(f, text);
 }
 
 static int decode(fix *f, thing *t, const char *text)

@@ -10,28 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fields_fix.h"
 #include "router.h"
-
-typedef struct fix {
-    kvg_arena arena;
-    char msg[256];
-    kvg_fields_ctx c;
-} fix;
-
-static void fix_init(fix *f, unsigned from)
-{
-    kvg_arena_init(&f->arena, 0);
-    f->msg[0] = '\0';
-    f->c = (kvg_fields_ctx){
-        .from = from, .arena = &f->arena, .msg = f->msg, .msg_len = sizeof(f->msg)};
-}
 
 static int decode(fix *f, kvg_worker_def *def, const char *text)
 {
-    kvg_json *v;
-    assert_int_equal(kvg_json_parse(text, strlen(text), &f->arena, NULL, &v, NULL), 0);
-    kvg_fields_defaults(&kvg_worker_fields, def);
-    return kvg_fields_decode(&kvg_worker_fields, def, v, "", &f->c);
+    return fix_decode(f, &kvg_worker_fields, def, text);
 }
 
 static void test_state_form_round_trip(void **state)
@@ -67,10 +51,7 @@ static void test_state_form_round_trip(void **state)
 static void test_where_fields_go(void **state)
 {
     (void)state;
-    static const struct {
-        unsigned from;
-        const char *text, *msg;
-    } cases[] = {
+    static const fix_case cases[] = {
         {KVG_SET_STATE, "{\"url\":\"http://h:1\"}", "name: required"},
         {KVG_SET_CONFIG, "{\"url\":\"http://h:1\"}", "name: required"},
         {KVG_SET_ADMIN, "{\"url\":\"http://h:1\"}", NULL},
@@ -83,15 +64,8 @@ static void test_where_fields_go(void **state)
         {KVG_SET_CONFIG, "{\"name\":\"w\",\"url\":\"http://h:1\",\"max_inflight\":4294967296}",
          "max_inflight: must be an integer in 0..4294967295"},
     };
-    for (size_t i = 0; i < KVG_ARRAY_LEN(cases); i++) {
-        fix f;
-        fix_init(&f, cases[i].from);
-        kvg_worker_def def;
-        int rc = decode(&f, &def, cases[i].text);
-        if (cases[i].msg ? rc == 0 || strcmp(f.msg, cases[i].msg) != 0 : rc != 0)
-            fail_msg("case %zu: rc %d \"%s\"", i, rc, f.msg);
-        kvg_arena_done(&f.arena);
-    }
+    kvg_worker_def def;
+    fix_cases(&kvg_worker_fields, &def, cases, KVG_ARRAY_LEN(cases));
 }
 
 static int item(fix *f, kvg_worker_def *def, const char *key, const char *text)

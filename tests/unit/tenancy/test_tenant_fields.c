@@ -9,28 +9,12 @@
 
 #include <string.h>
 
+#include "fields_fix.h"
 #include "tenancy.h"
-
-typedef struct fix {
-    kvg_arena arena;
-    char msg[256];
-    kvg_fields_ctx c;
-} fix;
-
-static void fix_init(fix *f, unsigned from)
-{
-    kvg_arena_init(&f->arena, 0);
-    f->msg[0] = '\0';
-    f->c = (kvg_fields_ctx){
-        .from = from, .arena = &f->arena, .msg = f->msg, .msg_len = sizeof(f->msg)};
-}
 
 static int decode(fix *f, kvg_tenant_def *def, const char *text)
 {
-    kvg_json *v;
-    assert_int_equal(kvg_json_parse(text, strlen(text), &f->arena, NULL, &v, NULL), 0);
-    kvg_fields_defaults(&kvg_tenant_fields, def);
-    return kvg_fields_decode(&kvg_tenant_fields, def, v, "", &f->c);
+    return fix_decode(f, &kvg_tenant_fields, def, text);
 }
 
 static void test_admin_form(void **state)
@@ -63,10 +47,7 @@ static void test_admin_form(void **state)
 static void test_where_and_ranges(void **state)
 {
     (void)state;
-    static const struct {
-        unsigned from;
-        const char *text, *msg;
-    } cases[] = {
+    static const fix_case cases[] = {
         {KVG_SET_STATE, "{\"sharing\":\"global\"}", "id: required"},
         {KVG_SET_STATE, "{\"id\":\"a\"}", "sharing: required"},
         {KVG_SET_ADMIN, "{\"max_inflight\":4294967295}", NULL},
@@ -77,15 +58,8 @@ static void test_where_and_ranges(void **state)
         {KVG_SET_ADMIN, "{\"keys\":[]}", "keys: unknown field"},
         {KVG_SET_ADMIN, "{\"sharing\":\"all\"}", "sharing: must be isolated, group or global"},
     };
-    for (size_t i = 0; i < KVG_ARRAY_LEN(cases); i++) {
-        fix f;
-        fix_init(&f, cases[i].from);
-        kvg_tenant_def def;
-        int rc = decode(&f, &def, cases[i].text);
-        if (cases[i].msg ? rc == 0 || strcmp(f.msg, cases[i].msg) != 0 : rc != 0)
-            fail_msg("case %zu: rc %d \"%s\"", i, rc, f.msg);
-        kvg_arena_done(&f.arena);
-    }
+    kvg_tenant_def def;
+    fix_cases(&kvg_tenant_fields, &def, cases, KVG_ARRAY_LEN(cases));
 }
 
 /* kvgate admin tenants put ID [--sharing S] [--group G] [--model M]... [--rps N] ... */
