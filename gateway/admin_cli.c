@@ -37,14 +37,15 @@ static const char usage_text[] =
     "commands:\n"
     "  workers list\n"
     "  workers get NAME\n"
-    "  workers put NAME URL [--model M]... [--kv-blocks N] [--max-inflight N] [--no-cache-salt]\n"
+    "  workers put NAME URL [--model M]... [--kv-blocks N] [--max-inflight N]\n"
+    "                 [--cache-salt|--no-cache-salt]\n"
     "  workers delete NAME\n"
     "  workers drain NAME\n"
     "  tenants list\n"
     "  tenants get ID\n"
     "  tenants put ID [--sharing isolated|global|group:NAME] [--model M]... [--rps N]\n"
     "                 [--burst N] [--prompt-bytes-per-s N] [--prompt-bytes-burst N]\n"
-    "                 [--max-inflight N]\n"
+    "                 [--max-inflight N] [--group NAME]\n"
     "  tenants delete ID\n"
     "  keys create TENANT        prints the new key once; it cannot be shown again\n"
     "  keys delete TENANT KEYID\n"
@@ -70,7 +71,8 @@ static const char usage_text[] =
     "  -h, --help         this text\n"
     "\n"
     "Exit status: 0 for a 2xx answer, 1 for another answer or no answer, 2 for a usage error.\n"
-    "A PUT replaces the whole definition: options left out take their defaults.\n";
+    "A PUT replaces the whole definition: options left out take their defaults. The gateway\n"
+    "checks the values (docs/admin-api.md has each field's range).\n";
 
 typedef struct cli {
     const char *url;
