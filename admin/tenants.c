@@ -5,7 +5,6 @@
 #include "admin_int.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

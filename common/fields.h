@@ -166,7 +166,8 @@ const char *kvg_field_problem_str(kvg_field_problem p);
 
 /* One decode: where from, where copies go, how to word the first error. */
 struct kvg_fields_ctx {
-    unsigned from;                     /* the entry point: one KVG_SET_* */
+    unsigned from;                     /* the entry point: a KVG_SET_* (or several that take
+                                          the same fields, as the policy settings do) */
     kvg_arena *arena;                  /* lists, and strings when copy_strings; required for them */
     bool copy_strings;                 /* false: strings point into the JSON tree (which must
                                           outlive the target) */
