@@ -27,6 +27,12 @@ static const char *const kind_keywords[KVG_POLICY_KIND_COUNT] = {
     [KVG_POLICY_PREFIX_ONLY] = "prefix_only",
 };
 
+#define INT_FIELD(field, lo, hi, dflt)                                                             \
+    {                                                                                              \
+        .name = #field, .type = KVG_FIELD_U32, .set_in = KVG_SET_ANY,                              \
+        .offset = offsetof(kvg_policy_config, field), .min = (lo), .max = (hi), .def.u = (dflt)    \
+    }
+
 #define COST_FIELD(field, dflt)                                                                    \
     {                                                                                              \
         .name = #field, .type = KVG_FIELD_DOUBLE, .set_in = KVG_SET_ANY,                           \
@@ -45,34 +51,10 @@ static const kvg_field policy_fields[] = {
      .nkeywords = KVG_POLICY_KIND_COUNT,
      .def.u = KVG_POLICY_COST,
      .invalid = "{path}: unknown policy \"{value}\" (one of {keywords})"},
-    {.name = "block_bytes",
-     .type = KVG_FIELD_U32,
-     .set_in = KVG_SET_ANY,
-     .offset = offsetof(kvg_policy_config, block_bytes),
-     .min = 16,
-     .max = 65536,
-     .def.u = 64},
-    {.name = "block_tokens",
-     .type = KVG_FIELD_U32,
-     .set_in = KVG_SET_ANY,
-     .offset = offsetof(kvg_policy_config, block_tokens),
-     .min = 1,
-     .max = 65536,
-     .def.u = 16},
-    {.name = "max_blocks",
-     .type = KVG_FIELD_U32,
-     .set_in = KVG_SET_ANY,
-     .offset = offsetof(kvg_policy_config, max_blocks),
-     .min = 1,
-     .max = 1048576,
-     .def.u = 4096},
-    {.name = "cold_blocks",
-     .type = KVG_FIELD_U32,
-     .set_in = KVG_SET_ANY,
-     .offset = offsetof(kvg_policy_config, cold_blocks),
-     .min = 1,
-     .max = 1024,
-     .def.u = 4},
+    INT_FIELD(block_bytes, 16, 65536, 64),
+    INT_FIELD(block_tokens, 1, 65536, 16),
+    INT_FIELD(max_blocks, 1, 1048576, 4096),
+    INT_FIELD(cold_blocks, 1, 1024, 4),
     {.name = "load_factor",
      .type = KVG_FIELD_DOUBLE,
      .set_in = KVG_SET_ANY,

@@ -207,33 +207,22 @@ int kvg_tenant_def_validate(const kvg_tenant_def *def, char *msg, size_t msg_len
     return rc;
 }
 
-/* ---- the definition's fields ------------------------------------------------------------------
- */
+/* ---- the definition's fields ---------------------------------------------------------------- */
 
 /* Rates and bursts above this are typos, not limits. */
 #define RATE_MAX 1e15
 
+#define RATE_FIELD(field)                                                                          \
+    {                                                                                              \
+        .name = #field, .type = KVG_FIELD_DOUBLE, .set_in = KVG_SET_ANY,                           \
+        .offset = offsetof(kvg_tenant_limits, field), .dmax = RATE_MAX                             \
+    }
+
 static const kvg_field rate_fields[] = {
-    {.name = "rps",
-     .type = KVG_FIELD_DOUBLE,
-     .set_in = KVG_SET_ANY,
-     .offset = offsetof(kvg_tenant_limits, rps),
-     .dmax = RATE_MAX},
-    {.name = "burst",
-     .type = KVG_FIELD_DOUBLE,
-     .set_in = KVG_SET_ANY,
-     .offset = offsetof(kvg_tenant_limits, burst),
-     .dmax = RATE_MAX},
-    {.name = "prompt_bytes_per_s",
-     .type = KVG_FIELD_DOUBLE,
-     .set_in = KVG_SET_ANY,
-     .offset = offsetof(kvg_tenant_limits, prompt_bytes_per_s),
-     .dmax = RATE_MAX},
-    {.name = "prompt_bytes_burst",
-     .type = KVG_FIELD_DOUBLE,
-     .set_in = KVG_SET_ANY,
-     .offset = offsetof(kvg_tenant_limits, prompt_bytes_burst),
-     .dmax = RATE_MAX},
+    RATE_FIELD(rps),
+    RATE_FIELD(burst),
+    RATE_FIELD(prompt_bytes_per_s),
+    RATE_FIELD(prompt_bytes_burst),
 };
 
 static const kvg_fields rate_table = {"rate", rate_fields, KVG_ARRAY_LEN(rate_fields), NULL};
