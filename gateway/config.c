@@ -156,6 +156,12 @@ static int decode_admin_listeners(void *target, const kvg_json *v, const char *p
     return decode_listeners(cfg->admin_listeners, &cfg->nadmin_listeners, v, path, c);
 }
 
+/* "listen" of the top level and of "admin": listeners decoded by hand (a string or objects). */
+#define LISTEN_FIELD(decoder)                                                                      \
+    {                                                                                              \
+        .name = "listen", .type = KVG_FIELD_CUSTOM, .set_in = KVG_SET_CONFIG, .decode = (decoder)  \
+    }
+
 static int check_token(const void *value, char *why, size_t len)
 {
     if (strlen(value) >= 16)
@@ -166,10 +172,7 @@ static int check_token(const void *value, char *why, size_t len)
 
 /* The admin section's members live in kvg_config itself (the object is at offset 0). */
 static const kvg_field admin_fields[] = {
-    {.name = "listen",
-     .type = KVG_FIELD_CUSTOM,
-     .set_in = KVG_SET_CONFIG,
-     .decode = decode_admin_listeners},
+    LISTEN_FIELD(decode_admin_listeners),
     {.name = "tokens",
      .type = KVG_FIELD_STRINGS,
      .set_in = KVG_SET_CONFIG,
@@ -341,10 +344,7 @@ static const char *const level_keywords[KVG_LOG_LEVEL_COUNT] = {"error", "warn",
     }
 
 static const kvg_field config_fields[] = {
-    {.name = "listen",
-     .type = KVG_FIELD_CUSTOM,
-     .set_in = KVG_SET_CONFIG,
-     .decode = decode_front_listeners},
+    LISTEN_FIELD(decode_front_listeners),
     {.name = "admin",
      .type = KVG_FIELD_OBJECT,
      .set_in = KVG_SET_CONFIG,
