@@ -93,11 +93,16 @@ bool kvg_admin_authorize(admin_ctx *c);
  *  arena. An empty body is {} when empty_ok, an error otherwise. Returns the object, or NULL
  *  after answering 400 (500 when out of memory) through kvg_admin_fail. */
 const kvg_json *kvg_admin_parse_body(admin_ctx *c, kvg_arena *arena, bool empty_ok);
+/* The admin API's wording of field errors (body.c). */
+extern const kvg_fields_wording kvg_admin_wording;
+/** Decode a body object over target through a resource's field table (KVG_SET_ADMIN; strings
+ *  borrowed from the tree, lists from arena). False after answering 400 with the walker's
+ *  message (500 when out of memory). */
+bool kvg_admin_decode(admin_ctx *c, const kvg_fields *table, void *target, const kvg_json *root,
+                      kvg_arena *arena);
 /** True when v is a JSON string without NUL characters; otherwise writes
  *  "<field>: must be a string" (or the NUL complaint) to msg. */
 bool kvg_admin_c_string(const kvg_json *v, const char *field, char *msg, size_t msg_len);
-/** True when v is an integer 0..UINT32_MAX written without fraction or exponent. */
-bool kvg_admin_get_u32(const kvg_json *v, uint32_t *out);
 /** True when key (of length len, from a parsed object) is exactly lit. */
 bool kvg_admin_key_is(const char *key, size_t len, const char *lit);
 

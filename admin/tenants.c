@@ -5,31 +5,11 @@
 #include "admin_int.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <openssl/crypto.h>
-
-/* Rates and bursts above this are typos, not limits. */
-#define RATE_MAX 1e15
-
-/* The shortest decimal that reads back as v (integers without a fraction). */
-static void put_number(kvg_buf *b, double v)
-{
-    char s[40];
-    if (v == floor(v) && fabs(v) < 9007199254740992.0) {
-        kvg_buf_printf(b, "%.0f", v);
-        return;
-    }
-    for (int prec = 15; prec <= 17; prec++) {
-        snprintf(s, sizeof(s), "%.*g", prec, v);
-        if (strtod(s, NULL) == v)
-            break;
-    }
-    kvg_buf_puts(b, s);
-}
 
 static void put_str(kvg_buf *b, const char *s)
 {
@@ -38,37 +18,30 @@ static void put_str(kvg_buf *b, const char *s)
 
 static void put_tenant(kvg_buf *b, const kvg_tenant *t)
 {
-    kvg_buf_puts(b, "{\"id\":");
-    put_str(b, kvg_tenant_id(t));
-    kvg_buf_puts(b, ",\"sharing\":");
-    put_str(b, kvg_sharing_str(kvg_tenant_sharing(t)));
-    if (kvg_tenant_sharing(t) == KVG_SHARING_GROUP && kvg_tenant_group(t)) {
-        kvg_buf_puts(b, ",\"group\":");
-        put_str(b, kvg_tenant_group(t));
-    }
-    kvg_buf_puts(b, ",\"models\":[");
-    for (size_t i = 0; i < kvg_tenant_model_count(t); i++) {
-        if (i)
-            kvg_buf_putc(b, ',');
-        put_str(b, kvg_tenant_model(t, i));
-    }
-    const kvg_tenant_limits *lim = kvg_tenant_limits_of(t);
-    kvg_buf_puts(b, "],\"rate\":{\"rps\":");
-    put_number(b, lim->rps);
-    kvg_buf_puts(b, ",\"burst\":");
-    put_number(b, lim->burst);
-    kvg_buf_puts(b, ",\"prompt_bytes_per_s\":");
-    put_number(b, lim->prompt_bytes_per_s);
-    kvg_buf_puts(b, ",\"prompt_bytes_burst\":");
-    put_number(b, lim->prompt_bytes_burst);
-    kvg_buf_printf(b, "},\"max_inflight\":%lu,\"keys\":[", (unsigned long)lim->max_inflight);
+    /* The definition through the tenant's field table, then what is read-only: the keys (their
+     * ids and creation times only, never a digest) and the requests in flight. */
+    const char *models[KVG_TENANT_MODELS_MAX];
+    size_t n = KVG_MIN(kvg_tenant_model_count(t), (size_t)KVG_TENANT_MODELS_MAX);
+    for (size_t i = 0; i < n; i++)
+        models[i] = kvg_tenant_model(t, i);
+    kvg_tenant_def def = {
+        .id = kvg_tenant_id(t),
+        .sharing = kvg_tenant_sharing(t),
+        .group = kvg_tenant_sharing(t) == KVG_SHARING_GROUP ? kvg_tenant_group(t) : NULL,
+        .models = models,
+        .nmodels = n,
+        .limits = *kvg_tenant_limits_of(t),
+    };
+    bool first = true;
+    kvg_buf_putc(b, '{');
+    kvg_fields_encode_members(&kvg_tenant_fields, &def, KVG_SET_ADMIN, &first, b);
+    kvg_buf_puts(b, ",\"keys\":[");
     for (size_t i = 0; i < kvg_tenant_key_count(t); i++) {
         const kvg_key_info *k = kvg_tenant_key(t, i);
         char ts[40];
         kvg_format_time(k->created_wall_ns, ts, sizeof(ts));
         if (i)
             kvg_buf_putc(b, ',');
-        /* the id and the creation time only: never the digest */
         kvg_buf_puts(b, "{\"id\":");
         put_str(b, k->id);
         kvg_buf_printf(b, ",\"created\":\"%s\"}", ts);
@@ -110,120 +83,26 @@ void kvg_admin_tenant_get(admin_ctx *c, const char *id)
     respond_tenant(c, id, 200);
 }
 
-static bool get_rate(const kvg_json *v, double *out)
+/* Fill def from the body through the tenant's field table (omitted fields: the defaults) and
+ * check it; on error answers 400 (500 when out of memory) and returns false. */
+static bool parse_def(admin_ctx *c, const kvg_json *root, const char *id, kvg_arena *arena,
+                      kvg_tenant_def *def)
 {
-    if (v->type != KVG_JSON_NUMBER || !isfinite(v->u.num.value) || v->u.num.value < 0 ||
-        v->u.num.value > RATE_MAX)
+    char msg[256];
+    kvg_fields_defaults(&kvg_tenant_fields, def);
+    def->id = id;
+    if (!kvg_admin_decode(c, &kvg_tenant_fields, def, root, arena))
         return false;
-    *out = v->u.num.value;
-    return true;
-}
-
-static bool parse_rate(const kvg_json *v, kvg_tenant_limits *lim, char *msg, size_t msg_len)
-{
-    static const char *const names[] = {"rps", "burst", "prompt_bytes_per_s", "prompt_bytes_burst"};
-    double *fields[] = {&lim->rps, &lim->burst, &lim->prompt_bytes_per_s, &lim->prompt_bytes_burst};
-    if (v->type != KVG_JSON_OBJECT) {
-        snprintf(msg, msg_len, "rate: must be an object");
+    /* An id is accepted so a GET result can be sent back, but the path names the tenant. */
+    if (strcmp(def->id, id) != 0) {
+        kvg_admin_fail(c, 400, "id: must match the id in the path");
         return false;
     }
-    for (size_t i = 0; i < v->u.obj.count; i++) {
-        size_t k = 0;
-        while (k < KVG_ARRAY_LEN(names) &&
-               !kvg_admin_key_is(v->u.obj.keys[i], v->u.obj.key_lens[i], names[k]))
-            k++;
-        if (k == KVG_ARRAY_LEN(names)) {
-            snprintf(msg, msg_len, "unknown field \"rate.%.64s\"", v->u.obj.keys[i]);
-            return false;
-        }
-        if (!get_rate(v->u.obj.values[i], fields[k])) {
-            snprintf(msg, msg_len, "rate.%s: must be a number in 0..%g (0 = unlimited)", names[k],
-                     RATE_MAX);
-            return false;
-        }
+    if (kvg_tenant_def_validate(def, msg, sizeof(msg)) < 0) {
+        kvg_admin_fail(c, 400, "%s", msg);
+        return false;
     }
     return true;
-}
-
-static bool parse_models(const kvg_json *v, const char **models, kvg_tenant_def *def, char *msg,
-                         size_t msg_len)
-{
-    if (v->type != KVG_JSON_ARRAY) {
-        snprintf(msg, msg_len, "models: must be an array of strings");
-        return false;
-    }
-    if (v->u.arr.count > KVG_TENANT_MODELS_MAX) {
-        snprintf(msg, msg_len, "models: more than %d models", KVG_TENANT_MODELS_MAX);
-        return false;
-    }
-    for (size_t k = 0; k < v->u.arr.count; k++) {
-        char field[32];
-        snprintf(field, sizeof(field), "models[%zu]", k);
-        if (!kvg_admin_c_string(v->u.arr.items[k], field, msg, msg_len))
-            return false;
-        models[k] = v->u.arr.items[k]->u.str.ptr;
-    }
-    def->models = models;
-    def->nmodels = v->u.arr.count;
-    return true;
-}
-
-/* Fill def from the body (omitted fields: the defaults); false with msg naming the field. */
-static bool parse_def(const kvg_json *root, const char *id, kvg_tenant_def *def,
-                      const char **models, char *msg, size_t msg_len)
-{
-    *def = (kvg_tenant_def){.id = id, .sharing = KVG_SHARING_ISOLATED};
-    for (size_t i = 0; i < root->u.obj.count; i++) {
-        const char *key = root->u.obj.keys[i];
-        size_t klen = root->u.obj.key_lens[i];
-        const kvg_json *v = root->u.obj.values[i];
-        if (kvg_admin_key_is(key, klen, "sharing")) {
-            if (!kvg_admin_c_string(v, "sharing", msg, msg_len))
-                return false;
-            if (kvg_sharing_parse(v->u.str.ptr, &def->sharing) < 0) {
-                snprintf(msg, msg_len, "sharing: must be \"isolated\", \"group\" or \"global\"");
-                return false;
-            }
-        } else if (kvg_admin_key_is(key, klen, "group")) {
-            if (!kvg_admin_c_string(v, "group", msg, msg_len))
-                return false;
-            def->group = v->u.str.ptr;
-        } else if (kvg_admin_key_is(key, klen, "models")) {
-            if (!parse_models(v, models, def, msg, msg_len))
-                return false;
-        } else if (kvg_admin_key_is(key, klen, "rate")) {
-            if (!parse_rate(v, &def->limits, msg, msg_len))
-                return false;
-        } else if (kvg_admin_key_is(key, klen, "max_inflight")) {
-            if (!kvg_admin_get_u32(v, &def->limits.max_inflight)) {
-                snprintf(msg, msg_len, "max_inflight: must be an integer in 0..%lu",
-                         (unsigned long)UINT32_MAX);
-                return false;
-            }
-        } else if (kvg_admin_key_is(key, klen, "id")) {
-            /* Accepted so a GET result can be sent back, but the path names the tenant. */
-            if (!kvg_admin_c_string(v, "id", msg, msg_len))
-                return false;
-            if (strcmp(v->u.str.ptr, id) != 0) {
-                snprintf(msg, msg_len, "id: must match the id in the path");
-                return false;
-            }
-        } else {
-            snprintf(msg, msg_len, "unknown field \"%.64s\"", key);
-            return false;
-        }
-    }
-    if (def->sharing == KVG_SHARING_GROUP && !def->group) {
-        snprintf(msg, msg_len, "group: required when sharing is \"group\"");
-        return false;
-    }
-    if (def->sharing != KVG_SHARING_GROUP && def->group) {
-        snprintf(msg, msg_len, "group: only allowed when sharing is \"group\"");
-        return false;
-    }
-    if (def->group && kvg_tenant_id_validate(def->group, "group", msg, msg_len) < 0)
-        return false;
-    return kvg_tenant_def_validate(def, msg, msg_len) == 0;
 }
 
 void kvg_admin_tenant_put(admin_ctx *c, const char *id)
@@ -235,11 +114,8 @@ void kvg_admin_tenant_put(admin_ctx *c, const char *id)
     if (!root)
         goto out;
     kvg_tenant_def def;
-    const char *models[KVG_TENANT_MODELS_MAX];
-    if (!parse_def(root, id, &def, models, msg, sizeof(msg))) {
-        kvg_admin_fail(c, 400, "%s", msg);
+    if (!parse_def(c, root, id, &arena, &def))
         goto out;
-    }
     bool created = false;
     int rc = kvg_tenants_put(c->admin->tenants, &def, &created, msg, sizeof(msg));
     if (rc < 0) {
@@ -278,15 +154,16 @@ void kvg_admin_tenant_delete(admin_ctx *c, const char *id)
     kvg_admin_json(c->resp, 204);
 }
 
-/* A key-creation body carries nothing (absent or {}); a field is a mistake worth naming. */
+/* A key-creation body carries nothing (absent or {}): a table without fields, so that a member
+ * is named as any unknown field is. */
+static const kvg_fields key_create_fields = {"key", NULL, 0, NULL};
+
 static bool empty_body(admin_ctx *c)
 {
     kvg_arena arena;
     kvg_arena_init(&arena, 0);
     const kvg_json *root = kvg_admin_parse_body(c, &arena, true);
-    bool ok = root && root->u.obj.count == 0;
-    if (root && !ok)
-        kvg_admin_fail(c, 400, "unknown field \"%.64s\"", root->u.obj.keys[0]);
+    bool ok = root && kvg_admin_decode(c, &key_create_fields, NULL, root, &arena);
     kvg_arena_done(&arena);
     return ok;
 }

@@ -17,6 +17,9 @@
 #include <http_parser.h>
 
 #include "common.h"
+#include "policy.h"
+#include "router.h"
+#include "tenancy.h"
 
 #define DEFAULT_URL "http://127.0.0.1:9090"
 #define DEFAULT_STATE_DIR "./kvgate-state"
@@ -34,14 +37,15 @@ static const char usage_text[] =
     "commands:\n"
     "  workers list\n"
     "  workers get NAME\n"
-    "  workers put NAME URL [--model M]... [--kv-blocks N] [--max-inflight N] [--no-cache-salt]\n"
+    "  workers put NAME URL [--model M]... [--kv-blocks N] [--max-inflight N]\n"
+    "                 [--cache-salt|--no-cache-salt]\n"
     "  workers delete NAME\n"
     "  workers drain NAME\n"
     "  tenants list\n"
     "  tenants get ID\n"
     "  tenants put ID [--sharing isolated|global|group:NAME] [--model M]... [--rps N]\n"
     "                 [--burst N] [--prompt-bytes-per-s N] [--prompt-bytes-burst N]\n"
-    "                 [--max-inflight N]\n"
+    "                 [--max-inflight N] [--group NAME]\n"
     "  tenants delete ID\n"
     "  keys create TENANT        prints the new key once; it cannot be shown again\n"
     "  keys delete TENANT KEYID\n"
@@ -67,7 +71,8 @@ static const char usage_text[] =
     "  -h, --help         this text\n"
     "\n"
     "Exit status: 0 for a 2xx answer, 1 for another answer or no answer, 2 for a usage error.\n"
-    "A PUT replaces the whole definition: options left out take their defaults.\n";
+    "A PUT replaces the whole definition: options left out take their defaults. The gateway\n"
+    "checks the values (docs/admin-api.md has each field's range).\n";
 
 typedef struct cli {
     const char *url;
@@ -127,41 +132,10 @@ static void member(kvg_buf *b, const char *name)
     kvg_buf_putc(b, ':');
 }
 
-static bool parse_u32(const char *s, uint32_t *out)
-{
-    uint64_t v;
-    if (kvg_parse_u64(s, strlen(s), &v) < 0 || v > UINT32_MAX)
-        return false;
-    *out = (uint32_t)v;
-    return true;
-}
-
-/* A non-negative decimal number (rates); written back as the shortest exact decimal. */
-static bool parse_rate(const char *s, kvg_buf *json)
-{
-    char *end;
-    if (!*s || strspn(s, "0123456789.eE+-") != strlen(s))
-        return false; /* no "inf", "nan", hex or blanks */
-    errno = 0;
-    double v = strtod(s, &end);
-    if (*end || errno || !isfinite(v) || v < 0)
-        return false;
-    char out[40];
-    for (int prec = 15; prec <= 17; prec++) {
-        snprintf(out, sizeof(out), "%.*g", prec, v);
-        if (strtod(out, NULL) == v)
-            break;
-    }
-    kvg_buf_puts(json, out);
-    return true;
-}
-
-/* Options of one command and its positional arguments, in order. */
+/* Positional arguments of one command, in order. */
 typedef struct args {
     const char *pos[4];
     size_t npos;
-    const char *models[64];
-    size_t nmodels;
 } args;
 
 typedef struct opt {
@@ -169,12 +143,58 @@ typedef struct opt {
     bool has_value;
 } opt;
 
-/* Split argv into positionals and the options allowed (opts), calling on_opt for each option.
- * Returns 0 or EXIT_USAGE after printing why. */
+/* The options a command takes: a fixed list, or the fields of a resource that kvgate admin may
+ * set (--kv-blocks for kv_blocks, --model for an item of models, --rps for rate.rps,
+ * --cache-salt and --no-cache-salt for a boolean), less those given positionally. */
+typedef struct optset {
+    const opt *opts;
+    size_t nopts;
+    const kvg_fields *fields;
+    const char *positional; /* a field taken as an argument, not an option (or NULL) */
+} optset;
+
+/* The field an option names ("--max-inflight" -> max_inflight) in t or its flattened objects;
+ * *negate for "--no-NAME" of a boolean. NULL when there is none. */
+static const kvg_field *option_field(const kvg_fields *t, const char *name, size_t len,
+                                     const char *positional, char *key, size_t key_len,
+                                     bool *negate)
+{
+    *negate = false;
+    if (len < 3 || len - 2 >= key_len)
+        return NULL;
+    for (size_t i = 2; i < len; i++)
+        key[i - 2] = name[i] == '-' ? '_' : name[i];
+    key[len - 2] = '\0';
+    for (int pass = 0; pass < 2; pass++) {
+        const char *k = pass ? key + 3 : key;
+        if (pass && strncmp(key, "no_", 3) != 0)
+            break;
+        for (size_t i = 0; i < t->count; i++) {
+            const kvg_field *f = &t->fields[i];
+            if (!(f->set_in & KVG_SET_CLI) || (positional && strcmp(f->name, positional) == 0))
+                continue;
+            const kvg_field *m = NULL;
+            if (f->type == KVG_FIELD_OBJECT && (f->flags & KVG_FIELD_FLATTEN))
+                m = kvg_fields_find(f->object, k, strlen(k));
+            else if (strcmp(f->type == KVG_FIELD_STRINGS && f->item ? f->item : f->name, k) == 0)
+                m = f;
+            if (!m || !(m->set_in & KVG_SET_CLI) || (pass && m->type != KVG_FIELD_BOOL))
+                continue;
+            if (pass)
+                memmove(key, key + 3, strlen(key + 3) + 1);
+            *negate = pass == 1;
+            return m;
+        }
+    }
+    return NULL;
+}
+
+/* Split argv into positionals and the options of os, calling fn for each option with its
+ * value (NULL for an option without one). Returns 0 or EXIT_USAGE after printing why. */
 typedef int (*opt_fn)(void *ud, const char *name, const char *value);
 
-static int parse_args(int argc, char **argv, const opt *opts, size_t nopts, args *a, size_t max_pos,
-                      opt_fn fn, void *ud)
+static int parse_args(int argc, char **argv, const optset *os, args *a, size_t max_pos, opt_fn fn,
+                      void *ud)
 {
     bool options = true;
     for (int i = 0; i < argc; i++) {
@@ -191,165 +211,97 @@ static int parse_args(int argc, char **argv, const opt *opts, size_t nopts, args
         }
         const char *eq = strchr(arg, '=');
         size_t nlen = eq ? (size_t)(eq - arg) : strlen(arg);
-        size_t k = 0;
-        while (k < nopts && !(strlen(opts[k].name) == nlen && memcmp(opts[k].name, arg, nlen) == 0))
-            k++;
-        if (k == nopts)
+        bool known = false, has_value = false, negate;
+        char key[64];
+        for (size_t k = 0; os && k < os->nopts && !known; k++) {
+            known = strlen(os->opts[k].name) == nlen && memcmp(os->opts[k].name, arg, nlen) == 0;
+            has_value = known && os->opts[k].has_value;
+        }
+        if (!known && os && os->fields) {
+            const kvg_field *f =
+                option_field(os->fields, arg, nlen, os->positional, key, sizeof(key), &negate);
+            known = f != NULL;
+            has_value = known && f->type != KVG_FIELD_BOOL;
+        }
+        if (!known)
             return usage_error("unknown option %.*s", (int)nlen, arg);
         const char *value = NULL;
-        if (opts[k].has_value) {
+        if (has_value) {
             if (eq)
                 value = eq + 1;
             else if (i + 1 < argc)
                 value = argv[++i];
             else
-                return usage_error("%s needs a value", opts[k].name);
+                return usage_error("%.*s needs a value", (int)nlen, arg);
         } else if (eq) {
-            return usage_error("%s takes no value", opts[k].name);
+            return usage_error("%.*s takes no value", (int)nlen, arg);
         }
-        int rc = fn(ud, opts[k].name, value);
+        char name[64];
+        snprintf(name, sizeof(name), "%.*s", (int)nlen, arg);
+        int rc = fn(ud, name, value);
         if (rc)
             return rc;
     }
     return 0;
 }
 
-typedef struct put_ctx {
-    cli *c;
-    args *a;
-    bool seen[16];
-    const opt *opts;
-    size_t nopts;
-} put_ctx;
+/* A request body built through a resource's field table: options and positionals become
+ * members as the gateway takes them; only text that cannot be the field's type is refused here
+ * (a usage error), the values are the gateway's to check. */
+typedef struct req_body {
+    const kvg_fields *fields;
+    kvg_arena arena;
+    kvg_json *obj;
+    const char *positional;
+} req_body;
 
-/* Each option once (models excepted): a repeated one is more likely a typo than a wish. */
-static int once(put_ctx *p, const char *name)
+static int body_init(req_body *b, const kvg_fields *fields, const char *positional)
 {
-    for (size_t k = 0; k < p->nopts; k++) {
-        if (strcmp(p->opts[k].name, name) != 0)
-            continue;
-        if (p->seen[k])
-            return usage_error("%s given twice", name);
-        p->seen[k] = true;
-    }
-    return 0;
+    b->fields = fields;
+    b->positional = positional;
+    kvg_arena_init(&b->arena, 0);
+    b->obj = kvg_fields_json_object(&b->arena);
+    return b->obj ? 0 : -ENOMEM;
 }
 
-static int worker_opt(void *ud, const char *name, const char *value)
+/* Set a member from text ("kv_blocks", "40"); a usage error with the walker's message. */
+static int body_set(req_body *b, const char *key, const char *text)
 {
-    put_ctx *p = ud;
-    kvg_buf *b = &p->c->body;
-    uint32_t n;
-    if (strcmp(name, "--model") == 0) {
-        if (p->a->nmodels == KVG_ARRAY_LEN(p->a->models))
-            return usage_error("more than %zu --model options", KVG_ARRAY_LEN(p->a->models));
-        p->a->models[p->a->nmodels++] = value;
-        return 0;
-    }
-    int rc = once(p, name);
-    if (rc)
-        return rc;
-    if (strcmp(name, "--no-cache-salt") == 0) {
-        member(b, "cache_salt");
-        kvg_buf_puts(b, "false");
-        return 0;
-    }
-    if (!parse_u32(value, &n))
-        return usage_error("%s: expected an integer in 0..4294967295, got \"%s\"", name, value);
-    member(b, strcmp(name, "--kv-blocks") == 0 ? "kv_blocks" : "max_inflight");
-    kvg_buf_printf(b, "%lu", (unsigned long)n);
-    return 0;
+    char msg[256];
+    kvg_fields_ctx c = {
+        .from = KVG_SET_CLI, .arena = &b->arena, .msg = msg, .msg_len = sizeof(msg)};
+    int rc = kvg_fields_json_set_text(b->fields, b->obj, key, strlen(key), text, strlen(text), &c);
+    if (rc == -ENOMEM)
+        return usage_error("out of memory");
+    return rc < 0 ? usage_error("%s", msg) : 0;
 }
 
-static int tenant_opt(void *ud, const char *name, const char *value)
+/* An option of a put or set command: its field, set from its value. */
+static int field_opt(void *ud, const char *name, const char *value)
 {
-    put_ctx *p = ud;
-    kvg_buf *b = &p->c->body;
-    if (strcmp(name, "--model") == 0) {
-        if (p->a->nmodels == KVG_ARRAY_LEN(p->a->models))
-            return usage_error("more than %zu --model options", KVG_ARRAY_LEN(p->a->models));
-        p->a->models[p->a->nmodels++] = value;
-        return 0;
+    req_body *b = ud;
+    char key[64];
+    bool negate;
+    const kvg_field *f =
+        option_field(b->fields, name, strlen(name), b->positional, key, sizeof(key), &negate);
+    if (f->type == KVG_FIELD_BOOL)
+        value = negate ? "false" : "true";
+    /* --sharing group:NAME is both the sharing and the group. */
+    if (strcmp(key, "sharing") == 0 && strncmp(value, "group:", 6) == 0) {
+        if (!value[6])
+            return usage_error("--sharing group:NAME needs a group name");
+        int rc = body_set(b, "sharing", "group");
+        return rc ? rc : body_set(b, "group", value + 6);
     }
-    int rc = once(p, name);
-    if (rc)
-        return rc;
-    if (strcmp(name, "--sharing") == 0) {
-        member(b, "sharing");
-        if (strncmp(value, "group:", 6) == 0) {
-            if (!value[6])
-                return usage_error("--sharing group:NAME needs a group name");
-            put_str(b, "group");
-            member(b, "group");
-            put_str(b, value + 6);
-        } else if (strcmp(value, "isolated") == 0 || strcmp(value, "global") == 0) {
-            put_str(b, value);
-        } else {
-            return usage_error("--sharing: expected isolated, global or group:NAME, got \"%s\"",
-                               value);
-        }
-        return 0;
-    }
-    if (strcmp(name, "--max-inflight") == 0) {
-        uint32_t n;
-        if (!parse_u32(value, &n))
-            return usage_error("%s: expected an integer in 0..4294967295, got \"%s\"", name, value);
-        member(b, "max_inflight");
-        kvg_buf_printf(b, "%lu", (unsigned long)n);
-        return 0;
-    }
-    return 0; /* rates: collected by the caller, which nests them in "rate" */
+    return body_set(b, key, value);
 }
 
-typedef struct rate_ctx {
-    put_ctx put;
-    kvg_buf rate; /* the members of "rate", without braces */
-} rate_ctx;
-
-static int tenant_opt_rates(void *ud, const char *name, const char *value)
+/* Write the body into the call and free it. */
+static void body_done(req_body *b, cli *c, bool send)
 {
-    rate_ctx *r = ud;
-    static const struct {
-        const char *opt, *field;
-    } rates[] = {{"--rps", "rps"},
-                 {"--burst", "burst"},
-                 {"--prompt-bytes-per-s", "prompt_bytes_per_s"},
-                 {"--prompt-bytes-burst", "prompt_bytes_burst"}};
-    for (size_t i = 0; i < KVG_ARRAY_LEN(rates); i++) {
-        if (strcmp(name, rates[i].opt) != 0)
-            continue;
-        int rc = once(&r->put, name);
-        if (rc)
-            return rc;
-        kvg_buf_putc(&r->rate, r->rate.len ? ',' : '{');
-        put_str(&r->rate, rates[i].field);
-        kvg_buf_putc(&r->rate, ':');
-        if (!parse_rate(value, &r->rate))
-            return usage_error("%s: expected a non-negative number, got \"%s\"", name, value);
-        return 0;
-    }
-    return tenant_opt(&r->put, name, value);
-}
-
-static void put_models(kvg_buf *b, const args *a)
-{
-    if (!a->nmodels)
-        return;
-    member(b, "models");
-    kvg_buf_putc(b, '[');
-    for (size_t i = 0; i < a->nmodels; i++) {
-        if (i)
-            kvg_buf_putc(b, ',');
-        put_str(b, a->models[i]);
-    }
-    kvg_buf_putc(b, ']');
-}
-
-static void finish_body(kvg_buf *b)
-{
-    if (!b->len)
-        kvg_buf_putc(b, '{');
-    kvg_buf_putc(b, '}');
+    if (send)
+        kvg_json_write(&c->body, b->obj);
+    kvg_arena_done(&b->arena);
 }
 
 static int need(const args *a, size_t n, const char *what)
@@ -359,39 +311,55 @@ static int need(const args *a, size_t n, const char *what)
     return 0;
 }
 
+/* put NAME ... / set ...: a body of the resource's fields from the options. */
+static int parse_body(int argc, char **argv, const kvg_fields *fields, const char *positional,
+                      args *a, size_t max_pos, req_body *b)
+{
+    optset os = {.fields = fields, .positional = positional};
+    if (body_init(b, fields, positional) < 0)
+        return usage_error("out of memory");
+    return parse_args(argc, argv, &os, a, max_pos, field_opt, b);
+}
+
+/* put NAME [ARG] [options]: the resource's body from the options (and from the second argument
+ * when the resource takes one of its fields positionally), NAME the path's last segment. */
+static int cmd_put(cli *c, int argc, char **argv, const kvg_fields *fields, const char *positional,
+                   const char *what)
+{
+    args a = {.npos = 0};
+    size_t npos = positional ? 2 : 1;
+    req_body b;
+    int rc = parse_body(argc, argv, fields, positional, &a, npos, &b);
+    if (!rc)
+        rc = need(&a, npos, what);
+    if (!rc && positional)
+        rc = body_set(&b, positional, a.pos[1]);
+    body_done(&b, c, rc == 0);
+    if (rc)
+        return rc;
+    put_segment(&c->path, a.pos[0]);
+    c->method = "PUT";
+    return 0;
+}
+
 static int cmd_workers(cli *c, int argc, char **argv)
 {
-    static const opt put_opts[] = {{"--model", true},
-                                   {"--kv-blocks", true},
-                                   {"--max-inflight", true},
-                                   {"--no-cache-salt", false}};
     args a = {.npos = 0};
     if (argc < 1)
         return usage_error("workers: missing subcommand (list, get, put, delete, drain)");
     const char *sub = argv[0];
     kvg_buf_puts(&c->path, "/admin/v1/workers");
     if (strcmp(sub, "list") == 0) {
-        int rc = parse_args(argc - 1, argv + 1, NULL, 0, &a, 0, NULL, NULL);
+        int rc = parse_args(argc - 1, argv + 1, NULL, &a, 0, NULL, NULL);
         c->method = "GET";
         return rc;
     }
-    if (strcmp(sub, "put") == 0) {
-        put_ctx p = {.c = c, .a = &a, .opts = put_opts, .nopts = KVG_ARRAY_LEN(put_opts)};
-        int rc = parse_args(argc - 1, argv + 1, put_opts, KVG_ARRAY_LEN(put_opts), &a, 2,
-                            worker_opt, &p);
-        if (rc || (rc = need(&a, 2, "NAME and URL: workers put NAME URL")))
-            return rc;
-        member(&c->body, "url");
-        put_str(&c->body, a.pos[1]);
-        put_models(&c->body, &a);
-        finish_body(&c->body);
-        put_segment(&c->path, a.pos[0]);
-        c->method = "PUT";
-        return 0;
-    }
+    if (strcmp(sub, "put") == 0)
+        return cmd_put(c, argc - 1, argv + 1, &kvg_worker_fields, "url",
+                       "NAME and URL: workers put NAME URL");
     if (strcmp(sub, "get") && strcmp(sub, "delete") && strcmp(sub, "drain"))
         return usage_error("workers: unknown subcommand \"%s\"", sub);
-    int rc = parse_args(argc - 1, argv + 1, NULL, 0, &a, 1, NULL, NULL);
+    int rc = parse_args(argc - 1, argv + 1, NULL, &a, 1, NULL, NULL);
     if (rc || (rc = need(&a, 1, "NAME")))
         return rc;
     put_segment(&c->path, a.pos[0]);
@@ -403,15 +371,6 @@ static int cmd_workers(cli *c, int argc, char **argv)
 
 static int cmd_tenants(cli *c, int argc, char **argv)
 {
-    static const opt put_opts[] = {
-        {"--sharing", true},
-        {"--model", true},
-        {"--rps", true},
-        {"--burst", true},
-        {"--prompt-bytes-per-s", true},
-        {"--prompt-bytes-burst", true},
-        {"--max-inflight", true},
-    };
     args a = {.npos = 0};
     if (argc < 1)
         return usage_error("tenants: missing subcommand (list, get, put, delete)");
@@ -419,32 +378,13 @@ static int cmd_tenants(cli *c, int argc, char **argv)
     kvg_buf_puts(&c->path, "/admin/v1/tenants");
     if (strcmp(sub, "list") == 0) {
         c->method = "GET";
-        return parse_args(argc - 1, argv + 1, NULL, 0, &a, 0, NULL, NULL);
+        return parse_args(argc - 1, argv + 1, NULL, &a, 0, NULL, NULL);
     }
-    if (strcmp(sub, "put") == 0) {
-        rate_ctx r = {.put = {.c = c, .a = &a, .opts = put_opts, .nopts = KVG_ARRAY_LEN(put_opts)}};
-        kvg_buf_init(&r.rate);
-        int rc = parse_args(argc - 1, argv + 1, put_opts, KVG_ARRAY_LEN(put_opts), &a, 1,
-                            tenant_opt_rates, &r);
-        if (!rc)
-            rc = need(&a, 1, "ID: tenants put ID");
-        if (!rc) {
-            put_models(&c->body, &a);
-            if (r.rate.len) {
-                member(&c->body, "rate");
-                kvg_buf_append(&c->body, r.rate.data, r.rate.len);
-                kvg_buf_putc(&c->body, '}');
-            }
-            finish_body(&c->body);
-            put_segment(&c->path, a.pos[0]);
-            c->method = "PUT";
-        }
-        kvg_buf_done(&r.rate);
-        return rc;
-    }
+    if (strcmp(sub, "put") == 0)
+        return cmd_put(c, argc - 1, argv + 1, &kvg_tenant_fields, NULL, "ID: tenants put ID");
     if (strcmp(sub, "get") && strcmp(sub, "delete"))
         return usage_error("tenants: unknown subcommand \"%s\"", sub);
-    int rc = parse_args(argc - 1, argv + 1, NULL, 0, &a, 1, NULL, NULL);
+    int rc = parse_args(argc - 1, argv + 1, NULL, &a, 1, NULL, NULL);
     if (rc || (rc = need(&a, 1, "ID")))
         return rc;
     put_segment(&c->path, a.pos[0]);
@@ -461,7 +401,7 @@ static int cmd_keys(cli *c, int argc, char **argv)
     bool create = strcmp(sub, "create") == 0;
     if (!create && strcmp(sub, "delete") != 0)
         return usage_error("keys: unknown subcommand \"%s\"", sub);
-    int rc = parse_args(argc - 1, argv + 1, NULL, 0, &a, create ? 1 : 2, NULL, NULL);
+    int rc = parse_args(argc - 1, argv + 1, NULL, &a, create ? 1 : 2, NULL, NULL);
     if (rc || (rc = need(&a, create ? 1 : 2, create ? "TENANT" : "TENANT and KEYID")))
         return rc;
     kvg_buf_puts(&c->path, "/admin/v1/tenants");
@@ -473,40 +413,10 @@ static int cmd_keys(cli *c, int argc, char **argv)
     return 0;
 }
 
-/* policy set's options: each a number field of the policy settings (docs/admin-api.md). */
 /* The admin API takes bodies up to 1 MiB (KVG_ADMIN_BODY_MAX). */
 #define EXPLAIN_BODY_MAX (1024 * 1024)
 
-static const opt policy_opts[] = {
-    {"--block-bytes", true},
-    {"--block-tokens", true},
-    {"--max-blocks", true},
-    {"--cold-blocks", true},
-    {"--load-factor", true},
-    {"--prefill-cost-per-block", true},
-    {"--queue-cost-per-request", true},
-    {"--waiting-cost-per-request", true},
-    {"--kv-usage-cost", true},
-};
-
-static int policy_opt(void *ud, const char *name, const char *value)
-{
-    put_ctx *p = ud;
-    int rc = once(p, name);
-    if (rc)
-        return rc;
-    /* "--load-factor" -> "load_factor"; the gateway checks ranges and integer fields. */
-    char field[40];
-    size_t n = 0;
-    for (const char *q = name + 2; *q && n + 1 < sizeof(field); q++)
-        field[n++] = *q == '-' ? '_' : *q;
-    field[n] = '\0';
-    member(&p->c->body, field);
-    if (!parse_rate(value, &p->c->body))
-        return usage_error("%s: expected a non-negative number, got \"%s\"", name, value);
-    return 0;
-}
-
+/* policy set [NAME] [--SETTING VALUE]...: the settings' fields; the name is positional. */
 static int cmd_policy(cli *c, int argc, char **argv)
 {
     args a = {.npos = 0};
@@ -515,45 +425,50 @@ static int cmd_policy(cli *c, int argc, char **argv)
     kvg_buf_puts(&c->path, "/admin/v1/policy");
     if (strcmp(argv[0], "get") == 0) {
         c->method = "GET";
-        return parse_args(argc - 1, argv + 1, NULL, 0, &a, 0, NULL, NULL);
+        return parse_args(argc - 1, argv + 1, NULL, &a, 0, NULL, NULL);
     }
     if (strcmp(argv[0], "set") != 0)
         return usage_error("policy: unknown subcommand \"%s\"", argv[0]);
-    put_ctx p = {.c = c, .a = &a, .opts = policy_opts, .nopts = KVG_ARRAY_LEN(policy_opts)};
-    int rc = parse_args(argc - 1, argv + 1, policy_opts, KVG_ARRAY_LEN(policy_opts), &a, 1,
-                        policy_opt, &p);
+    req_body b;
+    int rc = parse_body(argc - 1, argv + 1, &kvg_policy_fields, "policy", &a, 1, &b);
+    /* the name is optional: "policy set --load-factor 0.5" keeps it */
+    if (!rc && a.npos == 1)
+        rc = body_set(&b, "policy", a.pos[0]);
+    if (!rc && b.obj->u.obj.count == 0)
+        rc = usage_error("policy set: give a policy NAME and/or settings (--load-factor ...)");
+    body_done(&b, c, rc == 0);
     if (rc)
         return rc;
-    if (a.npos == 1) { /* the name is optional: "policy set --load-factor 0.5" keeps it */
-        member(&c->body, "policy");
-        put_str(&c->body, a.pos[0]);
-    } else if (!c->body.len) {
-        return usage_error("policy set: give a policy NAME and/or settings (--load-factor ...)");
-    }
-    finish_body(&c->body);
     c->method = "PUT";
     return 0;
 }
 
 /* explain FILE|- [--tenant ID] [--path P]: the request body read from FILE ('-': stdin), sent
  * as is inside {"request": ...}; the gateway validates it. */
+typedef struct explain_ctx {
+    cli *c;
+    bool seen[2]; /* --tenant, --path: each once, a repeat is more likely a typo than a wish */
+} explain_ctx;
+
 static int explain_opt(void *ud, const char *name, const char *value)
 {
-    put_ctx *p = ud;
-    int rc = once(p, name);
-    if (rc)
-        return rc;
-    member(&p->c->body, name + 2);
-    put_str(&p->c->body, value);
+    explain_ctx *e = ud;
+    bool *seen = &e->seen[strcmp(name, "--path") == 0];
+    if (*seen)
+        return usage_error("%s given twice", name);
+    *seen = true;
+    member(&e->c->body, name + 2);
+    put_str(&e->c->body, value);
     return 0;
 }
 
 static int cmd_explain(cli *c, int argc, char **argv)
 {
     static const opt opts[] = {{"--tenant", true}, {"--path", true}};
+    static const optset os = {.opts = opts, .nopts = KVG_ARRAY_LEN(opts)};
     args a = {.npos = 0};
-    put_ctx p = {.c = c, .a = &a, .opts = opts, .nopts = KVG_ARRAY_LEN(opts)};
-    int rc = parse_args(argc, argv, opts, KVG_ARRAY_LEN(opts), &a, 1, explain_opt, &p);
+    explain_ctx e = {.c = c};
+    int rc = parse_args(argc, argv, &os, &a, 1, explain_opt, &e);
     if (rc || (rc = need(&a, 1, "FILE: explain FILE (a request body; - for stdin)")))
         return rc;
     FILE *f = strcmp(a.pos[0], "-") == 0 ? stdin : fopen(a.pos[0], "r");
@@ -577,7 +492,7 @@ static int cmd_explain(cli *c, int argc, char **argv)
         return usage_error("%s: larger than %d bytes", a.pos[0], EXPLAIN_BODY_MAX);
     if (!total)
         return usage_error("%s: empty", a.pos[0]);
-    finish_body(&c->body);
+    kvg_buf_putc(&c->body, '}');
     kvg_buf_puts(&c->path, "/admin/v1/route/explain");
     c->method = "POST";
     return 0;
@@ -586,7 +501,7 @@ static int cmd_explain(cli *c, int argc, char **argv)
 static int cmd_simple(cli *c, int argc, char **argv, const char *path, bool auth)
 {
     args a = {.npos = 0};
-    int rc = parse_args(argc - 1, argv + 1, NULL, 0, &a, 0, NULL, NULL);
+    int rc = parse_args(argc - 1, argv + 1, NULL, &a, 0, NULL, NULL);
     kvg_buf_puts(&c->path, path);
     c->method = "GET";
     c->auth = auth;

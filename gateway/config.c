@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Configuration: embedded defaults, a strict JSON config file (unknown keys are errors), and
- * command-line flags that override both. */
+ * command-line flags that override both, all through one field table per section. */
 #include "config.h"
 
 #include <errno.h>
@@ -8,245 +8,118 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kvg_config.h"
 
 #define CONFIG_MAX_BYTES (16u << 20)
 
-static char *xstrdup(const char *s)
-{
-    return s ? strdup(s) : NULL;
-}
+/* The config file's wording, which its tests pin (tests/unit/gateway/test_config.c): an unknown
+ * member is an "unknown key" and an integer out of range "must be between A and B", where the
+ * walker's canonical wording says "unknown field" and "must be an integer in A..B" (as the
+ * flags do). Workers of the file are decoded with the worker's own wording, below. */
+static const kvg_fields_wording file_wording = {
+    .unknown = "{path}: unknown key",
+    .int_range = "{path}: must be between {min} and {max}",
+};
 
-static int set_str(char **dst, const char *s)
+/* Workers of the config file: the canonical wording but for a worker without its name or URL,
+ * which the file's tests pin as 'workers[0]: needs "name" and "url"'. */
+static const kvg_fields_wording file_worker_wording = {
+    .missing = "{object}: needs {required}",
+};
+
+static int set_str(kvg_config *cfg, char **dst, const char *s)
 {
-    char *c = xstrdup(s);
+    char *c = s ? kvg_arena_strdup(&cfg->arena, s) : NULL;
     if (s && !c)
         return -ENOMEM;
-    free(*dst);
     *dst = c;
+    return 0;
+}
+
+/* Host and port of a listener's address (already copied into l->address). */
+static int listen_address(kvg_listener_config *l, const char *path, kvg_fields_ctx *c)
+{
+    if (kvg_parse_hostport(l->address, l->host, sizeof(l->host), &l->port) < 0)
+        return kvg_fields_fail(c, KVG_FIELD_INVALID, path,
+                               "invalid listen address '%s' (want HOST:PORT)", l->address);
     return 0;
 }
 
 static int parse_listen(kvg_listener_config *l, const char *addr, char *err, size_t err_len)
 {
+    kvg_fields_ctx c = {.msg = err, .msg_len = err_len};
     memset(l, 0, sizeof(*l));
     l->cleartext = true;
-    if (strlen(addr) >= sizeof(l->address) ||
-        kvg_parse_hostport(addr, l->host, sizeof(l->host), &l->port) < 0) {
-        snprintf(err, err_len, "invalid listen address '%s' (want HOST:PORT)", addr);
-        return KVG_ECONFIG;
-    }
+    if (strlen(addr) >= sizeof(l->address))
+        return kvg_fields_fail(&c, KVG_FIELD_RANGE, NULL,
+                               "invalid listen address '%.64s...' (want HOST:PORT)", addr);
     snprintf(l->address, sizeof(l->address), "%s", addr);
-    return 0;
+    return listen_address(l, NULL, &c) < 0 ? KVG_ECONFIG : 0;
 }
 
-static void listener_done(kvg_listener_config *l)
+/* ---- the file's sections ------------------------------------------------------------------ */
+
+static const kvg_field listener_fields[] = {
+    {.name = "address",
+     .type = KVG_FIELD_CHARS,
+     .set_in = KVG_SET_CONFIG,
+     .required_in = KVG_SET_CONFIG,
+     .offset = offsetof(kvg_listener_config, address),
+     .max = sizeof(((kvg_listener_config *)0)->address) - 1},
+    {.name = "tls_cert",
+     .type = KVG_FIELD_STRING,
+     .set_in = KVG_SET_CONFIG,
+     .flags = KVG_FIELD_NONEMPTY,
+     .offset = offsetof(kvg_listener_config, tls_cert)},
+    {.name = "tls_key",
+     .type = KVG_FIELD_STRING,
+     .set_in = KVG_SET_CONFIG,
+     .flags = KVG_FIELD_NONEMPTY,
+     .offset = offsetof(kvg_listener_config, tls_key)},
+    {.name = "cleartext",
+     .type = KVG_FIELD_BOOL,
+     .set_in = KVG_SET_CONFIG,
+     .offset = offsetof(kvg_listener_config, cleartext),
+     .def.b = true},
+};
+
+static const kvg_fields listener_table = {"listener", listener_fields,
+                                          KVG_ARRAY_LEN(listener_fields), NULL};
+
+/* One listener: "HOST:PORT" or {"address": "HOST:PORT", "tls_cert", "tls_key", "cleartext"}. */
+static int decode_listener(kvg_listener_config *l, const kvg_json *v, const char *path,
+                           kvg_fields_ctx *c)
 {
-    free(l->tls_cert);
-    free(l->tls_key);
-    l->tls_cert = l->tls_key = NULL;
-}
-
-int kvg_config_init(kvg_config *cfg)
-{
-    char err[128];
-    memset(cfg, 0, sizeof(*cfg));
-    parse_listen(&cfg->listeners[0], "0.0.0.0:8080", err, sizeof(err));
-    cfg->nlisteners = 1;
-    parse_listen(&cfg->admin_listeners[0], "127.0.0.1:9090", err, sizeof(err));
-    cfg->nadmin_listeners = 1;
-    cfg->log_level = KVG_LOG_INFO;
-    cfg->worker_header = true;
-    cfg->tenant_metrics_max = 100;
-    cfg->shutdown_timeout_ms = 30000;
-    cfg->limits = (kvg_front_limits){
-        .header_bytes = 64 * 1024,
-        .body_bytes = 32u << 20,
-        .streams_per_conn = 256,
-        .header_timeout_ms = 10000,
-        .idle_timeout_ms = 75000,
-        .read_timeout_ms = 30000,
-        .body_min_rate = 1024,
-        .send_timeout_ms = 60000,
-        .max_connections = 0,
-        .body_budget_bytes = 1ull << 30,
-        .tenant_body_share = 25,
-        .response_budget_bytes = 1ull << 30,
-    };
-    cfg->admin_max_connections = 64;
-    cfg->upstream = (kvg_upstream_config){
-        .connect_timeout_ms = 3000,
-        .response_timeout_ms = 300000,
-        .read_timeout_ms = 300000,
-        .max_idle_per_worker = 256,
-        .idle_timeout_ms = 60000,
-        .retries = 2,
-        .max_inflight = 1024,
-    };
-    cfg->health = (kvg_health_config){
-        .interval_ms = 2000,
-        .timeout_ms = 1000,
-        .fall = 3,
-        .rise = 2,
-        .path = "/health",
-    };
-    cfg->scrape = (kvg_scrape_config){.interval_ms = 0, .timeout_ms = 1000, .path = "/metrics"};
-    if (set_str(&cfg->state_dir, "./kvgate-state") < 0 || set_str(&cfg->access_log, "-") < 0)
-        return -ENOMEM;
-    return 0;
-}
-
-static void workers_done(kvg_config *cfg)
-{
-    for (size_t i = 0; i < cfg->nworkers; i++) {
-        kvg_config_worker *w = &cfg->workers[i];
-        free(w->name);
-        free(w->url);
-        for (size_t j = 0; j < w->nmodels; j++)
-            free(w->models[j]);
-        free(w->models);
-    }
-    free(cfg->workers);
-    cfg->workers = NULL;
-    cfg->nworkers = 0;
-}
-
-void kvg_config_done(kvg_config *cfg)
-{
-    for (size_t i = 0; i < cfg->nlisteners; i++)
-        listener_done(&cfg->listeners[i]);
-    for (size_t i = 0; i < cfg->nadmin_listeners; i++)
-        listener_done(&cfg->admin_listeners[i]);
-    for (size_t i = 0; i < cfg->nadmin_tokens; i++)
-        free(cfg->admin_tokens[i]);
-    workers_done(cfg);
-    free(cfg->path);
-    free(cfg->secret);
-    free(cfg->state_file);
-    free(cfg->audit_log);
-    free(cfg->state_dir);
-    free(cfg->access_log);
-    free(cfg->port_file);
-    memset(cfg, 0, sizeof(*cfg));
-}
-
-/* ---- JSON file ------------------------------------------------------------------------------ */
-
-typedef struct cfg_ctx {
-    char *err;
-    size_t err_len;
-} cfg_ctx;
-
-static int bad(cfg_ctx *c, const char *key, const char *what)
-{
-    snprintf(c->err, c->err_len, "%s: %s", key, what);
-    return KVG_ECONFIG;
-}
-
-static int get_u32(cfg_ctx *c, const kvg_json *v, const char *key, uint32_t min, uint32_t max,
-                   uint32_t *out)
-{
-    if (v->type != KVG_JSON_NUMBER || !v->u.num.is_int)
-        return bad(c, key, "must be an integer");
-    if (v->u.num.ival < (int64_t)min || v->u.num.ival > (int64_t)max) {
-        char msg[96];
-        snprintf(msg, sizeof(msg), "must be between %u and %u", min, max);
-        return bad(c, key, msg);
-    }
-    *out = (uint32_t)v->u.num.ival;
-    return 0;
-}
-
-static int get_bool(cfg_ctx *c, const kvg_json *v, const char *key, bool *out)
-{
-    if (v->type != KVG_JSON_TRUE && v->type != KVG_JSON_FALSE)
-        return bad(c, key, "must be true or false");
-    *out = v->type == KVG_JSON_TRUE;
-    return 0;
-}
-
-static int get_string(cfg_ctx *c, const kvg_json *v, const char *key, const char **out)
-{
-    if (v->type != KVG_JSON_STRING || v->u.str.len == 0 || strlen(v->u.str.ptr) != v->u.str.len)
-        return bad(c, key, "must be a non-empty string");
-    *out = v->u.str.ptr;
-    return 0;
-}
-
-/* A field table entry: a key of an object and where its value goes. */
-typedef struct u32_field {
-    const char *key;
-    uint32_t *dst;
-    uint32_t min, max;
-} u32_field;
-
-static int apply_u32_fields(cfg_ctx *c, const kvg_json *obj, const char *section,
-                            const u32_field *fields, size_t nfields)
-{
-    if (obj->type != KVG_JSON_OBJECT)
-        return bad(c, section, "must be an object");
-    for (size_t i = 0; i < obj->u.obj.count; i++) {
-        const char *k = obj->u.obj.keys[i];
-        char full[128];
-        snprintf(full, sizeof(full), "%s.%s", section, k);
-        size_t j;
-        for (j = 0; j < nfields; j++)
-            if (strcmp(fields[j].key, k) == 0)
-                break;
-        if (j == nfields)
-            return bad(c, full, "unknown key");
-        int rc =
-            get_u32(c, obj->u.obj.values[i], full, fields[j].min, fields[j].max, fields[j].dst);
+    memset(l, 0, sizeof(*l));
+    kvg_fields_defaults(&listener_table, l);
+    if (v->type == KVG_JSON_STRING) {
+        const char *s;
+        int rc = kvg_fields_get_string(c, v, path, &s);
+        if (rc < 0)
+            return rc;
+        if (v->u.str.len >= sizeof(l->address))
+            return kvg_fields_fail(c, KVG_FIELD_RANGE, path, "longer than %zu bytes",
+                                   sizeof(l->address) - 1);
+        memcpy(l->address, s, v->u.str.len + 1);
+    } else if (v->type != KVG_JSON_OBJECT) {
+        return kvg_fields_fail(c, KVG_FIELD_MISTYPED, path,
+                               "must be \"HOST:PORT\" or an object, not %s",
+                               kvg_json_type_str(v->type));
+    } else {
+        int rc = kvg_fields_decode(&listener_table, l, v, path, c);
         if (rc < 0)
             return rc;
     }
-    return 0;
+    return listen_address(l, path, c);
 }
 
-static int load_listener(cfg_ctx *c, const kvg_json *v, const char *key, kvg_listener_config *l)
+/* "listen": one listener or an array of 1..16; replaces the listeners before it. */
+static int decode_listeners(kvg_listener_config *ls, size_t *n, const kvg_json *v, const char *path,
+                            kvg_fields_ctx *c)
 {
-    const char *addr;
-    if (v->type == KVG_JSON_STRING) {
-        if (get_string(c, v, key, &addr) < 0)
-            return KVG_ECONFIG;
-        return parse_listen(l, addr, c->err, c->err_len);
-    }
-    if (v->type != KVG_JSON_OBJECT)
-        return bad(c, key, "must be \"HOST:PORT\" or an object");
-    const kvg_json *a = kvg_json_get(v, "address");
-    if (!a)
-        return bad(c, key, "needs \"address\"");
-    if (get_string(c, a, key, &addr) < 0 || parse_listen(l, addr, c->err, c->err_len) < 0)
-        return KVG_ECONFIG;
-    for (size_t i = 0; i < v->u.obj.count; i++) {
-        const char *k = v->u.obj.keys[i];
-        const kvg_json *val = v->u.obj.values[i];
-        const char *s;
-        if (strcmp(k, "address") == 0)
-            continue;
-        if (strcmp(k, "tls_cert") == 0 || strcmp(k, "tls_key") == 0) {
-            if (get_string(c, val, k, &s) < 0)
-                return KVG_ECONFIG;
-            if (set_str(k[4] == 'c' ? &l->tls_cert : &l->tls_key, s) < 0)
-                return -ENOMEM;
-        } else if (strcmp(k, "cleartext") == 0) {
-            if (get_bool(c, val, k, &l->cleartext) < 0)
-                return KVG_ECONFIG;
-        } else {
-            char full[128];
-            snprintf(full, sizeof(full), "%s.%s", key, k);
-            return bad(c, full, "unknown key");
-        }
-    }
-    return 0;
-}
-
-static int load_listeners(cfg_ctx *c, const kvg_json *v, const char *key, kvg_listener_config *ls,
-                          size_t *n)
-{
+    char ipath[64];
     const kvg_json *const *items = (const kvg_json *const *)&v;
     size_t count = 1;
     if (v->type == KVG_JSON_ARRAY) {
@@ -254,303 +127,301 @@ static int load_listeners(cfg_ctx *c, const kvg_json *v, const char *key, kvg_li
         count = v->u.arr.count;
     }
     if (count == 0 || count > KVG_MAX_LISTENERS)
-        return bad(c, key, "needs 1 to 16 listeners");
-    for (size_t i = 0; i < *n; i++)
-        listener_done(&ls[i]);
-    *n = 0;
+        return kvg_fields_fail(c, KVG_FIELD_RANGE, path, "needs 1 to %d listeners",
+                               KVG_MAX_LISTENERS);
     for (size_t i = 0; i < count; i++) {
-        int rc = load_listener(c, items[i], key, &ls[i]);
-        *n = i + 1;
+        if (v->type == KVG_JSON_ARRAY)
+            snprintf(ipath, sizeof(ipath), "%s[%zu]", path, i);
+        else
+            snprintf(ipath, sizeof(ipath), "%s", path);
+        int rc = decode_listener(&ls[i], items[i], ipath, c);
         if (rc < 0)
             return rc;
     }
+    *n = count;
     return 0;
 }
 
-/* "scrape": {"interval_ms", "timeout_ms", "path"}: the engines' own load (gateway/scrape.c). */
-static int load_scrape(cfg_ctx *c, kvg_config *cfg, const kvg_json *v)
+static int decode_front_listeners(void *target, const kvg_json *v, const char *path,
+                                  kvg_fields_ctx *c)
 {
-    if (v->type != KVG_JSON_OBJECT)
-        return bad(c, "scrape", "must be an object");
-    kvg_scrape_config sc = cfg->scrape;
-    u32_field f[] = {
-        {"interval_ms", &sc.interval_ms, 0, 3600000},
-        {"timeout_ms", &sc.timeout_ms, 10, 600000},
-    };
-    for (size_t i = 0; i < v->u.obj.count; i++) {
-        const char *k = v->u.obj.keys[i];
-        const kvg_json *val = v->u.obj.values[i];
-        int rc;
-        if (strcmp(k, "path") == 0) {
-            const char *s;
-            rc = get_string(c, val, "scrape.path", &s);
-            if (rc == 0 && (s[0] != '/' || strlen(s) >= sizeof(sc.path) || strpbrk(s, " \r\n\t")))
-                rc = bad(c, "scrape.path", "must be an absolute path without spaces");
-            if (rc == 0)
-                snprintf(sc.path, sizeof(sc.path), "%s", s);
-        } else {
-            size_t m;
-            for (m = 0; m < KVG_ARRAY_LEN(f); m++)
-                if (strcmp(f[m].key, k) == 0)
-                    break;
-            char full[96];
-            snprintf(full, sizeof(full), "scrape.%s", k);
-            rc = m == KVG_ARRAY_LEN(f) ? bad(c, full, "unknown key")
-                                       : get_u32(c, val, full, f[m].min, f[m].max, f[m].dst);
-        }
-        if (rc < 0)
-            return rc;
+    kvg_config *cfg = target;
+    return decode_listeners(cfg->listeners, &cfg->nlisteners, v, path, c);
+}
+
+static int decode_admin_listeners(void *target, const kvg_json *v, const char *path,
+                                  kvg_fields_ctx *c)
+{
+    kvg_config *cfg = target;
+    return decode_listeners(cfg->admin_listeners, &cfg->nadmin_listeners, v, path, c);
+}
+
+/* "listen" of the top level and of "admin": listeners decoded by hand (a string or objects). */
+#define LISTEN_FIELD(decoder)                                                                      \
+    {                                                                                              \
+        .name = "listen", .type = KVG_FIELD_CUSTOM, .set_in = KVG_SET_CONFIG, .decode = (decoder)  \
     }
-    if (sc.interval_ms && sc.interval_ms < 50)
-        return bad(c, "scrape.interval_ms", "must be 0 (off) or at least 50");
-    cfg->scrape = sc;
-    return 0;
-}
 
-/* The budgets are byte counts past 4 GiB on a large machine: in MiB in the file, so that the
- * u32 field table carries them too. */
-static int load_limits(cfg_ctx *c, kvg_front_limits *lim, const kvg_json *v)
+static int check_token(const void *value, char *why, size_t len)
 {
-    uint32_t header_bytes = (uint32_t)lim->header_bytes;
-    uint32_t body_bytes = (uint32_t)lim->body_bytes;
-    uint32_t body_budget_mib = (uint32_t)(lim->body_budget_bytes >> 20);
-    uint32_t response_budget_mib = (uint32_t)(lim->response_budget_bytes >> 20);
-    u32_field f[] = {
-        {"header_bytes", &header_bytes, 1024, 1u << 20},
-        {"body_bytes", &body_bytes, 1024, 1u << 30},
-        {"streams_per_conn", &lim->streams_per_conn, 1, 10000},
-        {"header_timeout_ms", &lim->header_timeout_ms, 100, 3600000},
-        {"idle_timeout_ms", &lim->idle_timeout_ms, 100, 86400000},
-        {"read_timeout_ms", &lim->read_timeout_ms, 100, 3600000},
-        {"body_min_rate", &lim->body_min_rate, 0, 1u << 30},
-        {"send_timeout_ms", &lim->send_timeout_ms, 100, 86400000},
-        {"max_connections", &lim->max_connections, 0, 10000000},
-        {"body_budget_mib", &body_budget_mib, 1, 1u << 20},
-        {"tenant_body_share", &lim->tenant_body_share, 1, 100},
-        {"response_budget_mib", &response_budget_mib, 1, 1u << 20},
-    };
-    int rc = apply_u32_fields(c, v, "limits", f, KVG_ARRAY_LEN(f));
-    lim->header_bytes = header_bytes;
-    lim->body_bytes = body_bytes;
-    lim->body_budget_bytes = (uint64_t)body_budget_mib << 20;
-    lim->response_budget_bytes = (uint64_t)response_budget_mib << 20;
-    return rc;
-}
-
-static int load_workers(cfg_ctx *c, kvg_config *cfg, const kvg_json *v)
-{
-    if (v->type != KVG_JSON_ARRAY)
-        return bad(c, "workers", "must be an array of objects");
-    if (v->u.arr.count > KVG_CONFIG_MAX_WORKERS)
-        return bad(c, "workers", "too many workers");
-    workers_done(cfg);
-    if (v->u.arr.count == 0)
+    if (strlen(value) >= 16)
         return 0;
-    cfg->workers = calloc(v->u.arr.count, sizeof(*cfg->workers));
-    if (!cfg->workers)
-        return -ENOMEM;
-    for (size_t i = 0; i < v->u.arr.count; i++) {
-        const kvg_json *w = v->u.arr.items[i];
-        kvg_config_worker *cw = &cfg->workers[i];
-        cfg->nworkers = i + 1;
-        char key[64];
-        snprintf(key, sizeof(key), "workers[%zu]", i);
-        if (w->type != KVG_JSON_OBJECT)
-            return bad(c, key, "must be an object");
-        for (size_t j = 0; j < w->u.obj.count; j++) {
-            const char *k = w->u.obj.keys[j];
-            const kvg_json *val = w->u.obj.values[j];
-            char full[128];
-            snprintf(full, sizeof(full), "%s.%s", key, k);
-            const char *s;
-            if (strcmp(k, "name") == 0 || strcmp(k, "url") == 0) {
-                if (get_string(c, val, full, &s) < 0)
-                    return KVG_ECONFIG;
-                if (set_str(k[0] == 'n' ? &cw->name : &cw->url, s) < 0)
-                    return -ENOMEM;
-            } else if (strcmp(k, "models") == 0) {
-                if (val->type != KVG_JSON_ARRAY || val->u.arr.count > KVG_WORKER_MODELS_MAX)
-                    return bad(c, full, "must be an array of at most 64 strings");
-                cw->models = calloc(val->u.arr.count + 1, sizeof(char *));
-                if (!cw->models)
-                    return -ENOMEM;
-                for (size_t m = 0; m < val->u.arr.count; m++) {
-                    if (get_string(c, val->u.arr.items[m], full, &s) < 0)
-                        return KVG_ECONFIG;
-                    cw->models[m] = strdup(s);
-                    if (!cw->models[m])
-                        return -ENOMEM;
-                    cw->nmodels = m + 1;
-                }
-            } else if (strcmp(k, "kv_blocks") == 0) {
-                if (get_u32(c, val, full, 0, UINT32_MAX, &cw->kv_blocks) < 0)
-                    return KVG_ECONFIG;
-            } else if (strcmp(k, "max_inflight") == 0) {
-                if (get_u32(c, val, full, 0, 1000000, &cw->max_inflight) < 0)
-                    return KVG_ECONFIG;
-            } else if (strcmp(k, "cache_salt") == 0) {
-                bool inject;
-                if (get_bool(c, val, full, &inject) < 0)
-                    return KVG_ECONFIG;
-                cw->no_cache_salt = !inject;
-            } else {
-                return bad(c, full, "unknown key");
-            }
-        }
-        if (!cw->name || !cw->url)
-            return bad(c, key, "needs \"name\" and \"url\"");
-    }
-    return 0;
+    snprintf(why, len, "tokens must be at least 16 characters");
+    return KVG_EPARSE;
 }
 
-static int load_admin(cfg_ctx *c, kvg_config *cfg, const kvg_json *v)
-{
-    if (v->type != KVG_JSON_OBJECT)
-        return bad(c, "admin", "must be an object");
-    for (size_t i = 0; i < v->u.obj.count; i++) {
-        const char *k = v->u.obj.keys[i];
-        const kvg_json *val = v->u.obj.values[i];
-        if (strcmp(k, "listen") == 0) {
-            int rc = load_listeners(c, val, "admin.listen", cfg->admin_listeners,
-                                    &cfg->nadmin_listeners);
-            if (rc < 0)
-                return rc;
-        } else if (strcmp(k, "max_connections") == 0) {
-            int rc =
-                get_u32(c, val, "admin.max_connections", 1, 100000, &cfg->admin_max_connections);
-            if (rc < 0)
-                return rc;
-        } else if (strcmp(k, "tokens") == 0) {
-            if (val->type != KVG_JSON_ARRAY || val->u.arr.count > KVG_MAX_ADMIN_TOKENS)
-                return bad(c, "admin.tokens", "must be an array of at most 16 strings");
-            for (size_t j = 0; j < cfg->nadmin_tokens; j++)
-                free(cfg->admin_tokens[j]);
-            cfg->nadmin_tokens = 0;
-            for (size_t j = 0; j < val->u.arr.count; j++) {
-                const char *s;
-                if (get_string(c, val->u.arr.items[j], "admin.tokens", &s) < 0)
-                    return KVG_ECONFIG;
-                if (strlen(s) < 16)
-                    return bad(c, "admin.tokens", "tokens must be at least 16 characters");
-                if (!(cfg->admin_tokens[j] = strdup(s)))
-                    return -ENOMEM;
-                cfg->nadmin_tokens = j + 1;
-            }
-        } else {
-            char full[64];
-            snprintf(full, sizeof(full), "admin.%s", k);
-            return bad(c, full, "unknown key");
-        }
+/* The admin section's members live in kvg_config itself (the object is at offset 0). */
+static const kvg_field admin_fields[] = {
+    LISTEN_FIELD(decode_admin_listeners),
+    {.name = "tokens",
+     .type = KVG_FIELD_STRINGS,
+     .set_in = KVG_SET_CONFIG,
+     .offset = offsetof(kvg_config, admin_tokens),
+     .count_offset = offsetof(kvg_config, nadmin_tokens),
+     .max = KVG_MAX_ADMIN_TOKENS,
+     .check = check_token},
+    {.name = "max_connections",
+     .type = KVG_FIELD_U32,
+     .set_in = KVG_SET_CONFIG,
+     .offset = offsetof(kvg_config, admin_max_connections),
+     .min = 1,
+     .max = 100000,
+     .def.u = 64},
+};
+
+static const kvg_fields admin_table = {"admin", admin_fields, KVG_ARRAY_LEN(admin_fields), NULL};
+
+#define U32_FIELD(st, field, lo, hi, dflt)                                                         \
+    {                                                                                              \
+        .name = #field, .type = KVG_FIELD_U32, .set_in = KVG_SET_CONFIG,                           \
+        .offset = offsetof(st, field), .min = (lo), .max = (hi), .def.u = (dflt)                   \
     }
-    return 0;
+
+/* The budgets are byte counts past 4 GiB on a large machine: MiB in the file (1 to 1048576, 1024
+ * by default), bytes inside. */
+#define BUDGET_FIELD(budget)                                                                       \
+    {                                                                                              \
+        .name = #budget "_mib", .type = KVG_FIELD_U64, .set_in = KVG_SET_CONFIG,                   \
+        .offset = offsetof(kvg_front_limits, budget##_bytes), .min = 1, .max = 1u << 20,           \
+        .shift = 20, .def.u = 1024                                                                 \
+    }
+
+static const kvg_field limits_fields[] = {
+    {.name = "header_bytes",
+     .type = KVG_FIELD_SIZE,
+     .set_in = KVG_SET_CONFIG,
+     .offset = offsetof(kvg_front_limits, header_bytes),
+     .min = 1024,
+     .max = 1u << 20,
+     .def.u = 64 * 1024},
+    {.name = "body_bytes",
+     .type = KVG_FIELD_SIZE,
+     .set_in = KVG_SET_CONFIG,
+     .offset = offsetof(kvg_front_limits, body_bytes),
+     .min = 1024,
+     .max = 1u << 30,
+     .def.u = 32u << 20},
+    U32_FIELD(kvg_front_limits, streams_per_conn, 1, 10000, 256),
+    U32_FIELD(kvg_front_limits, header_timeout_ms, 100, 3600000, 10000),
+    U32_FIELD(kvg_front_limits, idle_timeout_ms, 100, 86400000, 75000),
+    U32_FIELD(kvg_front_limits, read_timeout_ms, 100, 3600000, 30000),
+    U32_FIELD(kvg_front_limits, body_min_rate, 0, 1u << 30, 1024),
+    U32_FIELD(kvg_front_limits, send_timeout_ms, 100, 86400000, 60000),
+    U32_FIELD(kvg_front_limits, max_connections, 0, 10000000, 0),
+    BUDGET_FIELD(body_budget),
+    U32_FIELD(kvg_front_limits, tenant_body_share, 1, 100, 25),
+    BUDGET_FIELD(response_budget),
+};
+
+static const kvg_fields limits_table = {"limits", limits_fields, KVG_ARRAY_LEN(limits_fields),
+                                        NULL};
+
+static const kvg_field upstream_fields[] = {
+    U32_FIELD(kvg_upstream_config, connect_timeout_ms, 10, 600000, 3000),
+    U32_FIELD(kvg_upstream_config, response_timeout_ms, 10, 86400000, 300000),
+    U32_FIELD(kvg_upstream_config, read_timeout_ms, 10, 86400000, 300000),
+    U32_FIELD(kvg_upstream_config, max_idle_per_worker, 0, 100000, 256),
+    U32_FIELD(kvg_upstream_config, idle_timeout_ms, 100, 86400000, 60000),
+    U32_FIELD(kvg_upstream_config, retries, 0, 16, 2),
+    U32_FIELD(kvg_upstream_config, max_inflight, 1, 1000000, 1024),
+};
+
+static const kvg_fields upstream_table = {"upstream", upstream_fields,
+                                          KVG_ARRAY_LEN(upstream_fields), NULL};
+
+static int check_http_path(const void *value, char *why, size_t len)
+{
+    const char *s = value;
+    if (s[0] == '/' && !strpbrk(s, " \r\n\t"))
+        return 0;
+    snprintf(why, len, "must be an absolute path without spaces");
+    return KVG_EPARSE;
 }
 
-static int apply_json(cfg_ctx *c, kvg_config *cfg, const kvg_json *root)
+/* The path of an HTTP check, in a char array of the section's struct. */
+#define PATH_FIELD(st, dflt)                                                                       \
+    {                                                                                              \
+        .name = "path", .type = KVG_FIELD_CHARS, .set_in = KVG_SET_CONFIG,                         \
+        .offset = offsetof(st, path), .max = sizeof(((st *)0)->path) - 1, .def.s = (dflt),         \
+        .check = check_http_path                                                                   \
+    }
+
+static const kvg_field health_fields[] = {
+    PATH_FIELD(kvg_health_config, "/health"),
+    U32_FIELD(kvg_health_config, interval_ms, 100, 3600000, 2000),
+    U32_FIELD(kvg_health_config, timeout_ms, 10, 600000, 1000),
+    U32_FIELD(kvg_health_config, fall, 1, 100, 3),
+    U32_FIELD(kvg_health_config, rise, 1, 100, 2),
+};
+
+static const kvg_fields health_table = {"health", health_fields, KVG_ARRAY_LEN(health_fields),
+                                        NULL};
+
+/* Scraping is off (0) or every 50 ms at the most often. */
+static int check_scrape(const void *target, char *why, size_t len)
 {
-    if (root->type != KVG_JSON_OBJECT)
-        return bad(c, "config", "must be a JSON object");
-    for (size_t i = 0; i < root->u.obj.count; i++) {
-        const char *k = root->u.obj.keys[i];
-        const kvg_json *v = root->u.obj.values[i];
-        const char *s;
-        int rc = 0;
-        if (strcmp(k, "listen") == 0) {
-            rc = load_listeners(c, v, "listen", cfg->listeners, &cfg->nlisteners);
-        } else if (strcmp(k, "admin") == 0) {
-            rc = load_admin(c, cfg, v);
-        } else if (strcmp(k, "state_dir") == 0 || strcmp(k, "access_log") == 0 ||
-                   strcmp(k, "state_file") == 0 || strcmp(k, "audit_log") == 0) {
-            rc = get_string(c, v, k, &s);
-            char **dst = strcmp(k, "state_dir") == 0    ? &cfg->state_dir
-                         : strcmp(k, "access_log") == 0 ? &cfg->access_log
-                         : strcmp(k, "state_file") == 0 ? &cfg->state_file
-                                                        : &cfg->audit_log;
-            if (rc == 0)
-                rc = set_str(dst, s);
-        } else if (strcmp(k, "auth") == 0) {
-            rc = get_string(c, v, k, &s);
-            if (rc == 0 && strcmp(s, "keys") != 0 && strcmp(s, "open") != 0)
-                rc = bad(c, k, "must be \"keys\" (the default) or \"open\"");
-            if (rc == 0)
-                cfg->auth_open = strcmp(s, "open") == 0;
-        } else if (strcmp(k, "secret") == 0) {
-            rc = get_string(c, v, k, &s);
-            if (rc == 0 && strlen(s) < 32)
-                rc = bad(c, k, "must be at least 32 characters");
-            if (rc == 0)
-                rc = set_str(&cfg->secret, s);
-        } else if (strcmp(k, "index_max_entries") == 0) {
-            rc = get_u32(c, v, k, 0, 1u << 30, &cfg->index_max_entries);
-        } else if (strcmp(k, "index_default_capacity") == 0) {
-            rc = get_u32(c, v, k, 0, 1u << 30, &cfg->index_default_capacity);
-        } else if (strcmp(k, "tenant_metrics_max") == 0) {
-            rc = get_u32(c, v, k, 0, 100000, &cfg->tenant_metrics_max);
-        } else if (strcmp(k, "threads") == 0) {
-            rc = get_u32(c, v, k, 0, 1024, &cfg->threads);
-        } else if (strcmp(k, "log_level") == 0) {
-            rc = get_string(c, v, k, &s);
-            if (rc == 0 && kvg_log_level_parse(s, &cfg->log_level) < 0)
-                rc = bad(c, k, "must be error, warn, info or debug");
-        } else if (strcmp(k, "worker_header") == 0) {
-            rc = get_bool(c, v, k, &cfg->worker_header);
-        } else if (strcmp(k, "shutdown_timeout_ms") == 0) {
-            rc = get_u32(c, v, k, 0, 3600000, &cfg->shutdown_timeout_ms);
-        } else if (strcmp(k, "limits") == 0) {
-            rc = load_limits(c, &cfg->limits, v);
-        } else if (strcmp(k, "upstream") == 0) {
-            u32_field f[] = {
-                {"connect_timeout_ms", &cfg->upstream.connect_timeout_ms, 10, 600000},
-                {"response_timeout_ms", &cfg->upstream.response_timeout_ms, 10, 86400000},
-                {"read_timeout_ms", &cfg->upstream.read_timeout_ms, 10, 86400000},
-                {"max_idle_per_worker", &cfg->upstream.max_idle_per_worker, 0, 100000},
-                {"idle_timeout_ms", &cfg->upstream.idle_timeout_ms, 100, 86400000},
-                {"retries", &cfg->upstream.retries, 0, 16},
-                {"max_inflight", &cfg->upstream.max_inflight, 1, 1000000},
-            };
-            rc = apply_u32_fields(c, v, k, f, KVG_ARRAY_LEN(f));
-        } else if (strcmp(k, "health") == 0) {
-            /* path is the one string in the section; take it out before the numbers. */
-            const kvg_json *p = kvg_json_get(v, "path");
-            if (p) {
-                rc = get_string(c, p, "health.path", &s);
-                if (rc == 0 &&
-                    (s[0] != '/' || strlen(s) >= sizeof(cfg->health.path) || strpbrk(s, " \r\n\t")))
-                    rc = bad(c, "health.path", "must be an absolute path without spaces");
-                if (rc == 0)
-                    snprintf(cfg->health.path, sizeof(cfg->health.path), "%s", s);
-            }
-            u32_field f[] = {
-                {"interval_ms", &cfg->health.interval_ms, 100, 3600000},
-                {"timeout_ms", &cfg->health.timeout_ms, 10, 600000},
-                {"fall", &cfg->health.fall, 1, 100},
-                {"rise", &cfg->health.rise, 1, 100},
-            };
-            for (size_t j = 0; rc == 0 && j < v->u.obj.count; j++) {
-                if (strcmp(v->u.obj.keys[j], "path") == 0)
-                    continue;
-                size_t m;
-                for (m = 0; m < KVG_ARRAY_LEN(f); m++)
-                    if (strcmp(f[m].key, v->u.obj.keys[j]) == 0)
-                        break;
-                char full[96];
-                snprintf(full, sizeof(full), "health.%s", v->u.obj.keys[j]);
-                rc = m == KVG_ARRAY_LEN(f)
-                         ? bad(c, full, "unknown key")
-                         : get_u32(c, v->u.obj.values[j], full, f[m].min, f[m].max, f[m].dst);
-            }
-            if (rc == 0 && v->type != KVG_JSON_OBJECT)
-                rc = bad(c, k, "must be an object");
-        } else if (strcmp(k, "scrape") == 0) {
-            rc = load_scrape(c, cfg, v);
-        } else if (strcmp(k, "workers") == 0) {
-            rc = load_workers(c, cfg, v);
-        } else {
-            rc = bad(c, k, "unknown key");
-        }
-        if (rc < 0)
+    const kvg_scrape_config *sc = target;
+    if (sc->interval_ms == 0 || sc->interval_ms >= 50)
+        return 0;
+    snprintf(why, len, "interval_ms: must be 0 (off) or at least 50");
+    return KVG_EPARSE;
+}
+
+static const kvg_field scrape_fields[] = {
+    PATH_FIELD(kvg_scrape_config, "/metrics"),
+    U32_FIELD(kvg_scrape_config, interval_ms, 0, 3600000, 0),
+    U32_FIELD(kvg_scrape_config, timeout_ms, 10, 600000, 1000),
+};
+
+static const kvg_fields scrape_table = {"scrape", scrape_fields, KVG_ARRAY_LEN(scrape_fields),
+                                        check_scrape};
+
+/* "workers": replaces the workers before it; each through the worker's table. */
+static int decode_workers(void *target, const kvg_json *v, const char *path, kvg_fields_ctx *c)
+{
+    kvg_config *cfg = target;
+    char ipath[64];
+    if (v->type != KVG_JSON_ARRAY)
+        return kvg_fields_fail(c, KVG_FIELD_MISTYPED, path, "must be an array of objects, not %s",
+                               kvg_json_type_str(v->type));
+    size_t n = v->u.arr.count;
+    if (n > KVG_CONFIG_MAX_WORKERS)
+        return kvg_fields_fail(c, KVG_FIELD_RANGE, path, "more than %d workers",
+                               KVG_CONFIG_MAX_WORKERS);
+    kvg_worker_def *defs = kvg_arena_alloc(&cfg->arena, (n ? n : 1) * sizeof(*defs));
+    if (!defs)
+        return kvg_fields_fail(c, KVG_FIELD_NOMEM, NULL, "out of memory");
+    kvg_fields_ctx wc = *c;
+    wc.wording = &file_worker_wording;
+    for (size_t i = 0; i < n; i++) {
+        snprintf(ipath, sizeof(ipath), "%s[%zu]", path, i);
+        kvg_fields_defaults(&kvg_worker_fields, &defs[i]);
+        int rc = kvg_fields_decode(&kvg_worker_fields, &defs[i], v->u.arr.items[i], ipath, &wc);
+        if (rc < 0) {
+            c->problem = wc.problem;
             return rc;
+        }
     }
+    cfg->workers = defs;
+    cfg->nworkers = n;
     return 0;
+}
+
+static const char *const auth_keywords[] = {"keys", "open"};
+static const char *const level_keywords[KVG_LOG_LEVEL_COUNT] = {"error", "warn", "info", "debug"};
+
+#define STRING_FIELD(field, where, dflt)                                                           \
+    {                                                                                              \
+        .name = #field, .type = KVG_FIELD_STRING, .set_in = (where), .flags = KVG_FIELD_NONEMPTY,  \
+        .offset = offsetof(kvg_config, field), .def.s = (dflt)                                     \
+    }
+
+/* A section of the file: its struct in kvg_config, its table <section>_table. */
+#define SECTION(section)                                                                           \
+    {                                                                                              \
+        .name = #section, .type = KVG_FIELD_OBJECT, .set_in = KVG_SET_CONFIG,                      \
+        .offset = offsetof(kvg_config, section), .object = &section##_table                        \
+    }
+
+static const kvg_field config_fields[] = {
+    LISTEN_FIELD(decode_front_listeners),
+    {.name = "admin",
+     .type = KVG_FIELD_OBJECT,
+     .set_in = KVG_SET_CONFIG,
+     .offset = 0,
+     .object = &admin_table},
+    {.name = "auth",
+     .type = KVG_FIELD_ENUM,
+     .set_in = KVG_SET_CONFIG | KVG_SET_FLAG,
+     .flags = KVG_FIELD_AS_BOOL,
+     .offset = offsetof(kvg_config, auth_open),
+     .keywords = auth_keywords,
+     .nkeywords = 2},
+    {.name = "secret",
+     .type = KVG_FIELD_STRING,
+     .set_in = KVG_SET_CONFIG,
+     .offset = offsetof(kvg_config, secret),
+     .min = 32},
+    STRING_FIELD(state_dir, KVG_SET_CONFIG | KVG_SET_FLAG, "./kvgate-state"),
+    STRING_FIELD(state_file, KVG_SET_CONFIG, NULL),
+    STRING_FIELD(audit_log, KVG_SET_CONFIG, NULL),
+    STRING_FIELD(access_log, KVG_SET_CONFIG | KVG_SET_FLAG, "-"),
+    STRING_FIELD(port_file, KVG_SET_FLAG, NULL),
+    U32_FIELD(kvg_config, tenant_metrics_max, 0, 100000, 100),
+    U32_FIELD(kvg_config, index_max_entries, 0, 1u << 30, 0),
+    U32_FIELD(kvg_config, index_default_capacity, 0, 1u << 30, 0),
+    {.name = "threads",
+     .type = KVG_FIELD_U32,
+     .set_in = KVG_SET_CONFIG | KVG_SET_FLAG,
+     .offset = offsetof(kvg_config, threads),
+     .max = 1024},
+    {.name = "log_level",
+     .type = KVG_FIELD_ENUM,
+     .set_in = KVG_SET_CONFIG | KVG_SET_FLAG,
+     .offset = offsetof(kvg_config, log_level),
+     .keywords = level_keywords,
+     .nkeywords = KVG_LOG_LEVEL_COUNT,
+     .def.u = KVG_LOG_INFO},
+    {.name = "worker_header",
+     .type = KVG_FIELD_BOOL,
+     .set_in = KVG_SET_CONFIG,
+     .offset = offsetof(kvg_config, worker_header),
+     .def.b = true},
+    U32_FIELD(kvg_config, shutdown_timeout_ms, 0, 3600000, 30000),
+    SECTION(limits),
+    SECTION(upstream),
+    SECTION(health),
+    SECTION(scrape),
+    {.name = "workers",
+     .type = KVG_FIELD_CUSTOM,
+     .set_in = KVG_SET_CONFIG,
+     .decode = decode_workers},
+};
+
+const kvg_fields kvg_config_fields = {"config", config_fields, KVG_ARRAY_LEN(config_fields), NULL};
+
+_Static_assert(sizeof(unsigned) == sizeof(uint32_t), "threads is a u32 field");
+_Static_assert(sizeof(kvg_log_level) == sizeof(int), "log_level is an enum field");
+
+/* ---- defaults, the file ------------------------------------------------------------------- */
+
+int kvg_config_init(kvg_config *cfg)
+{
+    char err[128];
+    memset(cfg, 0, sizeof(*cfg));
+    kvg_arena_init(&cfg->arena, 4096);
+    kvg_fields_defaults(&kvg_config_fields, cfg);
+    parse_listen(&cfg->listeners[0], "0.0.0.0:8080", err, sizeof(err));
+    cfg->nlisteners = 1;
+    parse_listen(&cfg->admin_listeners[0], "127.0.0.1:9090", err, sizeof(err));
+    cfg->nadmin_listeners = 1;
+    return 0;
+}
+
+void kvg_config_done(kvg_config *cfg)
+{
+    kvg_arena_done(&cfg->arena);
+    memset(cfg, 0, sizeof(*cfg));
 }
 
 int kvg_config_load_file(kvg_config *cfg, const char *path, char *err, size_t err_len)
@@ -583,16 +454,25 @@ int kvg_config_load_file(kvg_config *cfg, const char *path, char *err, size_t er
     if (rc < 0) {
         snprintf(err, err_len, "%s: invalid JSON at byte %zu: %s", path, jerr.offset, jerr.message);
         rc = KVG_ECONFIG;
+    } else if (root->type != KVG_JSON_OBJECT) {
+        snprintf(err, err_len, "%s: must be a JSON object", path);
+        rc = KVG_ECONFIG;
     } else {
-        cfg_ctx c = {err, err_len};
+        /* Strings are copied into the config's arena: the tree goes with this function. */
         char inner[256] = "";
-        c.err = inner;
-        c.err_len = sizeof(inner);
-        rc = apply_json(&c, cfg, root);
-        if (rc < 0)
+        kvg_fields_ctx c = {.from = KVG_SET_CONFIG,
+                            .arena = &cfg->arena,
+                            .copy_strings = true,
+                            .wording = &file_wording,
+                            .msg = inner,
+                            .msg_len = sizeof(inner)};
+        rc = kvg_fields_decode(&kvg_config_fields, cfg, root, "", &c);
+        if (rc < 0) {
             snprintf(err, err_len, "%s: %s", path, inner);
-        else if (set_str(&cfg->path, path) < 0)
+            rc = rc == -ENOMEM ? -ENOMEM : KVG_ECONFIG;
+        } else if (set_str(cfg, &cfg->path, path) < 0) {
             rc = -ENOMEM;
+        }
     }
     kvg_arena_done(&a);
     kvg_buf_done(&b);
@@ -664,9 +544,33 @@ static const struct option long_opts[] = {
     {NULL, 0, NULL, 0},
 };
 
+/* A flag that sets a field of the file's table: the same checks and messages, named by the
+ * flag ("--threads: must be an integer in 0..1024, not string"). */
+static int flag_set(kvg_config *cfg, const char *flag, const char *field, const char *value,
+                    char *err, size_t err_len)
+{
+    char msg[256];
+    kvg_fields_ctx c = {.from = KVG_SET_FLAG,
+                        .arena = &cfg->arena,
+                        .copy_strings = true,
+                        .msg = msg,
+                        .msg_len = sizeof(msg)};
+    int rc = kvg_fields_set_text(&kvg_config_fields, cfg, field, strlen(field), value,
+                                 strlen(value), "", &c);
+    if (rc == -ENOMEM)
+        return rc;
+    if (rc < 0) {
+        size_t n = strlen(field);
+        const char *rest = strncmp(msg, field, n) == 0 && msg[n] == ':' ? msg + n : msg;
+        snprintf(err, err_len, "%s%s%s", flag, rest == msg ? ": " : "", rest);
+        return KVG_ECONFIG;
+    }
+    return 0;
+}
+
 /* --worker NAME=URL[,model=M]...[,kv_blocks=N][,max_inflight=N][,cache_salt=on|off]: a whole
  * worker definition on the command line, so a config file is never needed. URLs never contain
- * commas. */
+ * commas. The items go through the worker's field table. */
 static int add_flag_worker(kvg_config *cfg, const char *arg, char *err, size_t err_len)
 {
     const char *eq = strchr(arg, '=');
@@ -678,19 +582,28 @@ static int add_flag_worker(kvg_config *cfg, const char *arg, char *err, size_t e
         snprintf(err, err_len, "too many workers");
         return KVG_ECONFIG;
     }
-    kvg_config_worker *ws = realloc(cfg->workers, (cfg->nworkers + 1) * sizeof(*ws));
+    /* The array grows by copying, in the arena: a command line holds a few workers. */
+    kvg_worker_def *ws = kvg_arena_alloc(&cfg->arena, (cfg->nworkers + 1) * sizeof(*ws));
     if (!ws)
         return -ENOMEM;
-    cfg->workers = ws;
-    kvg_config_worker *w = &ws[cfg->nworkers];
-    memset(w, 0, sizeof(*w));
-    cfg->nworkers++;
-    w->name = strndup(arg, (size_t)(eq - arg));
+    if (cfg->nworkers)
+        memcpy(ws, cfg->workers, cfg->nworkers * sizeof(*ws));
+    kvg_worker_def *w = &ws[cfg->nworkers];
+    kvg_fields_defaults(&kvg_worker_fields, w);
     const char *url = eq + 1;
     const char *comma = strchr(url, ',');
-    w->url = strndup(url, comma ? (size_t)(comma - url) : strlen(url));
+    w->name = kvg_arena_strndup(&cfg->arena, arg, (size_t)(eq - arg));
+    w->url = kvg_arena_strndup(&cfg->arena, url, comma ? (size_t)(comma - url) : strlen(url));
     if (!w->name || !w->url)
         return -ENOMEM;
+    cfg->workers = ws;
+    cfg->nworkers++;
+    char msg[256];
+    kvg_fields_ctx c = {.from = KVG_SET_FLAG,
+                        .arena = &cfg->arena,
+                        .copy_strings = true,
+                        .msg = msg,
+                        .msg_len = sizeof(msg)};
     while (comma) {
         const char *item = comma + 1;
         comma = strchr(item, ',');
@@ -701,36 +614,12 @@ static int add_flag_worker(kvg_config *cfg, const char *arg, char *err, size_t e
             return KVG_ECONFIG;
         }
         size_t klen = (size_t)(val - item);
-        val++;
-        size_t vlen = len - klen - 1;
-        uint64_t n;
-        if (klen == 5 && memcmp(item, "model", 5) == 0 && vlen > 0) {
-            if (w->nmodels >= KVG_WORKER_MODELS_MAX) {
-                snprintf(err, err_len, "--worker %s: too many models", w->name);
-                return KVG_ECONFIG;
-            }
-            char **m = realloc(w->models, (w->nmodels + 2) * sizeof(char *));
-            if (!m)
-                return -ENOMEM;
-            w->models = m;
-            if (!(m[w->nmodels] = strndup(val, vlen)))
-                return -ENOMEM;
-            w->nmodels++;
-        } else if (klen == 9 && memcmp(item, "kv_blocks", 9) == 0 &&
-                   kvg_parse_u64(val, vlen, &n) == 0 && n <= UINT32_MAX) {
-            w->kv_blocks = (uint32_t)n;
-        } else if (klen == 12 && memcmp(item, "max_inflight", 12) == 0 &&
-                   kvg_parse_u64(val, vlen, &n) == 0 && n >= 1 && n <= 1000000) {
-            w->max_inflight = (uint32_t)n;
-        } else if (klen == 10 && memcmp(item, "cache_salt", 10) == 0 &&
-                   ((vlen == 2 && memcmp(val, "on", 2) == 0) ||
-                    (vlen == 3 && memcmp(val, "off", 3) == 0))) {
-            w->no_cache_salt = vlen == 3;
-        } else {
-            snprintf(err, err_len,
-                     "--worker %s: bad option '%.*s' (want model=NAME, kv_blocks=N, "
-                     "max_inflight=N, cache_salt=on|off)",
-                     w->name, (int)len, item);
+        int rc =
+            kvg_fields_set_text(&kvg_worker_fields, w, item, klen, val + 1, len - klen - 1, "", &c);
+        if (rc == -ENOMEM)
+            return rc;
+        if (rc < 0) {
+            snprintf(err, err_len, "--worker %s (%.*s): %s", w->name, (int)len, item, msg);
             return KVG_ECONFIG;
         }
     }
@@ -742,8 +631,6 @@ static int add_flag_listener(kvg_listener_config *ls, size_t *n, bool *given, co
                              const char *addr, char *err, size_t err_len)
 {
     if (!*given) {
-        for (size_t i = 0; i < *n; i++)
-            listener_done(&ls[i]);
         *n = 0;
         *given = true;
     }
@@ -798,48 +685,34 @@ int kvg_config_parse_args(kvg_config *cfg, int argc, char **argv, kvg_config_act
                                    "--admin-listen", optarg, err, err_len);
             break;
         case OPT_STATE:
-            rc = set_str(&cfg->state_dir, optarg);
+            rc = flag_set(cfg, "--state", "state_dir", optarg, err, err_len);
             break;
-        case OPT_THREADS: {
-            uint64_t v;
-            if (kvg_parse_u64(optarg, strlen(optarg), &v) < 0 || v > 1024) {
-                snprintf(err, err_len, "--threads wants 0..1024, got '%s'", optarg);
-                rc = KVG_ECONFIG;
-            } else {
-                cfg->threads = (unsigned)v;
-            }
+        case OPT_THREADS:
+            rc = flag_set(cfg, "--threads", "threads", optarg, err, err_len);
             break;
-        }
         case OPT_WORKER:
             /* Flag workers replace the file's list, like every other flag overrides it. */
             if (!flag_workers) {
-                workers_done(cfg);
+                cfg->workers = NULL;
+                cfg->nworkers = 0;
                 flag_workers = true;
             }
             rc = add_flag_worker(cfg, optarg, err, err_len);
             break;
         case OPT_ACCESS_LOG:
-            rc = set_str(&cfg->access_log, optarg);
+            rc = flag_set(cfg, "--access-log", "access_log", optarg, err, err_len);
             break;
         case OPT_LOG_LEVEL:
-            if (kvg_log_level_parse(optarg, &cfg->log_level) < 0) {
-                snprintf(err, err_len, "--log-level wants error, warn, info or debug");
-                rc = KVG_ECONFIG;
-            }
+            rc = flag_set(cfg, "--log-level", "log_level", optarg, err, err_len);
             break;
         case OPT_PORT_FILE:
-            rc = set_str(&cfg->port_file, optarg);
+            rc = flag_set(cfg, "--port-file", "port_file", optarg, err, err_len);
             break;
         case OPT_TLS_CERT:
             tls_cert = optarg;
             break;
         case OPT_AUTH:
-            if (strcmp(optarg, "keys") != 0 && strcmp(optarg, "open") != 0) {
-                snprintf(err, err_len, "--auth wants keys or open");
-                rc = KVG_ECONFIG;
-            } else {
-                cfg->auth_open = strcmp(optarg, "open") == 0;
-            }
+            rc = flag_set(cfg, "--auth", "auth", optarg, err, err_len);
             break;
         case OPT_TLS_KEY:
             tls_key = optarg;
@@ -857,11 +730,13 @@ int kvg_config_parse_args(kvg_config *cfg, int argc, char **argv, kvg_config_act
     }
     if (rc == 0 && (tls_cert || tls_key)) {
         for (size_t i = 0; rc == 0 && i < cfg->nlisteners; i++) {
-            if (set_str(&cfg->listeners[i].tls_cert, tls_cert) < 0 ||
-                set_str(&cfg->listeners[i].tls_key, tls_key) < 0)
+            if (set_str(cfg, &cfg->listeners[i].tls_cert, tls_cert) < 0 ||
+                set_str(cfg, &cfg->listeners[i].tls_key, tls_key) < 0)
                 rc = -ENOMEM;
         }
     }
+    if (rc == -ENOMEM)
+        snprintf(err, err_len, "out of memory");
     return rc < 0 ? KVG_ECONFIG : 0;
 }
 
@@ -891,18 +766,9 @@ int kvg_config_validate(const kvg_config *cfg, char *err, size_t err_len)
         }
     }
     for (size_t i = 0; i < cfg->nworkers; i++) {
-        const kvg_config_worker *w = &cfg->workers[i];
-        kvg_worker_def def = {
-            .name = w->name,
-            .url = w->url,
-            .models = (const char *const *)w->models,
-            .nmodels = w->nmodels,
-            .kv_blocks = w->kv_blocks,
-            .max_inflight = w->max_inflight,
-            .no_cache_salt = w->no_cache_salt,
-        };
+        const kvg_worker_def *w = &cfg->workers[i];
         char msg[200];
-        if (kvg_worker_def_validate(&def, msg, sizeof(msg)) < 0) {
+        if (kvg_worker_def_validate(w, msg, sizeof(msg)) < 0) {
             snprintf(err, err_len, "worker '%s': %s", w->name, msg);
             return KVG_ECONFIG;
         }
@@ -919,19 +785,7 @@ int kvg_config_validate(const kvg_config *cfg, char *err, size_t err_len)
 kvg_worker_def *kvg_config_worker_defs(const kvg_config *cfg)
 {
     kvg_worker_def *defs = calloc(cfg->nworkers ? cfg->nworkers : 1, sizeof(*defs));
-    if (!defs)
-        return NULL;
-    for (size_t i = 0; i < cfg->nworkers; i++) {
-        const kvg_config_worker *w = &cfg->workers[i];
-        defs[i] = (kvg_worker_def){
-            .name = w->name,
-            .url = w->url,
-            .models = (const char *const *)w->models,
-            .nmodels = w->nmodels,
-            .kv_blocks = w->kv_blocks,
-            .max_inflight = w->max_inflight,
-            .no_cache_salt = w->no_cache_salt,
-        };
-    }
+    if (defs && cfg->nworkers)
+        memcpy(defs, cfg->workers, cfg->nworkers * sizeof(*defs));
     return defs;
 }

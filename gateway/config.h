@@ -64,17 +64,14 @@ typedef struct kvg_scrape_config {
     char path[128];
 } kvg_scrape_config;
 
-typedef struct kvg_config_worker {
-    char *name;
-    char *url;
-    char **models;
-    size_t nmodels;
-    uint32_t kv_blocks;
-    uint32_t max_inflight;
-    bool no_cache_salt; /* "cache_salt": false, or cache_salt=off: inject no scope salt */
-} kvg_config_worker;
+/* A worker of the config file or of --worker: the registry's definition (router.h), with its
+ * strings in the config's arena. */
+typedef kvg_worker_def kvg_config_worker;
 
+/* Strings and lists of the config (file, flags) live in its arena, or in static storage for the
+ * defaults: kvg_config_done frees them all at once. */
 typedef struct kvg_config {
+    kvg_arena arena;
     char *path;       /* the config file, or NULL when running on defaults */
     bool auth_open;   /* "auth": "open": no API keys (a single-tenant deployment) */
     char *secret;     /* server secret (or KVGATE_SECRET; else generated in the state dir) */
@@ -87,7 +84,7 @@ typedef struct kvg_config {
     size_t nlisteners;
     kvg_listener_config admin_listeners[KVG_MAX_LISTENERS];
     size_t nadmin_listeners;
-    char *admin_tokens[KVG_MAX_ADMIN_TOKENS];
+    char **admin_tokens; /* at most KVG_MAX_ADMIN_TOKENS */
     size_t nadmin_tokens;
     uint32_t admin_max_connections; /* admin connections at once (the oldest idle one makes room) */
     char *state_dir;
@@ -105,7 +102,13 @@ typedef struct kvg_config {
     size_t nworkers;
 } kvg_config;
 
-/** Fill cfg with the embedded defaults (no allocation beyond strings; free with _done). */
+/* The config file's fields, section by section (top level, admin, limits, upstream, health,
+ * scrape, listeners; workers through kvg_worker_fields), with their ranges and defaults:
+ * kvg_config_init stores the defaults, the file and the flags decode through it.
+ * docs/configuration.md has the table. */
+extern const kvg_fields kvg_config_fields;
+
+/** Fill cfg with the embedded defaults (the table's; free with _done). 0 or -ENOMEM. */
 int kvg_config_init(kvg_config *cfg);
 void kvg_config_done(kvg_config *cfg);
 /** Merge a JSON config file over cfg. Unknown keys, wrong types and bad values fail with a

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "common.h"
+#include "fields.h"
 #include "snapshot.h"
 
 typedef enum kvg_policy_kind {
@@ -60,7 +61,11 @@ typedef struct kvg_policy_config {
     double kv_usage_cost;            /* us at a full engine KV cache, scraped (0: off) */
 } kvg_policy_config;
 
-/** Defaults: cost, with the values above. */
+/* The settings' fields, for the admin API, the state file and kvgate admin: policy (a kind's
+ * name), the integer and number settings above with their ranges and defaults. */
+extern const kvg_fields kvg_policy_fields;
+
+/** Defaults: cost, with the values above (the table's defaults). */
 void kvg_policy_config_init(kvg_policy_config *cfg);
 /** Apply a JSON object over cfg: fields present replace, fields omitted keep their value;
  *  unknown fields, wrong types and bad values fail with a message naming the field and leave

@@ -3,8 +3,6 @@
 #include "policy.h"
 
 #include <errno.h>
-#include <inttypes.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,197 +12,92 @@ struct kvg_policy_state {
     kvg_snapshot_slot snapshots; /* of kvg_policy_settings */
 };
 
-static int bad(char *msg, size_t msg_len, const char *fmt, ...) KVG_PRINTF(3, 4);
+#define COST_MAX 1e12 /* us: 11 days; a bound that keeps every product finite */
 
-static int bad(char *msg, size_t msg_len, const char *fmt, ...)
-{
-    if (msg && msg_len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, msg_len, fmt, ap);
-        va_end(ap);
-    }
-    return KVG_EPARSE;
-}
+/* kvg_policy_kind_str's names, by value (tests/unit/policy checks they agree). */
+static const char *const kind_keywords[KVG_POLICY_KIND_COUNT] = {
+    [KVG_POLICY_LEAST_LOADED] = "least_loaded",
+    [KVG_POLICY_ROUND_ROBIN] = "round_robin",
+    [KVG_POLICY_RANDOM] = "random",
+    [KVG_POLICY_COST] = "cost",
+    [KVG_POLICY_PREFIX_ONLY] = "prefix_only",
+};
 
-/* A field name from peer input, fit for a message: printable ASCII, at most 64 bytes. */
-static void show_name(const char *s, size_t len, char out[72])
-{
-    size_t o = 0;
-    for (size_t i = 0; i < len && o < 64; i++) {
-        unsigned char c = (unsigned char)s[i];
-        out[o++] = c >= 0x20 && c < 0x7f && c != '"' && c != '\\' ? (char)c : '?';
+#define INT_FIELD(field, lo, hi, dflt)                                                             \
+    {                                                                                              \
+        .name = #field, .type = KVG_FIELD_U32, .set_in = KVG_SET_ANY,                              \
+        .offset = offsetof(kvg_policy_config, field), .min = (lo), .max = (hi), .def.u = (dflt)    \
     }
-    if (len > 64) {
-        memcpy(out + o, "...", 3);
-        o += 3;
+
+#define COST_FIELD(field, dflt)                                                                    \
+    {                                                                                              \
+        .name = #field, .type = KVG_FIELD_DOUBLE, .set_in = KVG_SET_ANY,                           \
+        .offset = offsetof(kvg_policy_config, field), .dmax = COST_MAX, .def.d = (dflt)            \
     }
-    out[o] = '\0';
-}
+
+/* Every setting once, for PUT /admin/v1/policy, the state file's "policy" and `kvgate admin
+ * policy set`; the defaults and their reasons are in docs/admin-api.md. Integer fields take
+ * integers as written (1.0, 1e3 and 1.5 are refused rather than rounded). */
+static const kvg_field policy_fields[] = {
+    {.name = "policy",
+     .type = KVG_FIELD_ENUM,
+     .set_in = KVG_SET_ANY,
+     .offset = offsetof(kvg_policy_config, kind),
+     .keywords = kind_keywords,
+     .nkeywords = KVG_POLICY_KIND_COUNT,
+     .def.u = KVG_POLICY_COST,
+     .invalid = "{path}: unknown policy \"{value}\" (one of {keywords})"},
+    INT_FIELD(block_bytes, 16, 65536, 64),
+    INT_FIELD(block_tokens, 1, 65536, 16),
+    INT_FIELD(max_blocks, 1, 1048576, 4096),
+    INT_FIELD(cold_blocks, 1, 1024, 4),
+    {.name = "load_factor",
+     .type = KVG_FIELD_DOUBLE,
+     .set_in = KVG_SET_ANY,
+     .offset = offsetof(kvg_policy_config, load_factor),
+     .dmax = 100,
+     .def.d = 0.5},
+    COST_FIELD(prefill_cost_per_block, 200),
+    COST_FIELD(queue_cost_per_request, 1000),
+    COST_FIELD(waiting_cost_per_request, 5000),
+    COST_FIELD(kv_usage_cost, 0),
+};
+
+const kvg_fields kvg_policy_fields = {"policy", policy_fields, KVG_ARRAY_LEN(policy_fields), NULL};
 
 void kvg_policy_config_init(kvg_policy_config *cfg)
 {
-    /* docs/admin-api.md gives the reasons for each value. */
-    *cfg = (kvg_policy_config){
-        .kind = KVG_POLICY_COST,
-        .block_bytes = 64,
-        .block_tokens = 16,
-        .max_blocks = 4096,
-        .cold_blocks = 4,
-        .load_factor = 0.5,
-        .prefill_cost_per_block = 200,
-        .queue_cost_per_request = 1000,
-        .waiting_cost_per_request = 5000,
-        .kv_usage_cost = 0,
-    };
-}
-
-/* The numeric settings, in the order to_json writes them. */
-typedef struct int_field {
-    const char *name;
-    size_t offset; /* of a uint32_t in kvg_policy_config */
-    uint32_t min, max;
-} int_field;
-
-typedef struct num_field {
-    const char *name;
-    size_t offset; /* of a double in kvg_policy_config */
-    double max;
-    const char *max_str;
-} num_field;
-
-#define COST_MAX 1e12 /* us: 11 days; a bound that keeps every product finite */
-
-static const int_field int_fields[] = {
-    {"block_bytes", offsetof(kvg_policy_config, block_bytes), 16, 65536},
-    {"block_tokens", offsetof(kvg_policy_config, block_tokens), 1, 65536},
-    {"max_blocks", offsetof(kvg_policy_config, max_blocks), 1, 1048576},
-    {"cold_blocks", offsetof(kvg_policy_config, cold_blocks), 1, 1024},
-};
-
-static const num_field num_fields[] = {
-    {"load_factor", offsetof(kvg_policy_config, load_factor), 100, "100"},
-    {"prefill_cost_per_block", offsetof(kvg_policy_config, prefill_cost_per_block), COST_MAX,
-     "1e12"},
-    {"queue_cost_per_request", offsetof(kvg_policy_config, queue_cost_per_request), COST_MAX,
-     "1e12"},
-    {"waiting_cost_per_request", offsetof(kvg_policy_config, waiting_cost_per_request), COST_MAX,
-     "1e12"},
-    {"kv_usage_cost", offsetof(kvg_policy_config, kv_usage_cost), COST_MAX, "1e12"},
-};
-
-static bool key_is(const char *key, size_t key_len, const char *name)
-{
-    return key_len == strlen(name) && memcmp(key, name, key_len) == 0;
-}
-
-static int apply_int(const int_field *f, const kvg_json *v, kvg_policy_config *next, char *msg,
-                     size_t msg_len)
-{
-    /* An integer as written: 1.0, 1e3 and 1.5 are refused rather than rounded. */
-    if (v->type != KVG_JSON_NUMBER)
-        return bad(msg, msg_len, "%s: must be an integer in %" PRIu32 "..%" PRIu32 ", not %s",
-                   f->name, f->min, f->max, kvg_json_type_str(v->type));
-    if (!v->u.num.is_int || v->u.num.ival < f->min || v->u.num.ival > f->max)
-        return bad(msg, msg_len, "%s: must be an integer in %" PRIu32 "..%" PRIu32, f->name, f->min,
-                   f->max);
-    uint32_t x = (uint32_t)v->u.num.ival;
-    memcpy((char *)next + f->offset, &x, sizeof(x));
-    return 0;
-}
-
-static int apply_num(const num_field *f, const kvg_json *v, kvg_policy_config *next, char *msg,
-                     size_t msg_len)
-{
-    /* The negated test also refuses NaN (the parser never makes one; a huge exponent may make an
-     * infinity, which fails the upper bound). */
-    if (v->type != KVG_JSON_NUMBER)
-        return bad(msg, msg_len, "%s: must be a number in 0..%s, not %s", f->name, f->max_str,
-                   kvg_json_type_str(v->type));
-    if (!(v->u.num.value >= 0 && v->u.num.value <= f->max))
-        return bad(msg, msg_len, "%s: must be a number in 0..%s", f->name, f->max_str);
-    double x = v->u.num.value + 0.0; /* -0 becomes 0, so it is written back as 0 */
-    memcpy((char *)next + f->offset, &x, sizeof(x));
-    return 0;
+    memset(cfg, 0, sizeof(*cfg));
+    kvg_fields_defaults(&kvg_policy_fields, cfg);
 }
 
 int kvg_policy_config_apply_json(kvg_policy_config *cfg, const kvg_json *obj, char *msg,
                                  size_t msg_len)
 {
-    char name[72];
     if (msg && msg_len)
         msg[0] = '\0';
-    if (!obj || obj->type != KVG_JSON_OBJECT)
-        return bad(msg, msg_len, "policy settings: must be a JSON object, not %s",
-                   obj ? kvg_json_type_str(obj->type) : "nothing");
-    /* Work on a copy: a bad member after a good one leaves cfg as it was. */
-    kvg_policy_config next = *cfg;
-    for (size_t i = 0; i < obj->u.obj.count; i++) {
-        const char *key = obj->u.obj.keys[i];
-        size_t key_len = obj->u.obj.key_lens[i];
-        const kvg_json *v = obj->u.obj.values[i];
-        int rc = 1; /* 1: not a known field */
-        if (key_is(key, key_len, "policy")) {
-            if (v->type != KVG_JSON_STRING)
-                return bad(msg, msg_len, "policy: must be a string, not %s",
-                           kvg_json_type_str(v->type));
-            if (strlen(v->u.str.ptr) != v->u.str.len ||
-                kvg_policy_kind_parse(v->u.str.ptr, &next.kind) < 0) {
-                char names[128] = "";
-                size_t o = 0;
-                for (int k = 0; k < KVG_POLICY_KIND_COUNT && o < sizeof(names); k++)
-                    o += (size_t)snprintf(names + o, sizeof(names) - o, "%s%s", k ? ", " : "",
-                                          kvg_policy_kind_str((kvg_policy_kind)k));
-                show_name(v->u.str.ptr, v->u.str.len, name);
-                return bad(msg, msg_len, "policy: unknown policy \"%s\" (one of %s)", name, names);
-            }
-            continue;
-        }
-        for (size_t f = 0; f < KVG_ARRAY_LEN(int_fields) && rc > 0; f++)
-            if (key_is(key, key_len, int_fields[f].name))
-                rc = apply_int(&int_fields[f], v, &next, msg, msg_len);
-        for (size_t f = 0; f < KVG_ARRAY_LEN(num_fields) && rc > 0; f++)
-            if (key_is(key, key_len, num_fields[f].name))
-                rc = apply_num(&num_fields[f], v, &next, msg, msg_len);
-        if (rc < 0)
-            return rc;
-        if (rc > 0) {
-            show_name(key, key_len, name);
-            return bad(msg, msg_len, "%s: unknown field", name);
-        }
+    if (!obj || obj->type != KVG_JSON_OBJECT) {
+        if (msg && msg_len)
+            snprintf(msg, msg_len, "policy settings: must be a JSON object, not %s",
+                     obj ? kvg_json_type_str(obj->type) : "nothing");
+        return KVG_EPARSE;
     }
-    *cfg = next;
-    return 0;
-}
-
-/* The shortest of %.15g and %.17g that reads back as the same double, so that what GET shows
- * is what PUT was given (0.1, not 0.10000000000000001) and a round trip changes nothing. */
-static void put_number(kvg_buf *out, double v)
-{
-    char s[40];
-    snprintf(s, sizeof(s), "%.15g", v);
-    if (strtod(s, NULL) != v)
-        snprintf(s, sizeof(s), "%.17g", v);
-    kvg_buf_puts(out, s);
+    /* Work on a copy: a bad member after a good one leaves cfg as it was. No field is a list,
+     * so the walker allocates nothing. */
+    kvg_policy_config next = *cfg;
+    kvg_fields_ctx c = {.from = KVG_SET_ADMIN | KVG_SET_STATE,
+                        .msg = msg,
+                        .msg_len = msg_len,
+                        .last_repeat_wins = true};
+    int rc = kvg_fields_decode(&kvg_policy_fields, &next, obj, "", &c);
+    if (rc == 0)
+        *cfg = next;
+    return rc;
 }
 
 void kvg_policy_config_to_json(const kvg_policy_config *cfg, kvg_buf *out)
 {
-    kvg_buf_puts(out, "{\"policy\":");
-    const char *kind = kvg_policy_kind_str(cfg->kind);
-    kvg_buf_json_string(out, kind, strlen(kind));
-    for (size_t f = 0; f < KVG_ARRAY_LEN(int_fields); f++) {
-        uint32_t x;
-        memcpy(&x, (const char *)cfg + int_fields[f].offset, sizeof(x));
-        kvg_buf_printf(out, ",\"%s\":%" PRIu32, int_fields[f].name, x);
-    }
-    for (size_t f = 0; f < KVG_ARRAY_LEN(num_fields); f++) {
-        double x;
-        memcpy(&x, (const char *)cfg + num_fields[f].offset, sizeof(x));
-        kvg_buf_printf(out, ",\"%s\":", num_fields[f].name);
-        put_number(out, x);
-    }
-    kvg_buf_putc(out, '}');
+    kvg_fields_encode(&kvg_policy_fields, cfg, KVG_SET_ADMIN, out);
 }
 
 /* ---- the shared settings ---------------------------------------------------------------- */

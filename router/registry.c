@@ -554,146 +554,53 @@ int kvg_registry_replace_config(kvg_registry *reg, const kvg_worker_def *defs, s
 
 /* ---- the admin layer as JSON (state file) ------------------------------------------------- */
 
+/* A spec as the definition it was made from (the models point into the spec). */
+static kvg_worker_def spec_def(const worker_spec *s)
+{
+    return (kvg_worker_def){
+        .name = s->name,
+        .url = s->url,
+        .models = (const char *const *)s->models,
+        .nmodels = s->nmodels,
+        .kv_blocks = s->kv_blocks,
+        .max_inflight = s->max_inflight_defined,
+        .no_cache_salt = s->no_cache_salt,
+    };
+}
+
 void kvg_registry_admin_to_json(kvg_registry *reg, kvg_buf *out)
 {
     pthread_mutex_lock(&reg->write_lock);
     const layer *l = &reg->layers[KVG_WORKER_SOURCE_ADMIN];
     kvg_buf_putc(out, '[');
     for (size_t i = 0; i < l->n; i++) {
-        const worker_spec *s = l->specs[i];
-        kvg_buf_puts(out, i ? ",\n{\"name\":" : "\n{\"name\":");
-        kvg_buf_json_string(out, s->name, strlen(s->name));
-        kvg_buf_puts(out, ",\"url\":");
-        kvg_buf_json_string(out, s->url, strlen(s->url));
-        kvg_buf_puts(out, ",\"models\":[");
-        for (size_t m = 0; m < s->nmodels; m++) {
-            if (m)
-                kvg_buf_putc(out, ',');
-            kvg_buf_json_string(out, s->models[m], strlen(s->models[m]));
-        }
-        kvg_buf_printf(out, "],\"kv_blocks\":%lu,\"max_inflight\":%lu,\"cache_salt\":%s}",
-                       (unsigned long)s->kv_blocks, (unsigned long)s->max_inflight_defined,
-                       s->no_cache_salt ? "false" : "true");
+        kvg_worker_def def = spec_def(l->specs[i]);
+        kvg_buf_puts(out, i ? ",\n" : "\n");
+        kvg_fields_encode(&kvg_worker_fields, &def, KVG_SET_STATE, out);
     }
     kvg_buf_puts(out, l->n ? "\n]" : "]");
     pthread_mutex_unlock(&reg->write_lock);
 }
 
-/* Fields of a worker object in the state file, in the order they are written. */
-enum { F_NAME, F_URL, F_MODELS, F_KV_BLOCKS, F_MAX_INFLIGHT, F_CACHE_SALT, F_COUNT };
-static const char *const field_names[F_COUNT] = {
-    "name", "url", "models", "kv_blocks", "max_inflight", "cache_salt",
+/* The state file's wording, which its tests pin (tests/unit/router/test_router.c): a string with
+ * a NUL "must be a string without NUL characters" where the other entry points say "must not
+ * contain NUL characters". Everything else is the walker's canonical wording. */
+static const kvg_fields_wording state_wording = {
+    .nul = "{path}: must be a string without NUL characters",
 };
 
-/* A string field as a C string: no embedded NUL, which would cut it short. */
-static const char *c_string(const kvg_json *v)
+/* Name a worker's message by its name when that is sound, else by its position. */
+static void name_worker(const kvg_json *o, size_t i, const char *why, char *msg, size_t msg_len)
 {
-    if (v->type != KVG_JSON_STRING || memchr(v->u.str.ptr, '\0', v->u.str.len))
-        return NULL;
-    return v->u.str.ptr;
-}
-
-static bool get_u32(const kvg_json *v, uint32_t *out)
-{
-    if (v->type != KVG_JSON_NUMBER || !v->u.num.is_int || v->u.num.ival < 0 ||
-        v->u.num.ival > (int64_t)UINT32_MAX)
-        return false;
-    *out = (uint32_t)v->u.num.ival;
-    return true;
-}
-
-/* Fill def (models into the caller's array of KVG_WORKER_MODELS_MAX) from one array element;
- * on error writes "<field>: <problem>" to why. */
-static int def_from_json(const kvg_json *o, kvg_worker_def *def, const char **models, char *why,
-                         size_t why_len)
-{
-    unsigned seen = 0;
-    *def = (kvg_worker_def){.models = models};
-    if (o->type != KVG_JSON_OBJECT) {
-        snprintf(why, why_len, "must be an object");
-        return KVG_EPARSE;
-    }
-    for (size_t i = 0; i < o->u.obj.count; i++) {
-        const char *key = o->u.obj.keys[i];
-        const kvg_json *v = o->u.obj.values[i];
-        int f = 0;
-        while (f < F_COUNT && !(o->u.obj.key_lens[i] == strlen(field_names[f]) &&
-                                memcmp(key, field_names[f], o->u.obj.key_lens[i]) == 0))
-            f++;
-        if (f == F_COUNT) {
-            /* The key may hold anything: show a bounded, printable rendering. */
-            char shown[40];
-            size_t k = 0;
-            for (size_t j = 0; j < o->u.obj.key_lens[i] && k < 32; j++) {
-                unsigned char c = (unsigned char)key[j];
-                shown[k++] = c >= 0x20 && c < 0x7f && c != '"' && c != '\\' ? (char)c : '?';
-            }
-            shown[k] = '\0';
-            snprintf(why, why_len, "%s%s: unknown field", shown,
-                     o->u.obj.key_lens[i] > 32 ? "..." : "");
-            return KVG_EPARSE;
-        }
-        if (seen & (1u << f)) {
-            snprintf(why, why_len, "%s: appears more than once", field_names[f]);
-            return KVG_EPARSE;
-        }
-        seen |= 1u << f;
-        switch (f) {
-        case F_NAME:
-        case F_URL: {
-            const char *s = c_string(v);
-            if (!s) {
-                snprintf(why, why_len, "%s: must be a string without NUL characters",
-                         field_names[f]);
-                return KVG_EPARSE;
-            }
-            if (f == F_NAME)
-                def->name = s;
-            else
-                def->url = s;
-            break;
-        }
-        case F_MODELS:
-            if (v->type != KVG_JSON_ARRAY) {
-                snprintf(why, why_len, "models: must be an array of strings");
-                return KVG_EPARSE;
-            }
-            if (v->u.arr.count > KVG_WORKER_MODELS_MAX) {
-                snprintf(why, why_len, "models: more than %d models", KVG_WORKER_MODELS_MAX);
-                return KVG_EPARSE;
-            }
-            for (size_t m = 0; m < v->u.arr.count; m++) {
-                models[m] = c_string(v->u.arr.items[m]);
-                if (!models[m]) {
-                    snprintf(why, why_len, "models[%zu]: must be a string without NUL characters",
-                             m);
-                    return KVG_EPARSE;
-                }
-            }
-            def->nmodels = v->u.arr.count;
-            break;
-        case F_KV_BLOCKS:
-        case F_MAX_INFLIGHT:
-            if (!get_u32(v, f == F_KV_BLOCKS ? &def->kv_blocks : &def->max_inflight)) {
-                snprintf(why, why_len, "%s: must be an integer in 0..%lu", field_names[f],
-                         (unsigned long)UINT32_MAX);
-                return KVG_EPARSE;
-            }
-            break;
-        default: /* F_CACHE_SALT */
-            if (v->type != KVG_JSON_TRUE && v->type != KVG_JSON_FALSE) {
-                snprintf(why, why_len, "cache_salt: must be true or false");
-                return KVG_EPARSE;
-            }
-            def->no_cache_salt = v->type == KVG_JSON_FALSE;
-            break;
-        }
-    }
-    if (!def->name || !def->url) {
-        snprintf(why, why_len, "%s: required", def->name ? "url" : "name");
-        return KVG_EPARSE;
-    }
-    return 0;
+    const kvg_json *name = o->type == KVG_JSON_OBJECT ? kvg_json_get(o, "name") : NULL;
+    const char *s =
+        name && name->type == KVG_JSON_STRING && !memchr(name->u.str.ptr, '\0', name->u.str.len)
+            ? name->u.str.ptr
+            : NULL;
+    if (s && kvg_worker_name_validate(s, NULL, 0) == 0)
+        snprintf(msg, msg_len, "worker \"%s\": %s", s, why);
+    else
+        snprintf(msg, msg_len, "workers[%zu]: %s", i, why);
 }
 
 int kvg_registry_admin_from_json(kvg_registry *reg, const kvg_json *arr, char *msg, size_t msg_len)
@@ -715,44 +622,29 @@ int kvg_registry_admin_from_json(kvg_registry *reg, const kvg_json *arr, char *m
             snprintf(msg, msg_len, "too many workers (at most %d)", KVG_REGISTRY_WORKERS_MAX);
         return KVG_ELIMIT;
     }
-    /* Room for every "models" member, repeated ones too (an error, found after the first
-     * one is copied). */
-    size_t nmodels = 0;
-    for (size_t i = 0; i < n; i++) {
+    /* The definitions borrow their strings from arr; their model lists come from the arena. */
+    kvg_arena arena;
+    kvg_arena_init(&arena, 0);
+    kvg_worker_def *defs = malloc((n ? n : 1) * sizeof(*defs));
+    kvg_fields_ctx c = {.from = KVG_SET_STATE,
+                        .arena = &arena,
+                        .wording = &state_wording,
+                        .msg = why,
+                        .msg_len = sizeof(why)};
+    rc = defs ? 0 : -ENOMEM;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
         const kvg_json *o = arr->u.arr.items[i];
-        for (size_t k = 0; o->type == KVG_JSON_OBJECT && k < o->u.obj.count; k++) {
-            const kvg_json *m = o->u.obj.values[k];
-            if (strcmp(o->u.obj.keys[k], "models") == 0 && m->type == KVG_JSON_ARRAY)
-                nmodels += KVG_MIN(m->u.arr.count, (size_t)KVG_WORKER_MODELS_MAX);
-        }
+        kvg_fields_defaults(&kvg_worker_fields, &defs[i]);
+        rc = kvg_fields_decode(&kvg_worker_fields, &defs[i], o, "", &c);
+        if (rc < 0 && rc != -ENOMEM && msg && msg_len)
+            name_worker(o, i, why, msg, msg_len);
     }
-    /* The definitions borrow their strings from arr; one allocation for all of them. */
-    kvg_worker_def *defs = malloc((n ? n : 1) * sizeof(*defs) + nmodels * sizeof(char *));
-    if (!defs) {
-        if (msg && msg_len)
-            snprintf(msg, msg_len, "out of memory");
-        return -ENOMEM;
-    }
-    const char **models = (const char **)(void *)(defs + (n ? n : 1));
-    for (size_t i = 0; i < n; i++) {
-        const kvg_json *o = arr->u.arr.items[i];
-        rc = def_from_json(o, &defs[i], models, why, sizeof(why));
-        if (rc < 0) {
-            if (msg && msg_len) {
-                const kvg_json *name = o->type == KVG_JSON_OBJECT ? kvg_json_get(o, "name") : NULL;
-                const char *s = name ? c_string(name) : NULL;
-                if (s && kvg_worker_name_validate(s, NULL, 0) == 0)
-                    snprintf(msg, msg_len, "worker \"%s\": %s", s, why);
-                else
-                    snprintf(msg, msg_len, "workers[%zu]: %s", i, why);
-            }
-            free(defs);
-            return rc;
-        }
-        models += defs[i].nmodels;
-    }
-    rc = replace_layer(reg, KVG_WORKER_SOURCE_ADMIN, defs, n, msg, msg_len);
+    if (rc == 0)
+        rc = replace_layer(reg, KVG_WORKER_SOURCE_ADMIN, defs, n, msg, msg_len);
+    else if (rc == -ENOMEM && msg && msg_len)
+        snprintf(msg, msg_len, "out of memory");
     free(defs);
+    kvg_arena_done(&arena);
     return rc;
 }
 

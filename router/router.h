@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "common.h"
+#include "fields.h"
 #include "gpu_hash.h"
 #include "policy.h"
 #include "snapshot.h"
@@ -75,6 +76,12 @@ int kvg_worker_name_validate(const char *name, char *msg, size_t msg_len);
 /** Check a definition without changing anything: 0, or KVG_EPARSE/KVG_ELIMIT with a message
  *  naming the bad field written to msg (may be NULL). */
 int kvg_worker_def_validate(const kvg_worker_def *def, char *msg, size_t msg_len);
+/* The fields of a worker definition (kvg_worker_def), for every entry point that defines one:
+ * name, url, models (key=value item "model"), kv_blocks and max_inflight (integers, 0 = unknown
+ * and the gateway default), cache_salt (true by default; the struct holds no_cache_salt). Types
+ * and ranges are checked by the walker (common/fields.h); kvg_worker_def_validate checks the
+ * values. docs/configuration.md has the table. */
+extern const kvg_fields kvg_worker_fields;
 
 /** Add or replace a worker; a new snapshot is published. Replacing with an identical
  *  definition keeps the worker object (and its health and counters); a changed definition

@@ -284,6 +284,51 @@ int kvg_worker_def_validate(const kvg_worker_def *def, char *msg, size_t msg_len
     return validate(def, &pu, msg, msg_len);
 }
 
+/* ---- the definition's fields ---------------------------------------------------------------- */
+
+/* One table for every place a worker is defined: the config file's "workers", --worker NAME=URL,
+ * the state file's admin workers, PUT /admin/v1/workers/{name} and `kvgate admin workers put`.
+ * The name and the URL are positional on the command lines (NAME=URL, put NAME URL) and the
+ * name is the path in the admin API, where a body may repeat it. What the values may be beyond
+ * their type (a name's characters, the URL's form, distinct models) is
+ * kvg_worker_def_validate's, which every entry point reaches before a worker is used. */
+static const kvg_field worker_fields[] = {
+    {.name = "name",
+     .type = KVG_FIELD_STRING,
+     .set_in = KVG_SET_CONFIG | KVG_SET_STATE | KVG_SET_ADMIN,
+     .required_in = KVG_SET_CONFIG | KVG_SET_STATE,
+     .offset = offsetof(kvg_worker_def, name)},
+    {.name = "url",
+     .type = KVG_FIELD_STRING,
+     .set_in = KVG_SET_CONFIG | KVG_SET_STATE | KVG_SET_ADMIN | KVG_SET_CLI,
+     .required_in = KVG_SET_CONFIG | KVG_SET_STATE | KVG_SET_ADMIN,
+     .offset = offsetof(kvg_worker_def, url)},
+    {.name = "models",
+     .type = KVG_FIELD_STRINGS,
+     .set_in = KVG_SET_ANY,
+     .offset = offsetof(kvg_worker_def, models),
+     .count_offset = offsetof(kvg_worker_def, nmodels),
+     .max = KVG_WORKER_MODELS_MAX,
+     .item = "model"},
+    {.name = "kv_blocks",
+     .type = KVG_FIELD_U32,
+     .set_in = KVG_SET_ANY,
+     .offset = offsetof(kvg_worker_def, kv_blocks)},
+    /* 0 = the gateway's default (upstream.max_inflight). */
+    {.name = "max_inflight",
+     .type = KVG_FIELD_U32,
+     .set_in = KVG_SET_ANY,
+     .offset = offsetof(kvg_worker_def, max_inflight)},
+    {.name = "cache_salt",
+     .type = KVG_FIELD_BOOL,
+     .set_in = KVG_SET_ANY,
+     .flags = KVG_FIELD_NEGATE,
+     .offset = offsetof(kvg_worker_def, no_cache_salt),
+     .def.b = true},
+};
+
+const kvg_fields kvg_worker_fields = {"worker", worker_fields, KVG_ARRAY_LEN(worker_fields), NULL};
+
 /* ---- specs ----------------------------------------------------------------------------------- */
 
 int kvg_router_spec_new(const kvg_worker_def *def, uint32_t default_max_inflight, char *msg,

@@ -6,7 +6,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,95 +25,151 @@
  *             "created":"2024-05-01T12:00:00.000Z"}]}
  *   ]
  *
- * - id (string, required): [A-Za-z0-9._-], 1..64 characters, not "." or "..".
- * - sharing (string, required): "isolated" | "group" | "global".
- * - group (string): required with sharing "group", absent (or null) otherwise; same charset.
- * - models (array of strings, default []): allowed models, at most 64, distinct, printable
- *   ASCII, 1..256 bytes each; empty = every model.
- * - rate (object, default all 0): rps, burst, prompt_bytes_per_s, prompt_bytes_burst; each a
- *   finite number >= 0 (0 = unlimited / the default burst; a burst is 0 or >= 1); members
- *   omitted are 0.
- * - max_inflight (integer 0..4294967295, default 0 = unlimited).
- * - keys (array, default [], at most 16): id ("k" + 15 of [a-z0-9], distinct within the
- *   tenant), sha256 (the key's SHA-256, 64 hex digits; distinct across all tenants), created
- *   (RFC 3339; written in UTC with milliseconds). The key itself is never written.
- * Unknown members and repeated members are errors; so are duplicate ids. Numbers are written
- * in the shortest form that reads back to the same double.
+ * A tenant is its definition, through the tenant's field table (kvg_tenant_fields; id and
+ * sharing are required here), and its keys (at most 16): id ("k" + 15 of [a-z0-9], distinct
+ * within the tenant), sha256 (the key's SHA-256, 64 hex digits; distinct across all tenants),
+ * created (RFC 3339; written in UTC with milliseconds). The key itself is never written.
+ * docs/state.md has the whole table.
  */
+
+/* A tenant as the file holds it. */
+typedef struct tenant_record {
+    kvg_tenant_def def;
+    const kvg_key_info *keys;
+    size_t nkeys;
+} tenant_record;
+
+/* ---- a key's fields ---------------------------------------------------------------------------
+ */
+
+static int check_key_id(const void *value, char *why, size_t len)
+{
+    if (kvg_tenancy_key_id_valid(value))
+        return 0;
+    snprintf(why, len, "must be \"k\" and 15 characters of a-z 0-9");
+    return KVG_EPARSE;
+}
+
+static int hex_value(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+static int decode_sha256(void *target, const kvg_json *v, const char *path, kvg_fields_ctx *c)
+{
+    kvg_key_info *key = target;
+    const char *s;
+    int rc = kvg_fields_get_string(c, v, path, &s);
+    if (rc < 0)
+        return rc;
+    if (v->u.str.len != 2 * KVG_KEY_DIGEST_LEN)
+        return kvg_fields_fail(c, KVG_FIELD_INVALID, path, "must be 64 hex digits");
+    for (size_t b = 0; b < KVG_KEY_DIGEST_LEN; b++) {
+        int hi = hex_value(s[2 * b]), lo = hex_value(s[2 * b + 1]);
+        if (hi < 0 || lo < 0)
+            return kvg_fields_fail(c, KVG_FIELD_INVALID, path, "must be 64 hex digits");
+        key->digest[b] = (uint8_t)(hi << 4 | lo);
+    }
+    return 0;
+}
+
+static bool encode_sha256(const void *target, kvg_buf *out)
+{
+    static const char hex[] = "0123456789abcdef";
+    const kvg_key_info *key = target;
+    char digest[2 * KVG_KEY_DIGEST_LEN + 2];
+    digest[0] = '"';
+    for (size_t b = 0; b < KVG_KEY_DIGEST_LEN; b++) {
+        digest[1 + 2 * b] = hex[key->digest[b] >> 4];
+        digest[2 + 2 * b] = hex[key->digest[b] & 15];
+    }
+    kvg_buf_append(out, digest, sizeof(digest) - 1);
+    kvg_buf_putc(out, '"');
+    return true;
+}
+
+static int parse_rfc3339(const char *s, size_t len, uint64_t *out);
+
+static int decode_created(void *target, const kvg_json *v, const char *path, kvg_fields_ctx *c)
+{
+    kvg_key_info *key = target;
+    const char *s;
+    int rc = kvg_fields_get_string(c, v, path, &s);
+    if (rc == 0 && parse_rfc3339(s, v->u.str.len, &key->created_wall_ns) < 0)
+        rc = kvg_fields_fail(c, KVG_FIELD_INVALID, path,
+                             "must be an RFC 3339 time such as 2024-05-01T12:00:00Z");
+    return rc;
+}
+
+static bool encode_created(const void *target, kvg_buf *out)
+{
+    char created[40];
+    kvg_format_time(((const kvg_key_info *)target)->created_wall_ns, created, sizeof(created));
+    kvg_buf_printf(out, "\"%s\"", created);
+    return true;
+}
+
+static const kvg_field key_fields[] = {
+    {.name = "id",
+     .type = KVG_FIELD_CHARS,
+     .set_in = KVG_SET_STATE,
+     .required_in = KVG_SET_STATE,
+     .offset = offsetof(kvg_key_info, id),
+     .max = KVG_KEY_ID_LEN,
+     .check = check_key_id},
+    {.name = "sha256",
+     .type = KVG_FIELD_CUSTOM,
+     .set_in = KVG_SET_STATE,
+     .required_in = KVG_SET_STATE,
+     .decode = decode_sha256,
+     .encode = encode_sha256},
+    {.name = "created",
+     .type = KVG_FIELD_CUSTOM,
+     .set_in = KVG_SET_STATE,
+     .required_in = KVG_SET_STATE,
+     .decode = decode_created,
+     .encode = encode_created},
+};
+
+static const kvg_fields key_table = {"key", key_fields, KVG_ARRAY_LEN(key_fields), NULL};
+
+static const kvg_field record_fields[] = {
+    {.type = KVG_FIELD_EMBED, .offset = offsetof(tenant_record, def), .object = &kvg_tenant_fields},
+    {.name = "keys",
+     .type = KVG_FIELD_OBJECTS,
+     .set_in = KVG_SET_STATE,
+     .offset = offsetof(tenant_record, keys),
+     .count_offset = offsetof(tenant_record, nkeys),
+     .elem_size = sizeof(kvg_key_info),
+     .object = &key_table,
+     .max = KVG_TENANT_KEYS_MAX},
+};
+
+static const kvg_fields record_table = {"tenant", record_fields, KVG_ARRAY_LEN(record_fields),
+                                        NULL};
 
 /* ---- writing --------------------------------------------------------------------------------- */
 
-/* Integers (below 2^53, where doubles are exact) as integers ("50", "2500000"); anything else
- * in the shortest %g form that reads back to the same double ("0.1", not
- * "0.10000000000000001"). */
-static void put_number(kvg_buf *out, double v)
-{
-    char tmp[40];
-    if (v == 0) { /* -0 too: limits are >= 0 */
-        kvg_buf_putc(out, '0');
-        return;
-    }
-    if (v == floor(v) && fabs(v) < 9007199254740992.0) {
-        kvg_buf_printf(out, "%.0f", v);
-        return;
-    }
-    for (int prec = 1; prec <= 17; prec++) {
-        snprintf(tmp, sizeof(tmp), "%.*g", prec, v);
-        if (strtod(tmp, NULL) == v)
-            break;
-    }
-    kvg_buf_puts(out, tmp);
-}
-
-static void put_key(kvg_buf *out, const char *key)
-{
-    kvg_buf_json_string(out, key, strlen(key));
-    kvg_buf_putc(out, ':');
-}
-
 static void put_tenant(kvg_buf *out, const kvg_tenant *t)
 {
-    static const char hex[] = "0123456789abcdef";
     const tenant_spec *s = t->spec;
-    kvg_buf_putc(out, '{');
-    put_key(out, "id");
-    kvg_buf_json_string(out, s->id, strlen(s->id));
-    kvg_buf_putc(out, ',');
-    put_key(out, "sharing");
-    kvg_buf_json_string(out, kvg_sharing_str(s->sharing), strlen(kvg_sharing_str(s->sharing)));
-    if (s->group) {
-        kvg_buf_putc(out, ',');
-        put_key(out, "group");
-        kvg_buf_json_string(out, s->group, strlen(s->group));
-    }
-    kvg_buf_puts(out, ",\"models\":[");
-    for (size_t i = 0; i < s->nmodels; i++) {
-        if (i)
-            kvg_buf_putc(out, ',');
-        kvg_buf_json_string(out, s->models[i], strlen(s->models[i]));
-    }
-    kvg_buf_puts(out, "],\"rate\":{\"rps\":");
-    put_number(out, s->limits.rps);
-    kvg_buf_puts(out, ",\"burst\":");
-    put_number(out, s->limits.burst);
-    kvg_buf_puts(out, ",\"prompt_bytes_per_s\":");
-    put_number(out, s->limits.prompt_bytes_per_s);
-    kvg_buf_puts(out, ",\"prompt_bytes_burst\":");
-    put_number(out, s->limits.prompt_bytes_burst);
-    kvg_buf_printf(out, "},\"max_inflight\":%u,\"keys\":[", (unsigned)s->limits.max_inflight);
-    for (size_t i = 0; i < t->nkeys; i++) {
-        const kvg_key_info *k = &t->keys[i];
-        char digest[2 * KVG_KEY_DIGEST_LEN + 1], created[40];
-        for (size_t b = 0; b < KVG_KEY_DIGEST_LEN; b++) {
-            digest[2 * b] = hex[k->digest[b] >> 4];
-            digest[2 * b + 1] = hex[k->digest[b] & 15];
-        }
-        digest[2 * KVG_KEY_DIGEST_LEN] = '\0';
-        kvg_format_time(k->created_wall_ns, created, sizeof(created));
-        kvg_buf_printf(out, "%s{\"id\":\"%s\",\"sha256\":\"%s\",\"created\":\"%s\"}", i ? "," : "",
-                       k->id, digest, created);
-    }
-    kvg_buf_puts(out, "]}");
+    tenant_record r = {
+        .def = {.id = s->id,
+                .sharing = s->sharing,
+                .group = s->group,
+                .models = (const char *const *)s->models,
+                .nmodels = s->nmodels,
+                .limits = s->limits},
+        .keys = t->keys,
+        .nkeys = t->nkeys,
+    };
+    kvg_fields_encode(&record_table, &r, KVG_SET_STATE, out);
 }
 
 void kvg_tenants_to_json(kvg_tenants *ts, kvg_buf *out)
@@ -144,65 +199,17 @@ static int bad(char *msg, size_t msg_len, const char *fmt, ...)
     return KVG_EPARSE;
 }
 
-/* A member name from the file, fit for a message: printable ASCII, at most 64 bytes. */
-static const char *show_name(const char *s, size_t len, char out[72])
-{
-    size_t o = 0;
-    for (size_t i = 0; i < len && o < 64; i++) {
-        unsigned char c = (unsigned char)s[i];
-        out[o++] = c >= 0x20 && c < 0x7f && c != '"' && c != '\\' ? (char)c : '?';
-    }
-    if (len > 64) {
-        memcpy(out + o, "...", 3);
-        o += 3;
-    }
-    out[o] = '\0';
-    return out;
-}
-
-static bool key_is(const kvg_json *obj, size_t i, const char *name)
-{
-    return obj->u.obj.key_lens[i] == strlen(name) &&
-           memcmp(obj->u.obj.keys[i], name, obj->u.obj.key_lens[i]) == 0;
-}
-
-/* Index of the member of obj named by one of names, or -1; sets *seen's bit and fails on a
- * repeat. */
-static int member(const kvg_json *obj, size_t i, const char *const *names, size_t n, unsigned *seen,
-                  const char *prefix, char *msg, size_t msg_len)
-{
-    char nb[72];
-    for (size_t k = 0; k < n; k++) {
-        if (!key_is(obj, i, names[k]))
-            continue;
-        if (*seen & (1u << k))
-            return bad(msg, msg_len, "%s%s: appears more than once", prefix, names[k]);
-        *seen |= 1u << k;
-        return (int)k;
-    }
-    return bad(msg, msg_len, "%s%s: unknown field", prefix,
-               show_name(obj->u.obj.keys[i], obj->u.obj.key_lens[i], nb));
-}
-
-static int get_string(const kvg_json *v, const char *field, const char **out, char *msg,
-                      size_t msg_len)
-{
-    if (v->type != KVG_JSON_STRING)
-        return bad(msg, msg_len, "%s: must be a string, not %s", field, kvg_json_type_str(v->type));
-    if (strlen(v->u.str.ptr) != v->u.str.len)
-        return bad(msg, msg_len, "%s: must not contain NUL characters", field);
-    *out = v->u.str.ptr;
-    return 0;
-}
-
-static int get_number(const kvg_json *v, const char *field, double *out, char *msg, size_t msg_len)
-{
-    if (v->type != KVG_JSON_NUMBER)
-        return bad(msg, msg_len, "%s: must be a number, not %s", field, kvg_json_type_str(v->type));
-    *out = v->u.num.value;
-    /* Range (finite, >= 0) is the definition's check, with the same message as the API's. */
-    return 0;
-}
+/* The state file's wording, which its tests pin (tests/unit/tenancy/test_tenancy.c): a missing
+ * member is "missing" (canonical: "required"), a mistyped one names the type given ("must be an
+ * array, not string"), and ranges read "from 0 to" and "a finite number >= 0". Everything else
+ * is the walker's canonical wording. */
+static const kvg_fields_wording state_wording = {
+    .missing = "{path}: missing",
+    .mistyped = "{path}: must be {kind}, not {type}",
+    .not_integer = "{path}: must be an integer from {min} to {max}",
+    .int_range = "{path}: must be an integer from {min} to {max}",
+    .num_range = "{path}: must be a finite number >= {min} and <= {max}",
+};
 
 static int two_digits(const char *s, int *out)
 {
@@ -271,175 +278,28 @@ static int parse_rfc3339(const char *s, size_t len, uint64_t *out)
     return 0;
 }
 
-static int hex_value(char c)
+/* One tenant object into r (strings borrowed from the tree, lists from the arena). Messages
+ * name the field without the tenant; the caller adds it. */
+static int parse_tenant(const kvg_json *o, kvg_arena *arena, tenant_record *r, char *msg,
+                        size_t msg_len)
 {
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
-static int parse_key(const kvg_json *o, size_t i, kvg_key_info *key, char *msg, size_t msg_len)
-{
-    static const char *const names[] = {"id", "sha256", "created"};
-    char prefix[32], field[48];
-    unsigned seen = 0;
-    snprintf(prefix, sizeof(prefix), "keys[%zu].", i);
-    if (o->type != KVG_JSON_OBJECT)
-        return bad(msg, msg_len, "keys[%zu]: must be an object, not %s", i,
-                   kvg_json_type_str(o->type));
-    memset(key, 0, sizeof(*key));
-    for (size_t m = 0; m < o->u.obj.count; m++) {
-        int k = member(o, m, names, KVG_ARRAY_LEN(names), &seen, prefix, msg, msg_len);
-        if (k < 0)
-            return k;
-        const kvg_json *v = o->u.obj.values[m];
-        const char *s = NULL;
-        snprintf(field, sizeof(field), "%s%s", prefix, names[k]);
-        int rc = get_string(v, field, &s, msg, msg_len);
-        if (rc < 0)
-            return rc;
-        if (k == 0) {
-            if (!kvg_tenancy_key_id_valid(s))
-                return bad(msg, msg_len, "%s: must be \"k\" and 15 characters of a-z 0-9", field);
-            memcpy(key->id, s, KVG_KEY_ID_LEN + 1);
-        } else if (k == 1) {
-            if (v->u.str.len != 2 * KVG_KEY_DIGEST_LEN)
-                return bad(msg, msg_len, "%s: must be 64 hex digits", field);
-            for (size_t b = 0; b < KVG_KEY_DIGEST_LEN; b++) {
-                int hi = hex_value(s[2 * b]), lo = hex_value(s[2 * b + 1]);
-                if (hi < 0 || lo < 0)
-                    return bad(msg, msg_len, "%s: must be 64 hex digits", field);
-                key->digest[b] = (uint8_t)(hi << 4 | lo);
-            }
-        } else if (parse_rfc3339(s, v->u.str.len, &key->created_wall_ns) < 0) {
-            return bad(msg, msg_len, "%s: must be an RFC 3339 time such as 2024-05-01T12:00:00Z",
-                       field);
+    kvg_fields_ctx c = {.from = KVG_SET_STATE,
+                        .arena = arena,
+                        .wording = &state_wording,
+                        .msg = msg,
+                        .msg_len = msg_len};
+    memset(r, 0, sizeof(*r));
+    kvg_fields_defaults(&record_table, r);
+    int rc = kvg_fields_decode(&record_table, r, o, "", &c);
+    for (size_t i = 0; rc == 0 && i < r->nkeys; i++) {
+        for (size_t j = 0; rc == 0 && j < i; j++) {
+            if (strcmp(r->keys[j].id, r->keys[i].id) == 0)
+                rc = bad(msg, msg_len, "keys[%zu].id: duplicate of keys[%zu]", i, j);
+            else if (memcmp(r->keys[j].digest, r->keys[i].digest, KVG_KEY_DIGEST_LEN) == 0)
+                rc = bad(msg, msg_len, "keys[%zu].sha256: duplicate of keys[%zu]", i, j);
         }
     }
-    for (size_t k = 0; k < KVG_ARRAY_LEN(names); k++)
-        if (!(seen & (1u << k)))
-            return bad(msg, msg_len, "%s%s: missing", prefix, names[k]);
-    return 0;
-}
-
-static int parse_rate(const kvg_json *o, kvg_tenant_limits *l, char *msg, size_t msg_len)
-{
-    static const char *const names[] = {"rps", "burst", "prompt_bytes_per_s", "prompt_bytes_burst"};
-    double *fields[] = {&l->rps, &l->burst, &l->prompt_bytes_per_s, &l->prompt_bytes_burst};
-    char field[48];
-    unsigned seen = 0;
-    if (o->type != KVG_JSON_OBJECT)
-        return bad(msg, msg_len, "rate: must be an object, not %s", kvg_json_type_str(o->type));
-    for (size_t m = 0; m < o->u.obj.count; m++) {
-        int k = member(o, m, names, KVG_ARRAY_LEN(names), &seen, "rate.", msg, msg_len);
-        if (k < 0)
-            return k;
-        snprintf(field, sizeof(field), "rate.%s", names[k]);
-        int rc = get_number(o->u.obj.values[m], field, fields[k], msg, msg_len);
-        if (rc < 0)
-            return rc;
-    }
-    return 0;
-}
-
-/* One tenant object into def (strings borrowed from the tree, models into models[]) and keys.
- * Messages name the field without the tenant; the caller adds it. */
-static int parse_tenant(const kvg_json *o, kvg_tenant_def *def, const char **models,
-                        kvg_key_info *keys, size_t *nkeys, char *msg, size_t msg_len)
-{
-    enum { F_ID, F_SHARING, F_GROUP, F_MODELS, F_RATE, F_MAX_INFLIGHT, F_KEYS };
-    static const char *const names[] = {"id",   "sharing",      "group", "models",
-                                        "rate", "max_inflight", "keys"};
-    unsigned seen = 0;
-    const char *s = NULL;
-    int rc;
-    memset(def, 0, sizeof(*def));
-    *nkeys = 0;
-    if (o->type != KVG_JSON_OBJECT)
-        return bad(msg, msg_len, "must be an object, not %s", kvg_json_type_str(o->type));
-    for (size_t m = 0; m < o->u.obj.count; m++) {
-        int k = member(o, m, names, KVG_ARRAY_LEN(names), &seen, "", msg, msg_len);
-        if (k < 0)
-            return k;
-        const kvg_json *v = o->u.obj.values[m];
-        switch (k) {
-        case F_ID:
-            rc = get_string(v, "id", &def->id, msg, msg_len);
-            break;
-        case F_SHARING:
-            rc = get_string(v, "sharing", &s, msg, msg_len);
-            if (rc == 0 && kvg_sharing_parse(s, &def->sharing) < 0)
-                rc = bad(msg, msg_len, "sharing: must be isolated, group or global");
-            break;
-        case F_GROUP:
-            rc = v->type == KVG_JSON_NULL ? 0 : get_string(v, "group", &def->group, msg, msg_len);
-            break;
-        case F_MODELS:
-            if (v->type != KVG_JSON_ARRAY) {
-                rc = bad(msg, msg_len, "models: must be an array, not %s",
-                         kvg_json_type_str(v->type));
-                break;
-            }
-            if (v->u.arr.count > KVG_TENANT_MODELS_MAX) {
-                rc = bad(msg, msg_len, "models: more than %d models", KVG_TENANT_MODELS_MAX);
-                break;
-            }
-            rc = 0;
-            for (size_t i = 0; rc == 0 && i < v->u.arr.count; i++) {
-                char field[32];
-                snprintf(field, sizeof(field), "models[%zu]", i);
-                rc = get_string(v->u.arr.items[i], field, &models[i], msg, msg_len);
-            }
-            def->models = models;
-            def->nmodels = v->u.arr.count;
-            break;
-        case F_RATE:
-            rc = parse_rate(v, &def->limits, msg, msg_len);
-            break;
-        case F_MAX_INFLIGHT:
-            if (v->type != KVG_JSON_NUMBER || !v->u.num.is_int || v->u.num.ival < 0 ||
-                v->u.num.ival > UINT32_MAX)
-                rc = bad(msg, msg_len, "max_inflight: must be an integer from 0 to %u", UINT32_MAX);
-            else {
-                def->limits.max_inflight = (uint32_t)v->u.num.ival;
-                rc = 0;
-            }
-            break;
-        default: /* F_KEYS */
-            if (v->type != KVG_JSON_ARRAY) {
-                rc =
-                    bad(msg, msg_len, "keys: must be an array, not %s", kvg_json_type_str(v->type));
-                break;
-            }
-            if (v->u.arr.count > KVG_TENANT_KEYS_MAX) {
-                rc = bad(msg, msg_len, "keys: more than %d keys", KVG_TENANT_KEYS_MAX);
-                break;
-            }
-            rc = 0;
-            for (size_t i = 0; rc == 0 && i < v->u.arr.count; i++) {
-                rc = parse_key(v->u.arr.items[i], i, &keys[i], msg, msg_len);
-                for (size_t j = 0; rc == 0 && j < i; j++) {
-                    if (strcmp(keys[j].id, keys[i].id) == 0)
-                        rc = bad(msg, msg_len, "keys[%zu].id: duplicate of keys[%zu]", i, j);
-                    else if (memcmp(keys[j].digest, keys[i].digest, KVG_KEY_DIGEST_LEN) == 0)
-                        rc = bad(msg, msg_len, "keys[%zu].sha256: duplicate of keys[%zu]", i, j);
-                }
-            }
-            *nkeys = v->u.arr.count;
-            break;
-        }
-        if (rc < 0)
-            return rc;
-    }
-    if (!(seen & (1u << F_ID)))
-        return bad(msg, msg_len, "id: missing");
-    if (!(seen & (1u << F_SHARING)))
-        return bad(msg, msg_len, "sharing: missing");
-    return 0;
+    return rc;
 }
 
 static int cmp_tenant(const void *a, const void *b)
@@ -463,8 +323,7 @@ static void name_tenant(const kvg_json *o, size_t i, const char *why, char *msg,
 int kvg_tenants_from_json(kvg_tenants *ts, const kvg_json *arr, char *msg, size_t msg_len)
 {
     char why[256];
-    const char *models[KVG_TENANT_MODELS_MAX];
-    kvg_key_info keys[KVG_TENANT_KEYS_MAX];
+    kvg_arena arena;
     kvg_tenant_set *next;
     size_t n = 0, built = 0, dup = 0;
     int rc;
@@ -476,6 +335,8 @@ int kvg_tenants_from_json(kvg_tenants *ts, const kvg_json *arr, char *msg, size_
     n = arr->u.arr.count;
     if (n > KVG_TENANTS_MAX)
         return bad(msg, msg_len, "tenants: more than %d tenants", KVG_TENANTS_MAX);
+    /* The definitions' lists and keys live until their tenants have copied them. */
+    kvg_arena_init(&arena, 0);
     kvg_tenant **list = calloc(n ? n : 1, sizeof(*list));
     if (!list) {
         rc = -ENOMEM;
@@ -486,14 +347,13 @@ int kvg_tenants_from_json(kvg_tenants *ts, const kvg_json *arr, char *msg, size_
      * until one snapshot replaces it whole. */
     for (; built < n; built++) {
         const kvg_json *o = arr->u.arr.items[built];
-        kvg_tenant_def def;
-        size_t nkeys;
+        tenant_record r;
         tenant_spec *spec;
-        rc = parse_tenant(o, &def, models, keys, &nkeys, why, sizeof(why));
+        rc = parse_tenant(o, &arena, &r, why, sizeof(why));
         if (rc == 0)
-            rc = kvg_tenancy_spec_new(&def, why, sizeof(why), &spec);
+            rc = kvg_tenancy_spec_new(&r.def, why, sizeof(why), &spec);
         if (rc == 0)
-            rc = kvg_tenancy_tenant_new(spec, NULL, keys, nkeys, &list[built]);
+            rc = kvg_tenancy_tenant_new(spec, NULL, r.keys, r.nkeys, &list[built]);
         if (rc == -ENOMEM)
             goto fail;
         if (rc < 0) {
@@ -502,6 +362,7 @@ int kvg_tenants_from_json(kvg_tenants *ts, const kvg_json *arr, char *msg, size_
             goto fail;
         }
     }
+    kvg_arena_done(&arena); /* the tenants hold copies */
     if (n > 1)
         qsort(list, n, sizeof(*list), cmp_tenant);
     for (size_t i = 1; i < n; i++) {
@@ -543,6 +404,7 @@ int kvg_tenants_from_json(kvg_tenants *ts, const kvg_json *arr, char *msg, size_
 fail_unlock:
     pthread_mutex_unlock(&ts->write_lock);
 fail:
+    kvg_arena_done(&arena);
     if (rc == -ENOMEM && msg && msg_len)
         snprintf(msg, msg_len, "out of memory");
     for (size_t i = 0; list && i < built; i++)

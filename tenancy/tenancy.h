@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "common.h"
+#include "fields.h"
 #include "snapshot.h"
 
 typedef struct kvg_tenants kvg_tenants;       /* the store: current snapshot + changes */
@@ -80,6 +81,13 @@ int kvg_tenant_id_validate(const char *id, const char *what, char *msg, size_t m
  *  is 0 (the default) or at least 1; group is required with KVG_SHARING_GROUP and refused
  *  otherwise. */
 int kvg_tenant_def_validate(const kvg_tenant_def *def, char *msg, size_t msg_len);
+
+/* The fields of a tenant definition (kvg_tenant_def), for every entry point that defines one:
+ * id, sharing (isolated by default), group, models (key=value item "model"), rate {rps, burst,
+ * prompt_bytes_per_s, prompt_bytes_burst: numbers in 0..1e15; in key=value text by their own
+ * names}, max_inflight. Types and ranges are checked by the walker (common/fields.h),
+ * kvg_tenant_def_validate checks the values. docs/admin-api.md has the table. */
+extern const kvg_fields kvg_tenant_fields;
 
 /* Changes. Each publishes a new snapshot; all are thread-safe (serialised internally). */
 

@@ -207,6 +207,73 @@ int kvg_tenant_def_validate(const kvg_tenant_def *def, char *msg, size_t msg_len
     return rc;
 }
 
+/* ---- the definition's fields ---------------------------------------------------------------- */
+
+/* Rates and bursts above this are typos, not limits. */
+#define RATE_MAX 1e15
+
+#define RATE_FIELD(field)                                                                          \
+    {                                                                                              \
+        .name = #field, .type = KVG_FIELD_DOUBLE, .set_in = KVG_SET_ANY,                           \
+        .offset = offsetof(kvg_tenant_limits, field), .dmax = RATE_MAX                             \
+    }
+
+static const kvg_field rate_fields[] = {
+    RATE_FIELD(rps),
+    RATE_FIELD(burst),
+    RATE_FIELD(prompt_bytes_per_s),
+    RATE_FIELD(prompt_bytes_burst),
+};
+
+static const kvg_fields rate_table = {"rate", rate_fields, KVG_ARRAY_LEN(rate_fields), NULL};
+
+/* One table for every place a tenant is defined: the state file, PUT /admin/v1/tenants/{id} and
+ * `kvgate admin tenants put`. The id is the path in the admin API (a body may repeat it) and
+ * positional in kvgate admin; sharing defaults to isolated except in the state file, which
+ * always writes it. What the values may be beyond their type and range (characters of ids and
+ * groups, group with sharing, distinct models, bursts of at least 1) is
+ * kvg_tenant_def_validate's. */
+static const kvg_field tenant_fields[] = {
+    {.name = "id",
+     .type = KVG_FIELD_STRING,
+     .set_in = KVG_SET_STATE | KVG_SET_ADMIN,
+     .required_in = KVG_SET_STATE,
+     .offset = offsetof(kvg_tenant_def, id)},
+    {.name = "sharing",
+     .type = KVG_FIELD_ENUM,
+     .set_in = KVG_SET_ANY,
+     .required_in = KVG_SET_STATE,
+     .offset = offsetof(kvg_tenant_def, sharing),
+     .keywords = sharing_names,
+     .nkeywords = KVG_SHARING_COUNT,
+     .def.u = KVG_SHARING_ISOLATED},
+    /* null reads as absent: the state file allowed it before this table. */
+    {.name = "group",
+     .type = KVG_FIELD_STRING,
+     .set_in = KVG_SET_ANY,
+     .flags = KVG_FIELD_NULLABLE,
+     .offset = offsetof(kvg_tenant_def, group)},
+    {.name = "models",
+     .type = KVG_FIELD_STRINGS,
+     .set_in = KVG_SET_ANY,
+     .offset = offsetof(kvg_tenant_def, models),
+     .count_offset = offsetof(kvg_tenant_def, nmodels),
+     .max = KVG_TENANT_MODELS_MAX,
+     .item = "model"},
+    {.name = "rate",
+     .type = KVG_FIELD_OBJECT,
+     .set_in = KVG_SET_ANY,
+     .flags = KVG_FIELD_FLATTEN,
+     .offset = offsetof(kvg_tenant_def, limits),
+     .object = &rate_table},
+    {.name = "max_inflight",
+     .type = KVG_FIELD_U32,
+     .set_in = KVG_SET_ANY,
+     .offset = offsetof(kvg_tenant_def, limits.max_inflight)},
+};
+
+const kvg_fields kvg_tenant_fields = {"tenant", tenant_fields, KVG_ARRAY_LEN(tenant_fields), NULL};
+
 /* ---- specs ----------------------------------------------------------------------------------- */
 
 int kvg_tenancy_spec_new(const kvg_tenant_def *def, char *msg, size_t msg_len, tenant_spec **out)
