@@ -1,7 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Router: the worker registry (the workers kvgate routes to, their health and load, as immutable
- * refcounted snapshots that every gateway thread reads without locks) and the request-body
- * rewriter. */
+/* Router: everything between a request's body and the worker it goes to, in six parts: the
+ * worker registry (the workers kvgate routes to with their definitions, health, load and
+ * counters, as immutable refcounted snapshots every gateway thread reads without locks); the
+ * engines' own load scraped from their metrics; the request-body scanner (validation, the
+ * cache_salt rewrite and the canonical prefix stream); the engine's usage report read from
+ * responses; the embedded prefix index (which worker holds which block keys, with an LRU per
+ * worker); and routing decisions with their metrics. */
 #ifndef KVG_ROUTER_H
 #define KVG_ROUTER_H
 
