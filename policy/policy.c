@@ -8,7 +8,7 @@
 
 #include "common.h"
 
-static const char *const kind_names[KVG_POLICY_KIND_COUNT] = {
+const char *const kvg_policy_kind_names[KVG_POLICY_KIND_COUNT] = {
     [KVG_POLICY_LEAST_LOADED] = "least_loaded",
     [KVG_POLICY_ROUND_ROBIN] = "round_robin",
     [KVG_POLICY_RANDOM] = "random",
@@ -18,13 +18,13 @@ static const char *const kind_names[KVG_POLICY_KIND_COUNT] = {
 
 const char *kvg_policy_kind_str(kvg_policy_kind k)
 {
-    return k < KVG_POLICY_KIND_COUNT ? kind_names[k] : "?";
+    return k < KVG_POLICY_KIND_COUNT ? kvg_policy_kind_names[k] : "?";
 }
 
 int kvg_policy_kind_parse(const char *name, kvg_policy_kind *out)
 {
     for (int i = 0; i < KVG_POLICY_KIND_COUNT; i++) {
-        if (strcmp(name, kind_names[i]) == 0) {
+        if (strcmp(name, kvg_policy_kind_names[i]) == 0) {
             *out = (kvg_policy_kind)i;
             return 0;
         }

@@ -21,6 +21,9 @@ typedef enum kvg_policy_kind {
     KVG_POLICY_KIND_COUNT,
 } kvg_policy_kind;
 
+/* Every kind's name, by value: what kvg_policy_kind_str says and the settings' "policy" field
+ * takes. */
+extern const char *const kvg_policy_kind_names[KVG_POLICY_KIND_COUNT];
 const char *kvg_policy_kind_str(kvg_policy_kind k);
 /** Parse a policy name; 0 or KVG_EPARSE (-10000). */
 int kvg_policy_kind_parse(const char *name, kvg_policy_kind *out);

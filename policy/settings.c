@@ -14,15 +14,6 @@ struct kvg_policy_state {
 
 #define COST_MAX 1e12 /* us: 11 days; a bound that keeps every product finite */
 
-/* kvg_policy_kind_str's names, by value (tests/unit/policy checks they agree). */
-static const char *const kind_keywords[KVG_POLICY_KIND_COUNT] = {
-    [KVG_POLICY_LEAST_LOADED] = "least_loaded",
-    [KVG_POLICY_ROUND_ROBIN] = "round_robin",
-    [KVG_POLICY_RANDOM] = "random",
-    [KVG_POLICY_COST] = "cost",
-    [KVG_POLICY_PREFIX_ONLY] = "prefix_only",
-};
-
 #define INT_FIELD(field, lo, hi, dflt)                                                             \
     {                                                                                              \
         .name = #field, .type = KVG_FIELD_U32, .set_in = KVG_SET_ANY,                              \
@@ -43,7 +34,7 @@ static const kvg_field policy_fields[] = {
      .type = KVG_FIELD_ENUM,
      .set_in = KVG_SET_ANY,
      .offset = offsetof(kvg_policy_config, kind),
-     .keywords = kind_keywords,
+     .keywords = kvg_policy_kind_names,
      .nkeywords = KVG_POLICY_KIND_COUNT,
      .def.u = KVG_POLICY_COST,
      .invalid = "{path}: unknown policy \"{value}\" (one of {keywords})"},
