@@ -259,6 +259,10 @@ size_t kvg_fmt_u64(char *buf, uint64_t v);
 size_t kvg_base64url(const uint8_t *in, size_t len, char *out);
 /** Write v as 16 lowercase hex digits to buf (not NUL-terminated). */
 void kvg_fmt_hex64(char *buf, uint64_t v);
+/** Whether a list of model names admits model: an empty list admits every model, as does a
+ *  NULL model (a request that names none); otherwise it must be one of them. The rule of a
+ *  worker's "models" and of a tenant's. */
+bool kvg_models_admit(const char *const *list, size_t n, const char *model);
 /** Case-insensitive ASCII comparison of a counted string with a C string. */
 bool kvg_strcaseeq(const char *a, size_t alen, const char *b);
 /** Case-insensitive ASCII comparison of two counted strings. */

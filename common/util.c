@@ -96,6 +96,16 @@ bool kvg_strncaseeq(const char *a, size_t alen, const char *b, size_t blen)
     return true;
 }
 
+bool kvg_models_admit(const char *const *list, size_t n, const char *model)
+{
+    if (!model || n == 0)
+        return true;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(list[i], model) == 0)
+            return true;
+    return false;
+}
+
 bool kvg_strcaseeq(const char *a, size_t alen, const char *b)
 {
     return kvg_strncaseeq(a, alen, b, strlen(b));

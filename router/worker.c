@@ -503,12 +503,7 @@ const char *kvg_worker_model(const kvg_worker *w, size_t i)
 
 bool kvg_worker_serves(const kvg_worker *w, const char *model)
 {
-    if (!model || w->spec->nmodels == 0)
-        return true;
-    for (size_t i = 0; i < w->spec->nmodels; i++)
-        if (strcmp(w->spec->models[i], model) == 0)
-            return true;
-    return false;
+    return kvg_models_admit((const char *const *)w->spec->models, w->spec->nmodels, model);
 }
 
 uint32_t kvg_worker_kv_blocks(const kvg_worker *w)

@@ -448,12 +448,7 @@ const char *kvg_tenant_model(const kvg_tenant *t, size_t i)
 
 bool kvg_tenant_allows_model(const kvg_tenant *t, const char *model)
 {
-    if (!model || t->spec->nmodels == 0)
-        return true;
-    for (size_t i = 0; i < t->spec->nmodels; i++)
-        if (strcmp(t->spec->models[i], model) == 0)
-            return true;
-    return false;
+    return kvg_models_admit((const char *const *)t->spec->models, t->spec->nmodels, model);
 }
 
 const kvg_tenant_limits *kvg_tenant_limits_of(const kvg_tenant *t)

@@ -640,6 +640,19 @@ static void test_prom_failed_buffer(void **state)
     kvg_buf_done(&b);
 }
 
+/* A worker's and a tenant's model lists: empty admits all, a NULL model is admitted. */
+static void test_models_admit(void **state)
+{
+    (void)state;
+    const char *const two[] = {"a", "bb"};
+    assert_true(kvg_models_admit(NULL, 0, "x"));
+    assert_true(kvg_models_admit(two, 2, NULL));
+    assert_true(kvg_models_admit(two, 2, "bb"));
+    assert_false(kvg_models_admit(two, 2, "b"));
+    assert_false(kvg_models_admit(two, 2, ""));
+    assert_false(kvg_models_admit(two, 1, "bb"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -654,6 +667,7 @@ int main(void)
         cmocka_unit_test(test_base64url),
         cmocka_unit_test(test_copy),
         cmocka_unit_test(test_http_fields),
+        cmocka_unit_test(test_models_admit),
         cmocka_unit_test(test_prom_header_and_types),
         cmocka_unit_test(test_prom_label_escaping),
         cmocka_unit_test(test_prom_samples),
