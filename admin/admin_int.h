@@ -93,8 +93,6 @@ bool kvg_admin_authorize(admin_ctx *c);
  *  arena. An empty body is {} when empty_ok, an error otherwise. Returns the object, or NULL
  *  after answering 400 (500 when out of memory) through kvg_admin_fail. */
 const kvg_json *kvg_admin_parse_body(admin_ctx *c, kvg_arena *arena, bool empty_ok);
-/* The admin API's wording of field errors (body.c). */
-extern const kvg_fields_wording kvg_admin_wording;
 /** Decode a body object over target through a resource's field table (KVG_SET_ADMIN; strings
  *  borrowed from the tree, lists from arena). False after answering 400 with the walker's
  *  message (500 when out of memory). */

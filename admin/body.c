@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Request bodies of the admin API: strict JSON parsing, and decoding through the resources'
- * field tables with the admin API's wording. */
+ * field tables. */
 #include "admin_int.h"
 
 #include <errno.h>
@@ -43,24 +43,11 @@ const kvg_json *kvg_admin_parse_body(admin_ctx *c, kvg_arena *arena, bool empty_
     return root;
 }
 
-/* The wording of the admin API's worker and tenant bodies, which its tests pin
- * (tests/unit/admin/test_admin.c): an unknown member is 'unknown field "name"' as given, where
- * the walker's canonical wording is "name: unknown field" (what PUT /admin/v1/policy and the
- * state file say), and keywords are quoted. Everything else is canonical. */
-const kvg_fields_wording kvg_admin_wording = {
-    .unknown = "unknown field \"{raw}\"",
-    .quote_keywords = true,
-};
-
 bool kvg_admin_decode(admin_ctx *c, const kvg_fields *table, void *target, const kvg_json *root,
                       kvg_arena *arena)
 {
     char msg[256];
-    kvg_fields_ctx fc = {.from = KVG_SET_ADMIN,
-                         .arena = arena,
-                         .wording = &kvg_admin_wording,
-                         .msg = msg,
-                         .msg_len = sizeof(msg)};
+    kvg_fields_ctx fc = {.from = KVG_SET_ADMIN, .arena = arena, .msg = msg, .msg_len = sizeof(msg)};
     int rc = kvg_fields_decode(table, target, root, "", &fc);
     if (rc == -ENOMEM)
         kvg_admin_fail(c, 500, "out of memory");

@@ -604,10 +604,10 @@ static void test_put_validation(void **state)
         {"{\"url\":\"http://h:1\",\"max_inflight\":true}", "max_inflight: must be an integer"},
         {"{\"url\":\"http://h:1\",\"max_inflight\":99999999999999999999}",
          "max_inflight: must be an integer"},
-        {"{\"url\":\"http://h:1\",\"extra\":1}", "unknown field \"extra\""},
-        {"{\"url\":\"http://h:1\",\"URL\":\"x\"}", "unknown field \"URL\""},
-        {"{\"url\":\"http://h:1\",\"url\\u0000\":\"x\"}", "unknown field \"url\""},
-        {"{\"url\":\"http://h:1\",\"health\":\"up\"}", "unknown field \"health\""},
+        {"{\"url\":\"http://h:1\",\"extra\":1}", "extra: unknown field"},
+        {"{\"url\":\"http://h:1\",\"URL\":\"x\"}", "URL: unknown field"},
+        {"{\"url\":\"http://h:1\",\"url\\u0000\":\"x\"}", "url?: unknown field"},
+        {"{\"url\":\"http://h:1\",\"health\":\"up\"}", "health: unknown field"},
         {"{\"url\":\"http://h:1\",\"name\":\"other\"}", "name: must match the name in the path"},
         {"{\"url\":\"http://h:1\",\"name\":7}", "name: must be a string"},
         {"{\"a\":{\"b\":{\"c\":{\"d\":{\"e\":{\"f\":{\"g\":{\"h\":{\"i\":{\"j\":{\"k\":{\"l\":"
@@ -637,7 +637,8 @@ static void test_put_validation(void **state)
         f, "PUT", "/admin/v1/workers/w", AUTH,
         "{\"url\":\"http://h:1\",\"\\n\\u0001\\\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
         "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\":1}");
-    assert_error(&r, 400, "invalid_request_error", "unknown field \"\n\x01\"xxx");
+    assert_error(&r, 400, "invalid_request_error",
+                 "???xxxxxxxxxxxxxxxxxxxxxxxxxxxxx...: unknown field");
     assert_true(strlen(str_field(&r, "error.message")) < 100);
 
     /* too large */
@@ -795,7 +796,7 @@ static void test_tenant_validation(void **state)
         {"{\"sharing\":\"global\",\"sharing\":\"global\"}", "body: invalid JSON at byte"},
         {"{\"sharing\":1}", "sharing: must be a string"},
         {"{\"sharing\":null}", "sharing: must be a string"},
-        {"{\"sharing\":\"shared\"}", "sharing: must be \"isolated\", \"group\" or \"global\""},
+        {"{\"sharing\":\"shared\"}", "sharing: must be isolated, group or global"},
         {"{\"sharing\":\"group\"}", "group: required when sharing is \"group\""},
         {"{\"group\":\"g\"}", "group: only allowed when sharing is \"group\""},
         {"{\"sharing\":\"global\",\"group\":\"g\"}", "group: only allowed"},
@@ -815,15 +816,15 @@ static void test_tenant_validation(void **state)
         {"{\"rate\":{\"prompt_bytes_per_s\":true}}", "rate.prompt_bytes_per_s: must be a number"},
         {"{\"rate\":{\"prompt_bytes_burst\":[]}}", "rate.prompt_bytes_burst: must be a number"},
         {"{\"rate\":{\"rps\":1,\"rps\":2}}", "body: invalid JSON"},
-        {"{\"rate\":{\"requests\":1}}", "unknown field \"rate.requests\""},
+        {"{\"rate\":{\"requests\":1}}", "rate.requests: unknown field"},
         {"{\"max_inflight\":-1}", "max_inflight: must be an integer in 0..4294967295"},
         {"{\"max_inflight\":1.5}", "max_inflight: must be an integer"},
         {"{\"max_inflight\":\"64\"}", "max_inflight: must be an integer"},
         {"{\"id\":\"other\"}", "id: must match the id in the path"},
         {"{\"id\":1}", "id: must be a string"},
-        {"{\"keys\":[]}", "unknown field \"keys\""},
-        {"{\"inflight\":0}", "unknown field \"inflight\""},
-        {"{\"Sharing\":\"global\"}", "unknown field \"Sharing\""},
+        {"{\"keys\":[]}", "keys: unknown field"},
+        {"{\"inflight\":0}", "inflight: unknown field"},
+        {"{\"Sharing\":\"global\"}", "Sharing: unknown field"},
     };
     for (size_t i = 0; i < KVG_ARRAY_LEN(cases); i++) {
         reply r = call(f, "PUT", "/admin/v1/tenants/t", AUTH, cases[i].body);
@@ -916,7 +917,7 @@ static void test_keys(void **state)
     assert_string_not_equal(key, key2);
     assert_string_not_equal(key_id, str_field(&r, "id"));
     r = call(f, "POST", "/admin/v1/tenants/acme/keys", AUTH, "{\"name\":\"ci\"}");
-    assert_error(&r, 400, "invalid_request_error", "unknown field \"name\"");
+    assert_error(&r, 400, "invalid_request_error", "name: unknown field");
     r = call(f, "POST", "/admin/v1/tenants/acme/keys", AUTH, "[]");
     assert_error(&r, 400, "invalid_request_error", "body: must be a JSON object");
     r = call(f, "POST", "/admin/v1/tenants/nope/keys", AUTH, NULL);
@@ -1494,7 +1495,7 @@ static void test_load_errors(void **state)
         {"{\"version\":2}", KVG_EPARSE, "version: must be 1"},
         {"{\"version\":\"1\"}", KVG_EPARSE, "version: must be 1"},
         {"{\"version\":1,\"version\":1}", KVG_EPARSE, "invalid JSON"},
-        {"{\"version\":1,\"extra\":[]}", KVG_EPARSE, "unknown field \"extra\""},
+        {"{\"version\":1,\"extra\":[]}", KVG_EPARSE, "extra: unknown field"},
         {"{\"version\":1,\"tenants\":{}}", KVG_EPARSE, "tenants: must be an array"},
         {"{\"version\":1,\"workers\":null}", KVG_EPARSE, "workers: must be an array"},
         {"{\"version\":1,\"policy\":[]}", KVG_EPARSE, "policy: must be an object"},

@@ -1208,7 +1208,7 @@ static void test_admin_json_rejects(void **state)
          "worker \"w\": url: appears more than once"},
         {"[{\"name\":1,\"url\":\"http://h:1\"}]", KVG_EPARSE, "workers[0]: name: must be a string"},
         {"[{\"name\":\"w\\u0000x\",\"url\":\"http://h:1\"}]", KVG_EPARSE,
-         "workers[0]: name: must be a string without NUL"},
+         "workers[0]: name: must not contain NUL characters"},
         {"[{\"name\":\"w\",\"url\":\"http://h:1\",\"models\":\"m\"}]", KVG_EPARSE,
          "worker \"w\": models: must be an array of strings"},
         {"[{\"name\":\"w\",\"url\":\"http://h:1\",\"models\":[\"m\",2]}]", KVG_EPARSE,
