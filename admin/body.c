@@ -7,8 +7,9 @@
 #include <stdio.h>
 #include <string.h>
 
-const kvg_json *kvg_admin_parse_body(admin_ctx *c, kvg_arena *arena, bool empty_ok)
+const kvg_json *kvg_admin_parse_body(admin_ctx *c, bool empty_ok)
 {
+    kvg_arena *arena = &c->arena;
     const kvg_admin_request *req = c->req;
     static const kvg_json empty = {.type = KVG_JSON_OBJECT};
     if (req->body_len == 0) {
@@ -43,12 +44,12 @@ const kvg_json *kvg_admin_parse_body(admin_ctx *c, kvg_arena *arena, bool empty_
     return root;
 }
 
-bool kvg_admin_decode(admin_ctx *c, const kvg_fields *table, void *target, const kvg_json *root,
-                      kvg_arena *arena)
+bool kvg_admin_decode(admin_ctx *c, const kvg_fields *table, void *target)
 {
     char msg[256];
-    kvg_fields_ctx fc = {.from = KVG_SET_ADMIN, .arena = arena, .msg = msg, .msg_len = sizeof(msg)};
-    int rc = kvg_fields_decode(table, target, root, "", &fc);
+    kvg_fields_ctx fc = {
+        .from = KVG_SET_ADMIN, .arena = &c->arena, .msg = msg, .msg_len = sizeof(msg)};
+    int rc = kvg_fields_decode(table, target, c->body, "", &fc);
     if (rc == -ENOMEM)
         kvg_admin_fail(c, 500, "out of memory");
     else if (rc < 0)

@@ -51,6 +51,22 @@ bool kvg_admin_commit(admin_ctx *c)
     return false;
 }
 
+bool kvg_admin_changed(admin_ctx *c, int rc, const char *kind, const char *verb, const char *detail)
+{
+    if (rc == KVG_ENOTFOUND) {
+        kvg_admin_fail(c, 404, "%s \"%s\" not found", kind, c->name);
+        return false;
+    }
+    if (rc < 0) {
+        kvg_admin_fail(c, 500, "could not %s %s: %s", verb, kind, kvg_strerror(rc));
+        return false;
+    }
+    if (!kvg_admin_commit(c))
+        return false;
+    kvg_admin_detail(c, "%s", detail);
+    return true;
+}
+
 /* The sections of a state file, found before anything is applied. */
 typedef struct sections {
     const kvg_json *tenants, *workers, *policy;

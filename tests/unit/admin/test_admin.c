@@ -1878,6 +1878,38 @@ static void test_concurrent_changes(void **state)
     free(audit);
 }
 
+/* The names in a path are checked as the parameter they stand for, wherever it stands; an
+ * empty one makes no path at all: 404 whatever the method, and no audit line. */
+static void test_route_params(void **state)
+{
+    fixture *f = *state;
+    reply r = call(f, "POST", "/admin/v1/workers/a%20b/drain", AUTH, NULL);
+    assert_error(&r, 400, "invalid_request_error", "name: invalid character '%'");
+    r = call(f, "DELETE", "/admin/v1/tenants/a%20b/keys/kaaaaaaaaaaaaaaa", AUTH, NULL);
+    assert_error(&r, 400, "invalid_request_error", "id: invalid character '%'");
+    r = call(f, "DELETE", "/admin/v1/tenants/acme/keys/K1", AUTH, NULL);
+    assert_error(&r, 400, "invalid_request_error",
+                 "key id: invalid character; key ids are [a-z0-9]");
+    static const char *const methods[] = {"PUT", "DELETE", "PATCH"};
+    static const char *const empty[] = {"/admin/v1/workers/", "/admin/v1/tenants/"};
+    for (size_t i = 0; i < KVG_ARRAY_LEN(methods); i++) {
+        for (size_t j = 0; j < KVG_ARRAY_LEN(empty); j++) {
+            r = call(f, methods[i], empty[j], AUTH, "{}");
+            assert_error(&r, 404, "not_found_error", "no such endpoint");
+            assert_null(r.allow);
+        }
+    }
+    /* the three refused changes above, and nothing for the paths that do not exist */
+    char *log = slurp(f->audit_path);
+    assert_non_null(log);
+    size_t lines = 0;
+    for (const char *p = log; (p = strchr(p, '\n')); p++)
+        lines++;
+    assert_int_equal(lines, 3);
+    assert_null(strstr(log, "\"target\":\"\""));
+    free(log);
+}
+
 int main(void)
 {
     ready_value = true;
@@ -1886,6 +1918,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_auth, setup, teardown),
         cmocka_unit_test_setup_teardown(test_preauthorize, setup, teardown),
         cmocka_unit_test_setup_teardown(test_routing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_route_params, setup, teardown),
         cmocka_unit_test_setup_teardown(test_workers_crud, setup, teardown),
         cmocka_unit_test_setup_teardown(test_put_validation, setup, teardown),
         cmocka_unit_test_setup_teardown(test_worker_limit_conflict, setup, teardown),
