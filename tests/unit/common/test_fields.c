@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "common_parts.h"
 #include "fail_alloc.h"
 #include "fields.h"
 #include "fields_fix.h"
@@ -723,19 +724,16 @@ static void test_failing_allocator(void **state)
     assert_true(failures > 3);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_defaults_and_encode),
-        cmocka_unit_test(test_decode_round_trip),
-        cmocka_unit_test(test_decode_errors),
-        cmocka_unit_test(test_wording),
-        cmocka_unit_test(test_embed),
-        cmocka_unit_test(test_set_text),
-        cmocka_unit_test(test_json_set_text),
-        cmocka_unit_test(test_copy_strings),
-        cmocka_unit_test(test_numbers),
-        cmocka_unit_test(test_failing_allocator),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+const struct CMUnitTest fields_tests[] = {
+    cmocka_unit_test(test_defaults_and_encode),
+    cmocka_unit_test(test_decode_round_trip),
+    cmocka_unit_test(test_decode_errors),
+    cmocka_unit_test(test_wording),
+    cmocka_unit_test(test_embed),
+    cmocka_unit_test(test_set_text),
+    cmocka_unit_test(test_json_set_text),
+    cmocka_unit_test(test_copy_strings),
+    cmocka_unit_test(test_numbers),
+    cmocka_unit_test(test_failing_allocator),
+};
+const size_t fields_tests_count = KVG_ARRAY_LEN(fields_tests);
