@@ -117,6 +117,10 @@ int kvg_admin_save_state(kvg_admin *admin, char *why, size_t why_len);
 /** Save after a change that was applied: on failure answer 500 ("the change is applied but
  *  could not be saved: ...") and log an error. True when saved (or nothing to save). */
 bool kvg_admin_commit(admin_ctx *c);
+/** The tail of a put: rc and msg are the module's answer. A refusal answers 400 with msg (409
+ *  for KVG_ELIMIT: a limit is full; 500 for -ENOMEM); success is saved (kvg_admin_commit). True
+ *  when the caller is to set the audit detail and write the answer. */
+bool kvg_admin_applied(admin_ctx *c, int rc, const char *msg);
 /** The tail of a change to the object named in the path (c->name), kind "worker" or "tenant":
  *  rc is the module's answer. KVG_ENOTFOUND answers 404 ('worker "x" not found'), another error
  *  500 ("could not <verb> worker: ..."); success is saved (kvg_admin_commit) and gets detail as

@@ -28,11 +28,7 @@ void kvg_admin_policy_put(admin_ctx *c)
         kvg_admin_fail(c, 400, "%s", msg);
         return;
     }
-    if (kvg_policy_state_set(c->admin->policy, &cfg) < 0) {
-        kvg_admin_fail(c, 500, "out of memory publishing the settings");
-        return;
-    }
-    if (!kvg_admin_commit(c))
+    if (!kvg_admin_applied(c, kvg_policy_state_set(c->admin->policy, &cfg), NULL))
         return;
     kvg_admin_detail(c, "policy=%s", kvg_policy_kind_str(cfg.kind));
     respond_policy(c, &cfg);

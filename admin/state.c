@@ -51,6 +51,19 @@ bool kvg_admin_commit(admin_ctx *c)
     return false;
 }
 
+bool kvg_admin_applied(admin_ctx *c, int rc, const char *msg)
+{
+    if (rc == -ENOMEM) {
+        kvg_admin_fail(c, 500, "out of memory");
+        return false;
+    }
+    if (rc < 0) {
+        kvg_admin_fail(c, rc == KVG_ELIMIT ? 409 : 400, "%s", msg ? msg : kvg_strerror(rc));
+        return false;
+    }
+    return kvg_admin_commit(c);
+}
+
 bool kvg_admin_changed(admin_ctx *c, int rc, const char *kind, const char *verb, const char *detail)
 {
     if (rc == KVG_ENOTFOUND) {

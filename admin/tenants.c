@@ -4,7 +4,6 @@
  * its digest. Every change is saved before the answer. */
 #include "admin_int.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,14 +112,7 @@ void kvg_admin_tenant_put(admin_ctx *c)
         return;
     bool created = false;
     int rc = kvg_tenants_put(c->admin->tenants, &def, &created, msg, sizeof(msg));
-    if (rc < 0) {
-        if (rc == -ENOMEM)
-            kvg_admin_fail(c, 500, "out of memory");
-        else
-            kvg_admin_fail(c, rc == KVG_ELIMIT ? 409 : 400, "%s", msg);
-        return;
-    }
-    if (!kvg_admin_commit(c))
+    if (!kvg_admin_applied(c, rc, msg))
         return;
     if (def.sharing == KVG_SHARING_GROUP)
         kvg_admin_detail(c, "%s sharing=group:%s", created ? "created" : "replaced", def.group);

@@ -3,7 +3,6 @@
  * validation of the JSON body; every change is saved before the answer. */
 #include "admin_int.h"
 
-#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -98,11 +97,7 @@ void kvg_admin_worker_put(admin_ctx *c)
     kvg_worker_set_unref(before);
 
     int rc = kvg_registry_put(c->admin->reg, &def, KVG_WORKER_SOURCE_ADMIN, msg, sizeof(msg));
-    if (rc < 0) {
-        kvg_admin_fail(c, rc == -ENOMEM ? 500 : rc == KVG_ELIMIT ? 409 : 400, "%s", msg);
-        return;
-    }
-    if (!kvg_admin_commit(c))
+    if (!kvg_admin_applied(c, rc, msg))
         return;
     kvg_admin_detail(c, "%s url=%s", existed ? "replaced" : "created", def.url);
     respond_worker(c, existed ? 200 : 201);

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "admin.h"
+#include "test_parts.h"
 
 /* The Authorization header of an accepted token (setup accepts tok-a and tok-b). */
 #define AUTH "Bearer tok-a"
@@ -93,19 +94,12 @@ typedef struct body_case {
 char *slurp(const char *path);
 
 /* The tests of the other files, which test_admin.c's main runs with its own (test_parts.h). */
-extern const struct CMUnitTest probes_tests[];
-extern const size_t probes_tests_count;
-extern const struct CMUnitTest auth_tests[];
-extern const size_t auth_tests_count;
-extern const struct CMUnitTest workers_tests[];
-extern const size_t workers_tests_count;
-extern const struct CMUnitTest tenants_tests[];
-extern const size_t tenants_tests_count;
-extern const struct CMUnitTest policy_tests[];
-extern const size_t policy_tests_count;
-extern const struct CMUnitTest audit_tests[];
-extern const size_t audit_tests_count;
-extern const struct CMUnitTest state_tests[];
-extern const size_t state_tests_count;
+TEST_PART_DECLARE(probes_tests);
+TEST_PART_DECLARE(auth_tests);
+TEST_PART_DECLARE(workers_tests);
+TEST_PART_DECLARE(tenants_tests);
+TEST_PART_DECLARE(policy_tests);
+TEST_PART_DECLARE(audit_tests);
+TEST_PART_DECLARE(state_tests);
 
 #endif

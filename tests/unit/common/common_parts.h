@@ -10,9 +10,9 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-extern const struct CMUnitTest snapshot_tests[];
-extern const size_t snapshot_tests_count;
-extern const struct CMUnitTest fields_tests[];
-extern const size_t fields_tests_count;
+#include "test_parts.h"
+
+TEST_PART_DECLARE(snapshot_tests);
+TEST_PART_DECLARE(fields_tests);
 
 #endif

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "router.h"
+#include "test_parts.h"
 
 /** A new registry for nthreads threads (asserts it was made); free with kvg_registry_free. */
 kvg_registry *new_registry(unsigned nthreads);
@@ -21,11 +22,8 @@ kvg_registry *new_registry(unsigned nthreads);
 int put(kvg_registry *reg, const char *name, const char *url, kvg_worker_source src);
 
 /* The tests of the other files, which test_registry.c's main runs with its own (test_parts.h). */
-extern const struct CMUnitTest worker_tests[];
-extern const size_t worker_tests_count;
-extern const struct CMUnitTest metrics_tests[];
-extern const size_t metrics_tests_count;
-extern const struct CMUnitTest route_tests[];
-extern const size_t route_tests_count;
+TEST_PART_DECLARE(worker_tests);
+TEST_PART_DECLARE(metrics_tests);
+TEST_PART_DECLARE(route_tests);
 
 #endif

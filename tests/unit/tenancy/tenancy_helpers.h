@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "tenancy.h"
+#include "test_parts.h"
 
 /* A second in nanoseconds, the unit of the clocks tenancy/ takes. */
 #define SEC 1000000000ull
@@ -47,13 +48,9 @@ int load(kvg_tenants *ts, const char *text, char *msg, size_t msg_len);
 void make_tmpdir(char *dir, size_t len);
 
 /* The tests of the other files, which test_tenants.c's main runs with its own (test_parts.h). */
-extern const struct CMUnitTest tenant_tests[];
-extern const size_t tenant_tests_count;
-extern const struct CMUnitTest keys_tests[];
-extern const size_t keys_tests_count;
-extern const struct CMUnitTest metrics_tests[];
-extern const size_t metrics_tests_count;
-extern const struct CMUnitTest persist_tests[];
-extern const size_t persist_tests_count;
+TEST_PART_DECLARE(tenant_tests);
+TEST_PART_DECLARE(keys_tests);
+TEST_PART_DECLARE(metrics_tests);
+TEST_PART_DECLARE(persist_tests);
 
 #endif
