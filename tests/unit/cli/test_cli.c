@@ -204,8 +204,8 @@ static void test_help(void **state)
     kvg_cli_usage(f);
     fclose(f);
     static const char *const want[] = {
-        "  workers put NAME URL [--model MODEL]... [--kv-blocks N] [--max-inflight N]\n"
-        "      [--cache-salt|--no-cache-salt]\n",
+        ("  workers put NAME URL [--model MODEL]... [--kv-blocks N] [--max-inflight N]\n"
+         "      [--cache-salt|--no-cache-salt]\n"),
         "PUT /admin/v1/workers/NAME\n",
         "  keys delete TENANT KEYID          DELETE /admin/v1/tenants/TENANT/keys/KEYID\n",
         "[--rps X]",
