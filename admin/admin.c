@@ -3,6 +3,7 @@
  * the serialisation and audit of changes. */
 #include "admin_int.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -14,10 +15,6 @@
 #include <openssl/crypto.h>
 
 #define PATH_MAX_LEN 2048
-#define WORKERS_PATH "/admin/v1/workers"
-#define TENANTS_PATH "/admin/v1/tenants"
-#define POLICY_PATH "/admin/v1/policy"
-#define EXPLAIN_PATH "/admin/v1/route/explain"
 #define TENANT_LABEL_CAP_DEFAULT 100
 
 /* ---- responses ------------------------------------------------------------------------------ */
@@ -216,230 +213,173 @@ void kvg_admin_set_ready(kvg_admin *admin, kvg_admin_ready_fn fn, void *ud)
 
 /* ---- routing ------------------------------------------------------------------------------ */
 
-typedef enum route {
-    ROUTE_NONE = 0,
-    ROUTE_HEALTHZ,
-    ROUTE_READYZ,
-    ROUTE_METRICS,
-    ROUTE_WORKERS,
-    ROUTE_WORKER,
-    ROUTE_WORKER_DRAIN,
-    ROUTE_TENANTS,
-    ROUTE_TENANT,
-    ROUTE_TENANT_KEYS,
-    ROUTE_TENANT_KEY,
-    ROUTE_POLICY,
-    ROUTE_EXPLAIN,
-    ROUTE_COUNT,
-} route;
-
-/* Methods each route accepts, as the Allow header spells them. */
-static const char *const route_allow[ROUTE_COUNT] = {
-    [ROUTE_HEALTHZ] = "GET",
-    [ROUTE_READYZ] = "GET",
-    [ROUTE_METRICS] = "GET",
-    [ROUTE_WORKERS] = "GET",
-    [ROUTE_WORKER] = "GET, PUT, DELETE",
-    [ROUTE_WORKER_DRAIN] = "POST",
-    [ROUTE_TENANTS] = "GET",
-    [ROUTE_TENANT] = "GET, PUT, DELETE",
-    [ROUTE_TENANT_KEYS] = "POST",
-    [ROUTE_TENANT_KEY] = "DELETE",
-    [ROUTE_POLICY] = "GET, PUT",
-    [ROUTE_EXPLAIN] = "POST",
+/* What a route needs: a token (all but the probes), and the parts of the gateway its handler
+ * uses; where the admin was made without one, the route does not exist (404). */
+enum {
+    NEED_AUTH = 1u << 0,
+    NEED_TENANTS = 1u << 1,
+    NEED_POLICY = 1u << 2,
+    NEED_ROUTER = 1u << 3,
 };
 
-/* A piece of the path between slashes. */
+/* What a route does with the request body. */
+typedef enum admin_body {
+    BODY_NONE = 0, /* not looked at */
+    BODY_OBJECT,   /* a JSON object, required (c->body) */
+    BODY_EMPTY,    /* none, or {}: anything else is a 400 naming the field */
+    BODY_COUNT,
+} admin_body;
+
+typedef struct admin_route {
+    const char *pattern;
+    const char *method;
+    void (*handler)(admin_ctx *c);
+    const char *action; /* the audit action of a change; NULL for a read */
+    unsigned needs;     /* NEED_* */
+    admin_body body;
+} admin_route;
+
+/*
+ * Every route, one row per method. A pattern is literal segments and parameters: {name} a
+ * worker's name, {id} a tenant's id, {key} a key id; a parameter matches any non-empty segment,
+ * checked once the request is authenticated. What follows from the rows: a path that matches
+ * some row's pattern exists (a row whose needs the admin lacks does not count), its other
+ * methods answer 405 with the Allow header listing the pattern's methods in table order, a row
+ * with an audit action is a change (serialised, saved, audited), and every route that needs the
+ * tenant store answers "Cache-Control: no-store" (a tenant's routes hand out keys). A row takes
+ * two lines, aligned, so that the table reads by its columns (clang-format would fill them).
+ */
+/* clang-format off */
+static const admin_route routes[] = {
+    {"/healthz",                          "GET",    kvg_admin_healthz,
+     NULL,            0,                                     BODY_NONE},
+    {"/readyz",                           "GET",    kvg_admin_readyz,
+     NULL,            0,                                     BODY_NONE},
+    {"/metrics",                          "GET",    kvg_admin_metrics,
+     NULL,            NEED_AUTH,                             BODY_NONE},
+    {"/admin/v1/workers",                 "GET",    kvg_admin_workers_list,
+     NULL,            NEED_AUTH,                             BODY_NONE},
+    {"/admin/v1/workers/{name}",          "GET",    kvg_admin_worker_get,
+     NULL,            NEED_AUTH,                             BODY_NONE},
+    {"/admin/v1/workers/{name}",          "PUT",    kvg_admin_worker_put,
+     "worker.put",    NEED_AUTH,                             BODY_OBJECT},
+    {"/admin/v1/workers/{name}",          "DELETE", kvg_admin_worker_delete,
+     "worker.delete", NEED_AUTH,                             BODY_NONE},
+    {"/admin/v1/workers/{name}/drain",    "POST",   kvg_admin_worker_drain,
+     "worker.drain",  NEED_AUTH,                             BODY_NONE},
+    {"/admin/v1/tenants",                 "GET",    kvg_admin_tenants_list,
+     NULL,            NEED_AUTH | NEED_TENANTS,              BODY_NONE},
+    {"/admin/v1/tenants/{id}",            "GET",    kvg_admin_tenant_get,
+     NULL,            NEED_AUTH | NEED_TENANTS,              BODY_NONE},
+    {"/admin/v1/tenants/{id}",            "PUT",    kvg_admin_tenant_put,
+     "tenant.put",    NEED_AUTH | NEED_TENANTS,              BODY_OBJECT},
+    {"/admin/v1/tenants/{id}",            "DELETE", kvg_admin_tenant_delete,
+     "tenant.delete", NEED_AUTH | NEED_TENANTS,              BODY_NONE},
+    {"/admin/v1/tenants/{id}/keys",       "POST",   kvg_admin_key_create,
+     "key.create",    NEED_AUTH | NEED_TENANTS,              BODY_EMPTY},
+    {"/admin/v1/tenants/{id}/keys/{key}", "DELETE", kvg_admin_key_delete,
+     "key.delete",    NEED_AUTH | NEED_TENANTS,              BODY_NONE},
+    {"/admin/v1/policy",                  "GET",    kvg_admin_policy_get,
+     NULL,            NEED_AUTH | NEED_POLICY,               BODY_NONE},
+    {"/admin/v1/policy",                  "PUT",    kvg_admin_policy_put,
+     "policy.put",    NEED_AUTH | NEED_POLICY,               BODY_OBJECT},
+    {"/admin/v1/route/explain",           "POST",   kvg_admin_route_explain,
+     NULL,            NEED_AUTH | NEED_POLICY | NEED_ROUTER, BODY_OBJECT},
+};
+/* clang-format on */
+
+#define ROUTE_COUNT KVG_ARRAY_LEN(routes)
+#define ROUTE_PARAMS_MAX 2
+#define ALLOW_MAX 32
+
+/* The Allow header of each row's pattern, built once from the rows. */
+static char route_allow[ROUTE_COUNT][ALLOW_MAX];
+static pthread_once_t allow_once = PTHREAD_ONCE_INIT;
+
+static void build_allow(void)
+{
+    for (size_t i = 0; i < ROUTE_COUNT; i++) {
+        size_t o = 0;
+        for (size_t j = 0; j < ROUTE_COUNT; j++) {
+            if (strcmp(routes[j].pattern, routes[i].pattern) != 0)
+                continue;
+            int n = snprintf(route_allow[i] + o, ALLOW_MAX - o, "%s%s", o ? ", " : "",
+                             routes[j].method);
+            assert(n > 0 && (size_t)n < ALLOW_MAX - o); /* the table's methods fit */
+            o += (size_t)n;
+        }
+    }
+}
+
+/* A piece of the path between slashes, and the pattern's parameter it stands for. */
 typedef struct seg {
     const char *p;
     size_t len;
+    const char *param; /* where "{name}", "{id}" or "{key}" starts in the pattern */
 } seg;
 
-static bool path_is(const char *p, size_t len, const char *lit)
+static bool param_is(seg s, const char *lit)
 {
-    return len == strlen(lit) && memcmp(p, lit, len) == 0;
+    return strncmp(s.param, lit, strlen(lit)) == 0;
 }
 
-/* Split what follows "<collection>/" into at most max segments; false when there are more. */
-static bool split(const char *p, const char *end, seg *segs, size_t max, size_t *n)
+/* Match the path (query already cut off) against a pattern; params receive its parameters. */
+static bool match(const char *pattern, const char *p, size_t len, seg *params, size_t *nparams)
 {
-    *n = 0;
-    for (;;) {
-        const char *slash = memchr(p, '/', (size_t)(end - p));
-        if (*n == max)
-            return false;
-        segs[(*n)++] = (seg){p, (size_t)((slash ? slash : end) - p)};
-        if (!slash)
-            return true;
-        p = slash + 1;
-    }
-}
-
-static bool has_prefix(const char *p, size_t len, const char *prefix, size_t plen)
-{
-    return len > plen && memcmp(p, prefix, plen) == 0;
-}
-
-/* Match the path (query already cut off); segs receive the names in it (id, key id). */
-static route match(const char *p, size_t len, seg segs[2])
-{
-    static const char workers[] = WORKERS_PATH "/";
-    static const char tenants[] = TENANTS_PATH "/";
     const char *end = p + len;
-    seg s[3];
-    size_t n;
-    if (path_is(p, len, "/healthz"))
-        return ROUTE_HEALTHZ;
-    if (path_is(p, len, "/readyz"))
-        return ROUTE_READYZ;
-    if (path_is(p, len, "/metrics"))
-        return ROUTE_METRICS;
-    if (path_is(p, len, WORKERS_PATH))
-        return ROUTE_WORKERS;
-    if (path_is(p, len, TENANTS_PATH))
-        return ROUTE_TENANTS;
-    if (path_is(p, len, POLICY_PATH))
-        return ROUTE_POLICY;
-    if (path_is(p, len, EXPLAIN_PATH))
-        return ROUTE_EXPLAIN;
-    if (has_prefix(p, len, workers, sizeof(workers) - 1)) {
-        if (!split(p + sizeof(workers) - 1, end, s, 2, &n))
-            return ROUTE_NONE;
-        segs[0] = s[0];
-        if (n == 1)
-            return ROUTE_WORKER; /* an empty name answers 404 once authenticated */
-        if (s[0].len && path_is(s[1].p, s[1].len, "drain"))
-            return ROUTE_WORKER_DRAIN;
-        return ROUTE_NONE;
+    *nparams = 0;
+    while (*pattern) {
+        /* Both are at a '/' here: patterns are absolute, and a segment ends at one. */
+        if (p == end || *p != '/')
+            return false;
+        pattern++;
+        p++;
+        const char *pend = strchrnul(pattern, '/');
+        const char *slash = memchr(p, '/', (size_t)(end - p));
+        size_t n = (size_t)((slash ? slash : end) - p), plen = (size_t)(pend - pattern);
+        if (*pattern == '{') {
+            if (n == 0 || *nparams == ROUTE_PARAMS_MAX)
+                return false;
+            params[(*nparams)++] = (seg){p, n, pattern};
+        } else if (n != plen || memcmp(p, pattern, n) != 0) {
+            return false;
+        }
+        pattern = pend;
+        p += n;
     }
-    if (has_prefix(p, len, tenants, sizeof(tenants) - 1)) {
-        if (!split(p + sizeof(tenants) - 1, end, s, 3, &n))
-            return ROUTE_NONE;
-        segs[0] = s[0];
-        if (n == 1)
-            return ROUTE_TENANT;
-        if (!s[0].len || !path_is(s[1].p, s[1].len, "keys"))
-            return ROUTE_NONE;
-        if (n == 2)
-            return ROUTE_TENANT_KEYS;
-        segs[1] = s[2];
-        return s[2].len ? ROUTE_TENANT_KEY : ROUTE_NONE;
-    }
-    return ROUTE_NONE;
+    return p == end;
 }
 
-static bool method_allowed(route r, const char *method)
+/* The first row whose pattern the path matches, among those the admin can serve; NULL when
+ * the path does not exist here. */
+static const admin_route *find_path(const kvg_admin *admin, const char *path, size_t len,
+                                    seg *params, size_t *nparams)
 {
-    switch (r) {
-    case ROUTE_WORKER:
-    case ROUTE_TENANT:
-        return strcmp(method, "GET") == 0 || strcmp(method, "PUT") == 0 ||
-               strcmp(method, "DELETE") == 0;
-    case ROUTE_WORKER_DRAIN:
-    case ROUTE_TENANT_KEYS:
-    case ROUTE_EXPLAIN:
-        return strcmp(method, "POST") == 0;
-    case ROUTE_TENANT_KEY:
-        return strcmp(method, "DELETE") == 0;
-    case ROUTE_POLICY:
-        return strcmp(method, "GET") == 0 || strcmp(method, "PUT") == 0;
-    default:
-        return strcmp(method, "GET") == 0;
-    }
-}
-
-/* The audit action of a request that changes something, or NULL for a read. */
-static const char *change_action(route r, const char *method)
-{
-    bool put = strcmp(method, "PUT") == 0, del = strcmp(method, "DELETE") == 0;
-    switch (r) {
-    case ROUTE_WORKER:
-        return put ? "worker.put" : del ? "worker.delete" : NULL;
-    case ROUTE_WORKER_DRAIN:
-        return "worker.drain";
-    case ROUTE_TENANT:
-        return put ? "tenant.put" : del ? "tenant.delete" : NULL;
-    case ROUTE_TENANT_KEYS:
-        return "key.create";
-    case ROUTE_TENANT_KEY:
-        return "key.delete";
-    case ROUTE_POLICY:
-        return put ? "policy.put" : NULL;
-    default:
+    unsigned have = NEED_AUTH | (admin->tenants ? NEED_TENANTS : 0) |
+                    (admin->policy ? NEED_POLICY : 0) | (admin->router ? NEED_ROUTER : 0);
+    if (len > PATH_MAX_LEN)
         return NULL;
-    }
+    for (size_t i = 0; i < ROUTE_COUNT; i++)
+        if ((routes[i].needs & ~have) == 0 && match(routes[i].pattern, path, len, params, nparams))
+            return &routes[i];
+    return NULL;
 }
 
-static bool is_tenant_route(route r)
+/* The row of the path's pattern for this method, or NULL. */
+static const admin_route *find_method(const admin_route *r, const char *method)
 {
-    return r == ROUTE_TENANTS || r == ROUTE_TENANT || r == ROUTE_TENANT_KEYS ||
-           r == ROUTE_TENANT_KEY;
+    for (size_t i = (size_t)(r - routes); i < ROUTE_COUNT; i++)
+        if (strcmp(routes[i].pattern, r->pattern) == 0 && strcmp(routes[i].method, method) == 0)
+            return &routes[i];
+    return NULL;
 }
 
-static void dispatch(admin_ctx *c, route r, const char *name, const char *key_id)
-{
-    const char *m = c->req->method;
-    switch (r) {
-    case ROUTE_HEALTHZ:
-        kvg_admin_healthz(c);
-        break;
-    case ROUTE_READYZ:
-        kvg_admin_readyz(c);
-        break;
-    case ROUTE_METRICS:
-        kvg_admin_metrics(c);
-        break;
-    case ROUTE_WORKERS:
-        kvg_admin_workers_list(c);
-        break;
-    case ROUTE_WORKER:
-        if (strcmp(m, "GET") == 0)
-            kvg_admin_worker_get(c, name);
-        else if (strcmp(m, "PUT") == 0)
-            kvg_admin_worker_put(c, name);
-        else
-            kvg_admin_worker_delete(c, name);
-        break;
-    case ROUTE_WORKER_DRAIN:
-        kvg_admin_worker_drain(c, name);
-        break;
-    case ROUTE_TENANTS:
-        kvg_admin_tenants_list(c);
-        break;
-    case ROUTE_TENANT:
-        if (strcmp(m, "GET") == 0)
-            kvg_admin_tenant_get(c, name);
-        else if (strcmp(m, "PUT") == 0)
-            kvg_admin_tenant_put(c, name);
-        else
-            kvg_admin_tenant_delete(c, name);
-        break;
-    case ROUTE_TENANT_KEYS:
-        kvg_admin_key_create(c, name);
-        break;
-    case ROUTE_TENANT_KEY:
-        kvg_admin_key_delete(c, name, key_id);
-        break;
-    case ROUTE_POLICY:
-        if (strcmp(m, "GET") == 0)
-            kvg_admin_policy_get(c);
-        else
-            kvg_admin_policy_put(c);
-        break;
-    case ROUTE_EXPLAIN:
-        kvg_admin_route_explain(c);
-        break;
-    default:
-        kvg_admin_fail(c, 404, "not found");
-        break;
-    }
-}
-
-/* Copy a validated worker name (worker) or tenant id from the path into out (NUL-terminated);
- * false after answering. */
-static bool take_name(admin_ctx *c, seg s, bool worker, char *out)
+/* Copy a validated worker name ({name}) or tenant id ({id}) from the path into out
+ * (NUL-terminated); false after answering. */
+static bool take_name(admin_ctx *c, seg s, char *out)
 {
     char why[160];
+    bool worker = param_is(s, "{name}");
     const char *what = worker ? "name" : "id";
     size_t max = worker ? KVG_WORKER_NAME_MAX : KVG_TENANT_ID_MAX;
     if (s.len > max) {
@@ -476,8 +416,27 @@ static bool take_key_id(admin_ctx *c, seg s, char *out)
     return true;
 }
 
-/* Everything between authentication and the handler; answers itself when it returns false. */
-static bool check_request(admin_ctx *c, route r, const seg segs[2], char *name, char *key_id)
+/* The audit target: the path's parameters as given (validated or not), "tenant/key id" for a
+ * key; a route without any is named by its last segment ("policy"). */
+static void set_target(admin_ctx *c, const admin_route *r, const seg *params, size_t n)
+{
+    if (n == 0)
+        snprintf(c->target, sizeof(c->target), "%s", strrchr(r->pattern, '/') + 1);
+    else if (n == 1)
+        snprintf(c->target, sizeof(c->target), "%.*s", (int)KVG_MIN(params[0].len, 128),
+                 params[0].p);
+    else
+        snprintf(c->target, sizeof(c->target), "%.*s/%.*s", (int)KVG_MIN(params[0].len, 96),
+                 params[0].p, (int)KVG_MIN(params[1].len, 32), params[1].p);
+}
+
+/* A key-creation body carries nothing (absent or {}): a table without fields, so that a member
+ * is named as any unknown field is. */
+static const kvg_fields no_fields = {"nothing", NULL, 0, NULL};
+
+/* Everything between the method check and the handler: the body's size, the names in the path,
+ * the body as the route takes it. Answers itself when it returns false. */
+static bool check_request(admin_ctx *c, const admin_route *r, const seg *params, size_t n)
 {
     const kvg_admin_request *req = c->req;
     if (req->body_len > KVG_ADMIN_BODY_MAX) {
@@ -488,24 +447,19 @@ static bool check_request(admin_ctx *c, route r, const seg segs[2], char *name, 
         kvg_admin_fail(c, 400, "malformed request");
         return false;
     }
-    switch (r) {
-    case ROUTE_WORKER:
-    case ROUTE_WORKER_DRAIN:
-        if (segs[0].len == 0) {
-            kvg_admin_fail(c, 404, "no such endpoint");
+    for (size_t i = 0; i < n; i++) {
+        bool ok = param_is(params[i], "{key}") ? take_key_id(c, params[i], c->key_id)
+                                               : take_name(c, params[i], c->name);
+        if (!ok)
             return false;
-        }
-        return take_name(c, segs[0], true, name);
-    case ROUTE_TENANT:
-    case ROUTE_TENANT_KEYS:
-    case ROUTE_TENANT_KEY:
-        if (segs[0].len == 0) {
-            kvg_admin_fail(c, 404, "no such endpoint");
-            return false;
-        }
-        if (!take_name(c, segs[0], false, name))
-            return false;
-        return r != ROUTE_TENANT_KEY || take_key_id(c, segs[1], key_id);
+    }
+    switch (r->body) {
+    case BODY_OBJECT:
+        c->body = kvg_admin_parse_body(c, false);
+        return c->body != NULL;
+    case BODY_EMPTY:
+        c->body = kvg_admin_parse_body(c, true);
+        return c->body && kvg_admin_decode(c, &no_fields, NULL);
     default:
         return true;
     }
@@ -522,51 +476,40 @@ static void handle(admin_ctx *c)
     }
     const char *q = strchr(req->path, '?');
     size_t plen = q ? (size_t)(q - req->path) : strlen(req->path);
-    seg segs[2] = {{"", 0}, {"", 0}};
-    route r = plen > PATH_MAX_LEN ? ROUTE_NONE : match(req->path, plen, segs);
-    /* Without a tenant store or policy state, those paths do not exist. */
-    if ((is_tenant_route(r) && !admin->tenants) || (r == ROUTE_POLICY && !admin->policy) ||
-        (r == ROUTE_EXPLAIN && (!admin->router || !admin->policy)))
-        r = ROUTE_NONE;
+    seg params[ROUTE_PARAMS_MAX];
+    size_t nparams = 0;
+    const admin_route *path = find_path(admin, req->path, plen, params, &nparams);
 
     /* Probes answer anyone: orchestrators call them without credentials. */
-    bool open = r == ROUTE_HEALTHZ || r == ROUTE_READYZ;
-    if (!open && !kvg_admin_authorize(c))
+    if ((!path || (path->needs & NEED_AUTH)) && !kvg_admin_authorize(c))
         return;
     if (plen > PATH_MAX_LEN) {
         kvg_admin_error(resp, 414, "path longer than %d bytes", PATH_MAX_LEN);
         return;
     }
-    if (r == ROUTE_NONE) {
+    if (!path) {
         kvg_admin_error(resp, 404, "no such endpoint");
         return;
     }
-    if (!method_allowed(r, req->method)) {
+    const admin_route *r = find_method(path, req->method);
+    if (!r) {
         char m[16];
+        pthread_once(&allow_once, build_allow);
+        resp->allow = route_allow[path - routes];
         kvg_admin_error(resp, 405, "method %s not allowed here; allowed: %s",
-                        kvg_admin_log_safe(req->method, m, sizeof(m)), route_allow[r]);
-        resp->allow = route_allow[r];
+                        kvg_admin_log_safe(req->method, m, sizeof(m)), resp->allow);
         return;
     }
 
     /* A change: serialised with every other one up to its audit line (kvg_admin_handle writes
      * it), which names the target as the path does, validated or not. */
-    c->action = change_action(r, req->method);
-    if (r == ROUTE_POLICY)
-        snprintf(c->target, sizeof(c->target), "policy");
-    else if (r == ROUTE_TENANT_KEY)
-        snprintf(c->target, sizeof(c->target), "%.*s/%.*s", (int)KVG_MIN(segs[0].len, 96),
-                 segs[0].p, (int)KVG_MIN(segs[1].len, 32), segs[1].p);
-    else
-        snprintf(c->target, sizeof(c->target), "%.*s", (int)KVG_MIN(segs[0].len, 128), segs[0].p);
+    c->action = r->action;
+    set_target(c, r, params, nparams);
     if (c->action)
         pthread_mutex_lock(&admin->change_lock);
-
-    char name[KVG_MAX(KVG_WORKER_NAME_MAX, KVG_TENANT_ID_MAX) + 1];
-    char key_id[KVG_KEY_ID_LEN + 1];
-    if (check_request(c, r, segs, name, key_id))
-        dispatch(c, r, name, key_id);
-    if (is_tenant_route(r))
+    if (check_request(c, r, params, nparams))
+        r->handler(c);
+    if (r->needs & NEED_TENANTS)
         resp->cache_control = "no-store";
 }
 
@@ -588,9 +531,10 @@ bool kvg_admin_preauthorize(kvg_admin *admin, const kvg_admin_request *req,
         return true; /* handle() answers 400 */
     const char *q = strchr(req->path, '?');
     size_t plen = q ? (size_t)(q - req->path) : strlen(req->path);
-    seg segs[2] = {{"", 0}, {"", 0}};
-    route r = plen > PATH_MAX_LEN ? ROUTE_NONE : match(req->path, plen, segs);
-    if (r == ROUTE_HEALTHZ || r == ROUTE_READYZ)
+    seg params[ROUTE_PARAMS_MAX];
+    size_t nparams;
+    const admin_route *path = find_path(admin, req->path, plen, params, &nparams);
+    if (path && !(path->needs & NEED_AUTH))
         return true;
     char remote[64];
     kvg_admin_response out;
@@ -619,7 +563,9 @@ void kvg_admin_handle(kvg_admin *admin, const kvg_admin_request *req, kvg_admin_
         .resp = resp,
         .remote = kvg_admin_log_safe(req->remote, remote, sizeof(remote)),
     };
+    kvg_arena_init(&c.arena, 0);
     handle(&c);
+    kvg_arena_done(&c.arena);
     if (resp->body.failed) {
         /* Out of memory while writing the body: send a short error instead of half a body. */
         if (resp->body.data)

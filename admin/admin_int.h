@@ -60,6 +60,14 @@ typedef struct admin_ctx {
     const char *action;
     char target[ADMIN_TARGET_MAX];
     char detail[ADMIN_DETAIL_MAX];
+    /* The names in the path, validated: the worker's name or the tenant's id, the key id. */
+    char name[KVG_MAX(KVG_WORKER_NAME_MAX, KVG_TENANT_ID_MAX) + 1];
+    char key_id[KVG_KEY_ID_LEN + 1];
+    /* The request's body as its route takes it (NULL for routes that ignore it), parsed into
+     * arena, which lives as long as the request and which handlers may use for their own
+     * work (bounded by ADMIN_BODY_ARENA_MAX). */
+    const kvg_json *body;
+    kvg_arena arena;
 } admin_ctx;
 
 /* A request body parsed into a tree (from the arena, which the caller frees). */
@@ -71,8 +79,6 @@ typedef struct admin_ctx {
 void kvg_admin_error(kvg_admin_response *resp, int status, const char *fmt, ...) KVG_PRINTF(3, 4);
 /** kvg_admin_error for a request: also keeps the message as the audit line's detail. */
 void kvg_admin_fail(admin_ctx *c, int status, const char *fmt, ...) KVG_PRINTF(3, 4);
-/** POST /admin/v1/route/explain (explain.c). */
-void kvg_admin_route_explain(admin_ctx *c);
 /** Set the audit line's detail of a successful change. */
 void kvg_admin_detail(admin_ctx *c, const char *fmt, ...) KVG_PRINTF(2, 3);
 /** Start a JSON response with the given status (body empty). */
@@ -90,16 +96,14 @@ void kvg_admin_free_digests(unsigned char (*digests)[ADMIN_DIGEST_LEN], size_t n
 bool kvg_admin_authorize(admin_ctx *c);
 
 /** Parse the request body as one JSON object (duplicate keys rejected, nesting bounded) into
- *  arena. An empty body is {} when empty_ok, an error otherwise. Returns the object, or NULL
- *  after answering 400 (500 when out of memory) through kvg_admin_fail. */
-const kvg_json *kvg_admin_parse_body(admin_ctx *c, kvg_arena *arena, bool empty_ok);
-/* The admin API's wording of field errors (body.c). */
-extern const kvg_fields_wording kvg_admin_wording;
-/** Decode a body object over target through a resource's field table (KVG_SET_ADMIN; strings
- *  borrowed from the tree, lists from arena). False after answering 400 with the walker's
+ *  c->arena. An empty body is {} when empty_ok, an error otherwise. Returns the object, or NULL
+ *  after answering 400 (413 past the arena's bound, 500 when out of memory) through
+ *  kvg_admin_fail. */
+const kvg_json *kvg_admin_parse_body(admin_ctx *c, bool empty_ok);
+/** Decode c->body over target through a resource's field table (KVG_SET_ADMIN; strings
+ *  borrowed from the tree, lists from c->arena). False after answering 400 with the walker's
  *  message (500 when out of memory). */
-bool kvg_admin_decode(admin_ctx *c, const kvg_fields *table, void *target, const kvg_json *root,
-                      kvg_arena *arena);
+bool kvg_admin_decode(admin_ctx *c, const kvg_fields *table, void *target);
 /** True when v is a JSON string without NUL characters; otherwise writes
  *  "<field>: must be a string" (or the NUL complaint) to msg. */
 bool kvg_admin_c_string(const kvg_json *v, const char *field, char *msg, size_t msg_len);
@@ -113,26 +117,38 @@ int kvg_admin_save_state(kvg_admin *admin, char *why, size_t why_len);
 /** Save after a change that was applied: on failure answer 500 ("the change is applied but
  *  could not be saved: ...") and log an error. True when saved (or nothing to save). */
 bool kvg_admin_commit(admin_ctx *c);
+/** The tail of a put: rc and msg are the module's answer. A refusal answers 400 with msg (409
+ *  for KVG_ELIMIT: a limit is full; 500 for -ENOMEM); success is saved (kvg_admin_commit). True
+ *  when the caller is to set the audit detail and write the answer. */
+bool kvg_admin_applied(admin_ctx *c, int rc, const char *msg);
+/** The tail of a change to the object named in the path (c->name), kind "worker" or "tenant":
+ *  rc is the module's answer. KVG_ENOTFOUND answers 404 ('worker "x" not found'), another error
+ *  500 ("could not <verb> worker: ..."); success is saved (kvg_admin_commit) and gets detail as
+ *  the audit line's. True when the caller is to write the answer. */
+bool kvg_admin_changed(admin_ctx *c, int rc, const char *kind, const char *verb,
+                       const char *detail);
 /** Write the audit line of a change attempt from c (action, target, detail) and the response
  *  status: to the audit log when set, and at info level. */
 void kvg_admin_audit(admin_ctx *c);
 
-/* Route handlers: the method is already checked. name is validated, NUL-terminated. */
+/* Route handlers (admin.c's table has their paths and methods): the method, the names in
+ * the path (c->name, c->key_id) and the body the route takes (c->body) are checked. */
 void kvg_admin_healthz(admin_ctx *c);
 void kvg_admin_readyz(admin_ctx *c);
 void kvg_admin_metrics(admin_ctx *c);
 void kvg_admin_workers_list(admin_ctx *c);
-void kvg_admin_worker_get(admin_ctx *c, const char *name);
-void kvg_admin_worker_put(admin_ctx *c, const char *name);
-void kvg_admin_worker_delete(admin_ctx *c, const char *name);
-void kvg_admin_worker_drain(admin_ctx *c, const char *name);
+void kvg_admin_worker_get(admin_ctx *c);
+void kvg_admin_worker_put(admin_ctx *c);
+void kvg_admin_worker_delete(admin_ctx *c);
+void kvg_admin_worker_drain(admin_ctx *c);
 void kvg_admin_tenants_list(admin_ctx *c);
-void kvg_admin_tenant_get(admin_ctx *c, const char *id);
-void kvg_admin_tenant_put(admin_ctx *c, const char *id);
-void kvg_admin_tenant_delete(admin_ctx *c, const char *id);
-void kvg_admin_key_create(admin_ctx *c, const char *id);
-void kvg_admin_key_delete(admin_ctx *c, const char *id, const char *key_id);
+void kvg_admin_tenant_get(admin_ctx *c);
+void kvg_admin_tenant_put(admin_ctx *c);
+void kvg_admin_tenant_delete(admin_ctx *c);
+void kvg_admin_key_create(admin_ctx *c);
+void kvg_admin_key_delete(admin_ctx *c);
 void kvg_admin_policy_get(admin_ctx *c);
 void kvg_admin_policy_put(admin_ctx *c);
+void kvg_admin_route_explain(admin_ctx *c);
 
 #endif

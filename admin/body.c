@@ -1,14 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Request bodies of the admin API: strict JSON parsing, and decoding through the resources'
- * field tables with the admin API's wording. */
+ * field tables. */
 #include "admin_int.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
-const kvg_json *kvg_admin_parse_body(admin_ctx *c, kvg_arena *arena, bool empty_ok)
+const kvg_json *kvg_admin_parse_body(admin_ctx *c, bool empty_ok)
 {
+    kvg_arena *arena = &c->arena;
     const kvg_admin_request *req = c->req;
     static const kvg_json empty = {.type = KVG_JSON_OBJECT};
     if (req->body_len == 0) {
@@ -43,25 +44,12 @@ const kvg_json *kvg_admin_parse_body(admin_ctx *c, kvg_arena *arena, bool empty_
     return root;
 }
 
-/* The wording of the admin API's worker and tenant bodies, which its tests pin
- * (tests/unit/admin/test_admin.c): an unknown member is 'unknown field "name"' as given, where
- * the walker's canonical wording is "name: unknown field" (what PUT /admin/v1/policy and the
- * state file say), and keywords are quoted. Everything else is canonical. */
-const kvg_fields_wording kvg_admin_wording = {
-    .unknown = "unknown field \"{raw}\"",
-    .quote_keywords = true,
-};
-
-bool kvg_admin_decode(admin_ctx *c, const kvg_fields *table, void *target, const kvg_json *root,
-                      kvg_arena *arena)
+bool kvg_admin_decode(admin_ctx *c, const kvg_fields *table, void *target)
 {
     char msg[256];
-    kvg_fields_ctx fc = {.from = KVG_SET_ADMIN,
-                         .arena = arena,
-                         .wording = &kvg_admin_wording,
-                         .msg = msg,
-                         .msg_len = sizeof(msg)};
-    int rc = kvg_fields_decode(table, target, root, "", &fc);
+    kvg_fields_ctx fc = {
+        .from = KVG_SET_ADMIN, .arena = &c->arena, .msg = msg, .msg_len = sizeof(msg)};
+    int rc = kvg_fields_decode(table, target, c->body, "", &fc);
     if (rc == -ENOMEM)
         kvg_admin_fail(c, 500, "out of memory");
     else if (rc < 0)

@@ -99,16 +99,13 @@ static void respond(admin_ctx *c, const kvg_route_decision *d, const kvg_body_in
 void kvg_admin_route_explain(admin_ctx *c)
 {
     kvg_admin *admin = c->admin;
-    kvg_arena arena;
-    kvg_arena_init(&arena, 0);
+    kvg_arena *arena = &c->arena;
     kvg_buf body;
     kvg_buf_init(&body);
     kvg_tenant_set *ts = NULL;
     kvg_worker_set *set = NULL;
 
-    const kvg_json *root = kvg_admin_parse_body(c, &arena, false);
-    if (!root)
-        goto out;
+    const kvg_json *root = c->body;
     const kvg_json *tenant = NULL, *req = NULL, *path = NULL;
     for (size_t i = 0; i < root->u.obj.count; i++) { /* parse_body gave an object */
         const char *k = root->u.obj.keys[i];
@@ -170,13 +167,13 @@ void kvg_admin_route_explain(admin_ctx *c)
     kvg_json_error err = {0};
     uint64_t t0 = kvg_now_ns();
     kvg_body_plan plan; /* the forwarded body is not needed here */
-    int rc = kvg_body_scan_plan(body.data ? body.data : "", body.len, api, salt, &arena, &plan,
+    int rc = kvg_body_scan_plan(body.data ? body.data : "", body.len, api, salt, arena, &plan,
                                 &info, &err);
     uint64_t parse_ns = kvg_now_ns() - t0;
     if (rc < 0 || body.failed) {
         if (rc == KVG_ETYPE)
             kvg_admin_fail(c, 400, "request.%s", err.message);
-        else if (rc == -ENOMEM && arena.over_limit)
+        else if (rc == -ENOMEM && arena->over_limit)
             kvg_admin_fail(c, 413, "request: too large to explain (more than %u MiB of work)",
                            ADMIN_BODY_ARENA_MAX >> 20);
         else
@@ -197,8 +194,8 @@ void kvg_admin_route_explain(admin_ctx *c)
         .engine_load_max_age_ns = admin->engine_load_max_age_ns,
     };
     kvg_route_decision d;
-    if (kvg_router_decide(admin->router, set, &rq, &arena, &d) < 0) {
-        if (arena.over_limit)
+    if (kvg_router_decide(admin->router, set, &rq, arena, &d) < 0) {
+        if (arena->over_limit)
             kvg_admin_fail(c, 413, "request: too large to explain (more than %u MiB of work)",
                            ADMIN_BODY_ARENA_MAX >> 20);
         else
@@ -213,5 +210,4 @@ out:
     if (ts)
         kvg_tenant_set_unref(ts);
     kvg_buf_done(&body);
-    kvg_arena_done(&arena);
 }

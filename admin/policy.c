@@ -21,26 +21,15 @@ void kvg_admin_policy_get(admin_ctx *c)
 void kvg_admin_policy_put(admin_ctx *c)
 {
     char msg[256];
-    kvg_arena arena;
-    kvg_arena_init(&arena, 0);
-    const kvg_json *root = kvg_admin_parse_body(c, &arena, false);
-    if (!root)
-        goto out;
     /* Changes are serialised (change_lock): nothing else sets the policy in between. */
     kvg_policy_config cfg;
     kvg_policy_state_get(c->admin->policy, &cfg);
-    if (kvg_policy_config_apply_json(&cfg, root, msg, sizeof(msg)) < 0) {
+    if (kvg_policy_config_apply_json(&cfg, c->body, msg, sizeof(msg)) < 0) {
         kvg_admin_fail(c, 400, "%s", msg);
-        goto out;
+        return;
     }
-    if (kvg_policy_state_set(c->admin->policy, &cfg) < 0) {
-        kvg_admin_fail(c, 500, "out of memory publishing the settings");
-        goto out;
-    }
-    if (!kvg_admin_commit(c))
-        goto out;
+    if (!kvg_admin_applied(c, kvg_policy_state_set(c->admin->policy, &cfg), NULL))
+        return;
     kvg_admin_detail(c, "policy=%s", kvg_policy_kind_str(cfg.kind));
     respond_policy(c, &cfg);
-out:
-    kvg_arena_done(&arena);
 }

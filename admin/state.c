@@ -51,58 +51,108 @@ bool kvg_admin_commit(admin_ctx *c)
     return false;
 }
 
+bool kvg_admin_applied(admin_ctx *c, int rc, const char *msg)
+{
+    if (rc == -ENOMEM) {
+        kvg_admin_fail(c, 500, "out of memory");
+        return false;
+    }
+    if (rc < 0) {
+        kvg_admin_fail(c, rc == KVG_ELIMIT ? 409 : 400, "%s", msg ? msg : kvg_strerror(rc));
+        return false;
+    }
+    return kvg_admin_commit(c);
+}
+
+bool kvg_admin_changed(admin_ctx *c, int rc, const char *kind, const char *verb, const char *detail)
+{
+    if (rc == KVG_ENOTFOUND) {
+        kvg_admin_fail(c, 404, "%s \"%s\" not found", kind, c->name);
+        return false;
+    }
+    if (rc < 0) {
+        kvg_admin_fail(c, 500, "could not %s %s: %s", verb, kind, kvg_strerror(rc));
+        return false;
+    }
+    if (!kvg_admin_commit(c))
+        return false;
+    kvg_admin_detail(c, "%s", detail);
+    return true;
+}
+
 /* The sections of a state file, found before anything is applied. */
 typedef struct sections {
     const kvg_json *tenants, *workers, *policy;
 } sections;
 
+static int decode_version(void *target, const kvg_json *v, const char *path, kvg_fields_ctx *c)
+{
+    (void)target;
+    if (v->type != KVG_JSON_NUMBER || !v->u.num.is_int || v->u.num.ival != STATE_VERSION)
+        return kvg_fields_fail(c, KVG_FIELD_INVALID, path,
+                               "must be %d (this kvgate reads version %d)", STATE_VERSION,
+                               STATE_VERSION);
+    return 0;
+}
+
+/* A section is kept as it stands: its own module decodes it once every section is found. */
+static int keep_section(const kvg_json *v, kvg_json_type type, const char *path, kvg_fields_ctx *c,
+                        const kvg_json **out)
+{
+    if (v->type != type)
+        return kvg_fields_fail(c, KVG_FIELD_MISTYPED, path, "must be %s, not %s",
+                               type == KVG_JSON_ARRAY ? "an array of objects" : "an object",
+                               kvg_json_type_str(v->type));
+    *out = v;
+    return 0;
+}
+
+static int decode_tenants(void *target, const kvg_json *v, const char *path, kvg_fields_ctx *c)
+{
+    return keep_section(v, KVG_JSON_ARRAY, path, c, &((sections *)target)->tenants);
+}
+
+static int decode_workers(void *target, const kvg_json *v, const char *path, kvg_fields_ctx *c)
+{
+    return keep_section(v, KVG_JSON_ARRAY, path, c, &((sections *)target)->workers);
+}
+
+static int decode_policy(void *target, const kvg_json *v, const char *path, kvg_fields_ctx *c)
+{
+    return keep_section(v, KVG_JSON_OBJECT, path, c, &((sections *)target)->policy);
+}
+
+/* The file's top level, through the walker like every other object, so that its messages are
+ * the same as everywhere ("extra: unknown field", "version: required"). */
+static const kvg_field section_fields[] = {
+    {.name = "version",
+     .type = KVG_FIELD_CUSTOM,
+     .set_in = KVG_SET_STATE,
+     .required_in = KVG_SET_STATE,
+     .decode = decode_version},
+    {.name = "tenants",
+     .type = KVG_FIELD_CUSTOM,
+     .set_in = KVG_SET_STATE,
+     .decode = decode_tenants},
+    {.name = "workers",
+     .type = KVG_FIELD_CUSTOM,
+     .set_in = KVG_SET_STATE,
+     .decode = decode_workers},
+    {.name = "policy", .type = KVG_FIELD_CUSTOM, .set_in = KVG_SET_STATE, .decode = decode_policy},
+};
+
+static const kvg_fields section_table = {"state file", section_fields,
+                                         KVG_ARRAY_LEN(section_fields), NULL};
+
 static int find_sections(const kvg_json *root, sections *s, char *msg, size_t msg_len)
 {
-    bool version = false;
     *s = (sections){0};
     if (root->type != KVG_JSON_OBJECT) {
         snprintf(msg, msg_len, "must be a JSON object");
         return KVG_EPARSE;
     }
-    for (size_t i = 0; i < root->u.obj.count; i++) {
-        const char *key = root->u.obj.keys[i];
-        size_t klen = root->u.obj.key_lens[i];
-        const kvg_json *v = root->u.obj.values[i];
-        if (kvg_admin_key_is(key, klen, "version")) {
-            if (v->type != KVG_JSON_NUMBER || !v->u.num.is_int || v->u.num.ival != STATE_VERSION) {
-                snprintf(msg, msg_len, "version: must be %d (this kvgate reads version %d)",
-                         STATE_VERSION, STATE_VERSION);
-                return KVG_EPARSE;
-            }
-            version = true;
-        } else if (kvg_admin_key_is(key, klen, "tenants")) {
-            s->tenants = v;
-        } else if (kvg_admin_key_is(key, klen, "workers")) {
-            s->workers = v;
-        } else if (kvg_admin_key_is(key, klen, "policy")) {
-            s->policy = v;
-        } else {
-            snprintf(msg, msg_len, "unknown field \"%.64s\"", key);
-            return KVG_EPARSE;
-        }
-    }
-    if (!version) {
-        snprintf(msg, msg_len, "version: required");
-        return KVG_EPARSE;
-    }
-    if (s->tenants && s->tenants->type != KVG_JSON_ARRAY) {
-        snprintf(msg, msg_len, "tenants: must be an array");
-        return KVG_EPARSE;
-    }
-    if (s->workers && s->workers->type != KVG_JSON_ARRAY) {
-        snprintf(msg, msg_len, "workers: must be an array");
-        return KVG_EPARSE;
-    }
-    if (s->policy && s->policy->type != KVG_JSON_OBJECT) {
-        snprintf(msg, msg_len, "policy: must be an object");
-        return KVG_EPARSE;
-    }
-    return 0;
+    kvg_fields_ctx c = {.from = KVG_SET_STATE, .msg = msg, .msg_len = msg_len};
+    return kvg_fields_decode(&section_table, s, root, "", &c);
 }
 
 /* Apply the sections; the policy is checked first (on a copy) since it is the cheapest. */

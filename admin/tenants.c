@@ -4,7 +4,6 @@
  * its digest. Every change is saved before the answer. */
 #include "admin_int.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,9 +48,10 @@ static void put_tenant(kvg_buf *b, const kvg_tenant *t)
     kvg_buf_printf(b, "],\"inflight\":%lu}", (unsigned long)kvg_tenant_inflight(t));
 }
 
-/* status with the tenant as the store now has it; 404 if it is gone. */
-static void respond_tenant(admin_ctx *c, const char *id, int status)
+/* status with the tenant of the path as the store now has it; 404 if it is gone. */
+static void respond_tenant(admin_ctx *c, int status)
 {
+    const char *id = c->name;
     kvg_tenant_set *set = kvg_tenants_acquire(c->admin->tenants);
     kvg_tenant *t = kvg_tenant_set_find(set, id);
     if (t) {
@@ -78,23 +78,22 @@ void kvg_admin_tenants_list(admin_ctx *c)
     kvg_tenant_set_unref(set);
 }
 
-void kvg_admin_tenant_get(admin_ctx *c, const char *id)
+void kvg_admin_tenant_get(admin_ctx *c)
 {
-    respond_tenant(c, id, 200);
+    respond_tenant(c, 200);
 }
 
 /* Fill def from the body through the tenant's field table (omitted fields: the defaults) and
  * check it; on error answers 400 (500 when out of memory) and returns false. */
-static bool parse_def(admin_ctx *c, const kvg_json *root, const char *id, kvg_arena *arena,
-                      kvg_tenant_def *def)
+static bool parse_def(admin_ctx *c, kvg_tenant_def *def)
 {
     char msg[256];
     kvg_fields_defaults(&kvg_tenant_fields, def);
-    def->id = id;
-    if (!kvg_admin_decode(c, &kvg_tenant_fields, def, root, arena))
+    def->id = c->name;
+    if (!kvg_admin_decode(c, &kvg_tenant_fields, def))
         return false;
     /* An id is accepted so a GET result can be sent back, but the path names the tenant. */
-    if (strcmp(def->id, id) != 0) {
+    if (strcmp(def->id, c->name) != 0) {
         kvg_admin_fail(c, 400, "id: must match the id in the path");
         return false;
     }
@@ -105,76 +104,37 @@ static bool parse_def(admin_ctx *c, const kvg_json *root, const char *id, kvg_ar
     return true;
 }
 
-void kvg_admin_tenant_put(admin_ctx *c, const char *id)
+void kvg_admin_tenant_put(admin_ctx *c)
 {
     char msg[256];
-    kvg_arena arena;
-    kvg_arena_init(&arena, 0);
-    const kvg_json *root = kvg_admin_parse_body(c, &arena, false);
-    if (!root)
-        goto out;
     kvg_tenant_def def;
-    if (!parse_def(c, root, id, &arena, &def))
-        goto out;
+    if (!parse_def(c, &def))
+        return;
     bool created = false;
     int rc = kvg_tenants_put(c->admin->tenants, &def, &created, msg, sizeof(msg));
-    if (rc < 0) {
-        if (rc == -ENOMEM)
-            kvg_admin_fail(c, 500, "out of memory");
-        else
-            kvg_admin_fail(c, rc == KVG_ELIMIT ? 409 : 400, "%s", msg);
-        goto out;
-    }
-    if (!kvg_admin_commit(c))
-        goto out;
+    if (!kvg_admin_applied(c, rc, msg))
+        return;
     if (def.sharing == KVG_SHARING_GROUP)
         kvg_admin_detail(c, "%s sharing=group:%s", created ? "created" : "replaced", def.group);
     else
         kvg_admin_detail(c, "%s sharing=%s", created ? "created" : "replaced",
                          kvg_sharing_str(def.sharing));
-    respond_tenant(c, id, created ? 201 : 200);
-out:
-    kvg_arena_done(&arena);
+    respond_tenant(c, created ? 201 : 200);
 }
 
-void kvg_admin_tenant_delete(admin_ctx *c, const char *id)
+void kvg_admin_tenant_delete(admin_ctx *c)
 {
-    int rc = kvg_tenants_remove(c->admin->tenants, id);
-    if (rc == KVG_ENOTFOUND) {
-        kvg_admin_fail(c, 404, "tenant \"%s\" not found", id);
-        return;
-    }
-    if (rc < 0) {
-        kvg_admin_fail(c, 500, "could not remove tenant: %s", kvg_strerror(rc));
-        return;
-    }
-    if (!kvg_admin_commit(c))
-        return;
-    kvg_admin_detail(c, "deleted");
-    kvg_admin_json(c->resp, 204);
+    if (kvg_admin_changed(c, kvg_tenants_remove(c->admin->tenants, c->name), "tenant", "remove",
+                          "deleted"))
+        kvg_admin_json(c->resp, 204);
 }
 
-/* A key-creation body carries nothing (absent or {}): a table without fields, so that a member
- * is named as any unknown field is. */
-static const kvg_fields key_create_fields = {"key", NULL, 0, NULL};
-
-static bool empty_body(admin_ctx *c)
-{
-    kvg_arena arena;
-    kvg_arena_init(&arena, 0);
-    const kvg_json *root = kvg_admin_parse_body(c, &arena, true);
-    bool ok = root && kvg_admin_decode(c, &key_create_fields, NULL, root, &arena);
-    kvg_arena_done(&arena);
-    return ok;
-}
-
-void kvg_admin_key_create(admin_ctx *c, const char *id)
+void kvg_admin_key_create(admin_ctx *c)
 {
     kvg_tenants *ts = c->admin->tenants;
+    const char *id = c->name;
     char key[KVG_KEY_LEN + 1], key_id[KVG_KEY_ID_LEN + 1];
     kvg_buf *b = &c->resp->body;
-    if (!empty_body(c))
-        return;
     /* Room for the whole answer before the key exists: once it does, writing the answer can
      * neither fail nor realloc (which would leave a copy of the key in freed memory). */
     if (kvg_buf_reserve(b, 64 + KVG_KEY_ID_LEN + KVG_KEY_LEN + 6 * KVG_TENANT_ID_MAX) < 0)
@@ -221,8 +181,9 @@ void kvg_admin_key_create(admin_ctx *c, const char *id)
     kvg_admin_detail(c, "created");
 }
 
-void kvg_admin_key_delete(admin_ctx *c, const char *id, const char *key_id)
+void kvg_admin_key_delete(admin_ctx *c)
 {
+    const char *id = c->name, *key_id = c->key_id;
     int rc = kvg_tenants_key_delete(c->admin->tenants, id, key_id);
     if (rc == KVG_ENOTFOUND) {
         kvg_tenant_set *set = kvg_tenants_acquire(c->admin->tenants);
@@ -234,12 +195,6 @@ void kvg_admin_key_delete(admin_ctx *c, const char *id, const char *key_id)
             kvg_admin_fail(c, 404, "tenant \"%s\" not found", id);
         return;
     }
-    if (rc < 0) {
-        kvg_admin_fail(c, 500, "could not delete the key: %s", kvg_strerror(rc));
-        return;
-    }
-    if (!kvg_admin_commit(c))
-        return;
-    kvg_admin_detail(c, "deleted");
-    kvg_admin_json(c->resp, 204);
+    if (kvg_admin_changed(c, rc, "key", "delete", "deleted"))
+        kvg_admin_json(c->resp, 204);
 }

@@ -3,7 +3,6 @@
  * validation of the JSON body; every change is saved before the answer. */
 #include "admin_int.h"
 
-#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -35,9 +34,10 @@ static void put_worker(kvg_buf *b, const kvg_worker *w)
                    (unsigned long)kvg_worker_inflight(w));
 }
 
-/* 200 (or status) with the worker as the registry now has it; 404 if it vanished. */
-static void respond_worker(admin_ctx *c, const char *name, int status)
+/* status with the worker of the path as the registry now has it; 404 if it vanished. */
+static void respond_worker(admin_ctx *c, int status)
 {
+    const char *name = c->name;
     kvg_worker_set *set = kvg_registry_acquire(c->admin->reg);
     kvg_worker *w = kvg_worker_set_find(set, name);
     if (w) {
@@ -64,88 +64,55 @@ void kvg_admin_workers_list(admin_ctx *c)
     kvg_worker_set_unref(set);
 }
 
-void kvg_admin_worker_get(admin_ctx *c, const char *name)
+void kvg_admin_worker_get(admin_ctx *c)
 {
-    respond_worker(c, name, 200);
+    respond_worker(c, 200);
 }
 
 /* Fill def from the body through the worker's field table (omitted fields: the defaults); on
  * error answers 400 (500 when out of memory) and returns false. */
-static bool parse_def(admin_ctx *c, const kvg_json *root, const char *name, kvg_arena *arena,
-                      kvg_worker_def *def)
+static bool parse_def(admin_ctx *c, kvg_worker_def *def)
 {
     kvg_fields_defaults(&kvg_worker_fields, def);
-    def->name = name;
-    if (!kvg_admin_decode(c, &kvg_worker_fields, def, root, arena))
+    def->name = c->name;
+    if (!kvg_admin_decode(c, &kvg_worker_fields, def))
         return false;
     /* A name is accepted so a GET result can be sent back, but the path names the worker. */
-    if (strcmp(def->name, name) != 0) {
+    if (strcmp(def->name, c->name) != 0) {
         kvg_admin_fail(c, 400, "name: must match the name in the path");
         return false;
     }
     return true;
 }
 
-void kvg_admin_worker_put(admin_ctx *c, const char *name)
+void kvg_admin_worker_put(admin_ctx *c)
 {
     char msg[256];
-    kvg_arena arena;
-    kvg_arena_init(&arena, 0);
-    const kvg_json *root = kvg_admin_parse_body(c, &arena, false);
-    if (!root)
-        goto out;
     kvg_worker_def def;
-    if (!parse_def(c, root, name, &arena, &def))
-        goto out;
-
+    if (!parse_def(c, &def))
+        return;
     /* Changes are serialised (change_lock), so nothing else defines it in between. */
     kvg_worker_set *before = kvg_registry_acquire(c->admin->reg);
-    bool existed = kvg_worker_set_find(before, name) != NULL;
+    bool existed = kvg_worker_set_find(before, c->name) != NULL;
     kvg_worker_set_unref(before);
 
     int rc = kvg_registry_put(c->admin->reg, &def, KVG_WORKER_SOURCE_ADMIN, msg, sizeof(msg));
-    if (rc < 0) {
-        kvg_admin_fail(c, rc == -ENOMEM ? 500 : rc == KVG_ELIMIT ? 409 : 400, "%s", msg);
-        goto out;
-    }
-    if (!kvg_admin_commit(c))
-        goto out;
+    if (!kvg_admin_applied(c, rc, msg))
+        return;
     kvg_admin_detail(c, "%s url=%s", existed ? "replaced" : "created", def.url);
-    respond_worker(c, name, existed ? 200 : 201);
-out:
-    kvg_arena_done(&arena);
+    respond_worker(c, existed ? 200 : 201);
 }
 
-void kvg_admin_worker_delete(admin_ctx *c, const char *name)
+void kvg_admin_worker_delete(admin_ctx *c)
 {
-    int rc = kvg_registry_remove(c->admin->reg, name);
-    if (rc == KVG_ENOTFOUND) {
-        kvg_admin_fail(c, 404, "worker \"%s\" not found", name);
-        return;
-    }
-    if (rc < 0) {
-        kvg_admin_fail(c, 500, "could not remove worker: %s", kvg_strerror(rc));
-        return;
-    }
-    if (!kvg_admin_commit(c))
-        return;
-    kvg_admin_detail(c, "deleted");
-    kvg_admin_json(c->resp, 204);
+    if (kvg_admin_changed(c, kvg_registry_remove(c->admin->reg, c->name), "worker", "remove",
+                          "deleted"))
+        kvg_admin_json(c->resp, 204);
 }
 
-void kvg_admin_worker_drain(admin_ctx *c, const char *name)
+void kvg_admin_worker_drain(admin_ctx *c)
 {
-    int rc = kvg_registry_drain(c->admin->reg, name);
-    if (rc == KVG_ENOTFOUND) {
-        kvg_admin_fail(c, 404, "worker \"%s\" not found", name);
-        return;
-    }
-    if (rc < 0) {
-        kvg_admin_fail(c, 500, "could not drain worker: %s", kvg_strerror(rc));
-        return;
-    }
-    if (!kvg_admin_commit(c))
-        return;
-    kvg_admin_detail(c, "draining");
-    respond_worker(c, name, 200);
+    if (kvg_admin_changed(c, kvg_registry_drain(c->admin->reg, c->name), "worker", "drain",
+                          "draining"))
+        respond_worker(c, 200);
 }

@@ -15,8 +15,6 @@
 #define FIELDS_PER_OBJECT_MAX 64
 /* An unknown member's name is shown up to this many bytes, printable, then "...". */
 #define SHOW_NAME_MAX 32
-/* ... and as given, for {raw}. */
-#define RAW_NAME_MAX 64
 #define PATH_MAX_LEN 160
 
 static const char *const problem_names[KVG_FIELD_PROBLEM_COUNT] = {
@@ -154,20 +152,20 @@ static const char *fmt_double(double v, char *buf, size_t len)
     return buf;
 }
 
-static void keyword_list(const kvg_field *f, bool quote, char *buf, size_t len)
+static void keyword_list(const kvg_field *f, char *buf, size_t len)
 {
     size_t o = 0;
     buf[0] = '\0';
     for (size_t i = 0; i < f->nkeywords && o < len; i++) {
         const char *sep = i == 0 ? "" : i + 1 == f->nkeywords ? " or " : ", ";
-        int n = snprintf(buf + o, len - o, quote ? "%s\"%s\"" : "%s%s", sep, f->keywords[i]);
+        int n = snprintf(buf + o, len - o, "%s%s", sep, f->keywords[i]);
         if (n < 0)
             break;
         o += (size_t)n;
     }
 }
 
-const char *kvg_field_expect(const kvg_field *f, bool quote_keywords, char *buf, size_t len)
+const char *kvg_field_expect(const kvg_field *f, char *buf, size_t len)
 {
     char lo[40], hi[40];
     uint64_t min, max;
@@ -196,7 +194,7 @@ const char *kvg_field_expect(const kvg_field *f, bool quote_keywords, char *buf,
         snprintf(buf, len, "true or false");
         break;
     case KVG_FIELD_ENUM:
-        keyword_list(f, quote_keywords, buf, len);
+        keyword_list(f, buf, len);
         break;
     case KVG_FIELD_OBJECT:
     case KVG_FIELD_EMBED:
@@ -207,29 +205,6 @@ const char *kvg_field_expect(const kvg_field *f, bool quote_keywords, char *buf,
         break;
     }
     return buf;
-}
-
-/* The JSON kind alone, for {kind}. */
-static const char *kind_of(const kvg_field *f)
-{
-    switch (f->type) {
-    case KVG_FIELD_STRINGS:
-    case KVG_FIELD_OBJECTS:
-        return "an array";
-    case KVG_FIELD_U32:
-    case KVG_FIELD_U64:
-    case KVG_FIELD_SIZE:
-        return "an integer";
-    case KVG_FIELD_DOUBLE:
-        return "a number";
-    case KVG_FIELD_BOOL:
-        return "true or false";
-    case KVG_FIELD_OBJECT:
-    case KVG_FIELD_EMBED:
-        return "an object";
-    default:
-        return "a string";
-    }
 }
 
 const char *kvg_fields_path(char *buf, size_t len, const char *path, const char *name)
@@ -260,8 +235,7 @@ static void show_name(const char *s, size_t len, char *out)
 
 /* What a template's placeholders stand for. */
 typedef struct vars {
-    const char *path, *raw, *expect, *shape, *kind, *type, *min, *max, *object, *required, *value,
-        *keywords;
+    const char *path, *expect, *shape, *type, *value, *keywords;
 } vars;
 
 static const char *var(const vars *v, const char *name, size_t len)
@@ -270,12 +244,9 @@ static const char *var(const vars *v, const char *name, size_t len)
         const char *name;
         size_t off;
     } names[] = {
-        {"path", offsetof(vars, path)},     {"raw", offsetof(vars, raw)},
-        {"expect", offsetof(vars, expect)}, {"shape", offsetof(vars, shape)},
-        {"kind", offsetof(vars, kind)},     {"type", offsetof(vars, type)},
-        {"min", offsetof(vars, min)},       {"max", offsetof(vars, max)},
-        {"object", offsetof(vars, object)}, {"required", offsetof(vars, required)},
-        {"value", offsetof(vars, value)},   {"keywords", offsetof(vars, keywords)},
+        {"path", offsetof(vars, path)},   {"expect", offsetof(vars, expect)},
+        {"shape", offsetof(vars, shape)}, {"type", offsetof(vars, type)},
+        {"value", offsetof(vars, value)}, {"keywords", offsetof(vars, keywords)},
     };
     for (size_t i = 0; i < KVG_ARRAY_LEN(names); i++) {
         if (strlen(names[i].name) == len && memcmp(names[i].name, name, len) == 0) {
@@ -332,38 +303,13 @@ int kvg_fields_fail(kvg_fields_ctx *c, kvg_field_problem problem, const char *pa
     return problem == KVG_FIELD_NOMEM ? -ENOMEM : KVG_EPARSE;
 }
 
-static const char *tmpl_or(const char *t, const char *canonical)
-{
-    return t ? t : canonical;
-}
-
-static const kvg_fields_wording canonical_wording = {.quote_keywords = false};
-
-static const kvg_fields_wording *wording(const kvg_fields_ctx *c)
-{
-    return c->wording ? c->wording : &canonical_wording;
-}
-
 /* An error about field f's value at path (MISTYPED, RANGE, INVALID by its invalid template). */
 static int fail_value(kvg_fields_ctx *c, kvg_field_problem problem, const kvg_field *f,
                       const char *path, const kvg_json *given)
 {
-    const kvg_fields_wording *w = wording(c);
-    char expect[256], shape[256], lo[40], hi[40], value[40] = "";
-    kvg_field_expect(f, w->quote_keywords, expect, sizeof(expect));
+    char expect[256], shape[256], value[40] = "";
+    kvg_field_expect(f, expect, sizeof(expect));
     snprintf(shape, sizeof(shape), "%s", f->type == KVG_FIELD_ENUM ? "a string" : expect);
-    if (f->type == KVG_FIELD_DOUBLE) {
-        fmt_double(f->dmin, lo, sizeof(lo));
-        fmt_double(f->dmax, hi, sizeof(hi));
-    } else {
-        uint64_t min, max;
-        if (is_integer_type(f->type))
-            int_range(f, &min, &max);
-        else
-            min = f->min, max = f->max;
-        snprintf(lo, sizeof(lo), "%" PRIu64, min);
-        snprintf(hi, sizeof(hi), "%" PRIu64, max);
-    }
     if (given && given->type == KVG_JSON_STRING)
         show_name(given->u.str.ptr, given->u.str.len, value);
     char keywords[256] = "";
@@ -377,35 +323,21 @@ static int fail_value(kvg_fields_ctx *c, kvg_field_problem problem, const kvg_fi
     vars v = {.path = path,
               .expect = expect,
               .shape = shape,
-              .kind = kind_of(f),
               .type = given ? kvg_json_type_str(given->type) : "string",
-              .min = lo,
-              .max = hi,
               .value = value,
               .keywords = keywords};
-    const char *canon = "{path}: must be {expect}";
-    const char *tmpl;
-    if (problem == KVG_FIELD_MISTYPED)
-        tmpl = tmpl_or(w->mistyped, "{path}: must be {shape}, not {type}");
-    else if (problem == KVG_FIELD_INVALID)
-        tmpl = tmpl_or(f->invalid, canon);
-    else if (f->type == KVG_FIELD_DOUBLE)
-        tmpl = tmpl_or(w->num_range, canon);
-    else if (is_integer_type(f->type) && given && given->type == KVG_JSON_NUMBER &&
-             !given->u.num.is_int)
-        tmpl = tmpl_or(w->not_integer, canon);
-    else if (is_integer_type(f->type))
-        tmpl = tmpl_or(w->int_range, canon);
-    else
-        tmpl = canon;
+    /* One wording per problem, at every entry point; only a field's own refusal (INVALID) may
+     * say more, through its table's template. */
+    const char *tmpl = problem == KVG_FIELD_MISTYPED ? "{path}: must be {shape}, not {type}"
+                       : problem == KVG_FIELD_INVALID && f->invalid ? f->invalid
+                                                                    : "{path}: must be {expect}";
     return render(c, problem, tmpl, &v);
 }
 
 static int fail_nul(kvg_fields_ctx *c, const char *path)
 {
     vars v = {.path = path};
-    return render(c, KVG_FIELD_MISTYPED,
-                  tmpl_or(wording(c)->nul, "{path}: must not contain NUL characters"), &v);
+    return render(c, KVG_FIELD_MISTYPED, "{path}: must not contain NUL characters", &v);
 }
 
 static int fail_nomem(kvg_fields_ctx *c)
@@ -696,39 +628,6 @@ static bool seen_has(const seen_list *s, const kvg_field *f)
     return false;
 }
 
-/* Names of the fields required here, for {required}: "\"name\" and \"url\"". */
-static void required_names(const kvg_fields *t, unsigned from, char *buf, size_t len, size_t *o,
-                           size_t *count, size_t total)
-{
-    for (size_t i = 0; i < t->count; i++) {
-        const kvg_field *f = &t->fields[i];
-        if (f->type == KVG_FIELD_EMBED) {
-            required_names(f->object, from, buf, len, o, count, total);
-            continue;
-        }
-        if (!(f->required_in & from) || *o >= len)
-            continue;
-        const char *sep = *count == 0 ? "" : *count + 1 == total ? " and " : ", ";
-        int n = snprintf(buf + *o, len - *o, "%s\"%s\"", sep, f->name);
-        if (n > 0)
-            *o += (size_t)n;
-        (*count)++;
-    }
-}
-
-static size_t count_required(const kvg_fields *t, unsigned from)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < t->count; i++) {
-        const kvg_field *f = &t->fields[i];
-        if (f->type == KVG_FIELD_EMBED)
-            n += count_required(f->object, from);
-        else if (f->required_in & from)
-            n++;
-    }
-    return n;
-}
-
 /* The first required field (in table order) that was not given, or NULL. */
 static const kvg_field *first_missing(const kvg_fields *t, unsigned from, const seen_list *s)
 {
@@ -748,25 +647,19 @@ static const kvg_field *first_missing(const kvg_fields *t, unsigned from, const 
 static int fail_missing(const kvg_fields *t, const kvg_field *f, const char *path,
                         kvg_fields_ctx *c)
 {
-    char fpath[PATH_MAX_LEN], req[256] = "";
-    size_t o = 0, count = 0;
-    required_names(t, c->from, req, sizeof(req), &o, &count, count_required(t, c->from));
-    vars v = {.path = kvg_fields_path(fpath, sizeof(fpath), path, f->name),
-              .object = path ? path : "",
-              .required = req};
-    return render(c, KVG_FIELD_MISSING, tmpl_or(wording(c)->missing, "{path}: required"), &v);
+    char fpath[PATH_MAX_LEN];
+    vars v = {.path = kvg_fields_path(fpath, sizeof(fpath), path, f->name)};
+    return render(c, KVG_FIELD_MISSING, "{path}: required", &v);
 }
 
 static int fail_unknown(const kvg_json *obj, size_t i, const char *path, kvg_fields_ctx *c)
 {
     const char *key = obj->u.obj.keys[i];
     size_t len = obj->u.obj.key_lens[i];
-    char shown[SHOW_NAME_MAX + 4], raw[RAW_NAME_MAX + 1], fpath[PATH_MAX_LEN], rpath[PATH_MAX_LEN];
+    char shown[SHOW_NAME_MAX + 4], fpath[PATH_MAX_LEN];
     show_name(key, len, shown);
-    snprintf(raw, sizeof(raw), "%.*s", (int)KVG_MIN(len, (size_t)RAW_NAME_MAX), key);
-    vars v = {.path = kvg_fields_path(fpath, sizeof(fpath), path, shown),
-              .raw = kvg_fields_path(rpath, sizeof(rpath), path, raw)};
-    return render(c, KVG_FIELD_UNKNOWN, tmpl_or(wording(c)->unknown, "{path}: unknown field"), &v);
+    vars v = {.path = kvg_fields_path(fpath, sizeof(fpath), path, shown)};
+    return render(c, KVG_FIELD_UNKNOWN, "{path}: unknown field", &v);
 }
 
 int kvg_fields_decode(const kvg_fields *t, void *target, const kvg_json *obj, const char *path,
@@ -786,7 +679,7 @@ int kvg_fields_decode(const kvg_fields *t, void *target, const kvg_json *obj, co
         if (!f || !(f->set_in & c->from))
             return fail_unknown(obj, i, path, c);
         kvg_fields_path(fpath, sizeof(fpath), path, f->name);
-        if (seen_has(&seen, f) && !c->last_repeat_wins)
+        if (seen_has(&seen, f))
             return kvg_fields_fail(c, KVG_FIELD_REPEATED, fpath, "appears more than once");
         if (seen.n < FIELDS_PER_OBJECT_MAX)
             seen.f[seen.n++] = f;
@@ -971,9 +864,8 @@ int kvg_fields_set_text(const kvg_fields *t, void *target, const char *key, size
     if (!f) {
         show_name(key, key_len, kshown);
         kvg_fields_path(upath, sizeof(upath), path, kshown);
-        vars v = {.path = upath, .raw = upath};
-        return render(c, KVG_FIELD_UNKNOWN, tmpl_or(wording(c)->unknown, "{path}: unknown field"),
-                      &v);
+        vars v = {.path = upath};
+        return render(c, KVG_FIELD_UNKNOWN, "{path}: unknown field", &v);
     }
     if (append)
         return append_item(f, at(target, off), text, text_len, fpath, c);
@@ -1072,9 +964,8 @@ int kvg_fields_json_set_text(const kvg_fields *t, kvg_json *obj, const char *key
         lookup_key(t, key, key_len, c->from, &off, &append, fpath, sizeof(fpath), "");
     if (!f || f->type == KVG_FIELD_CUSTOM) {
         show_name(key, key_len, kshown);
-        vars v = {.path = kshown, .raw = kshown};
-        return render(c, KVG_FIELD_UNKNOWN, tmpl_or(wording(c)->unknown, "{path}: unknown field"),
-                      &v);
+        vars v = {.path = kshown};
+        return render(c, KVG_FIELD_UNKNOWN, "{path}: unknown field", &v);
     }
     kvg_json *holder;
     if (json_holder(t, obj, key, key_len, c->from, c->arena, &holder) < 0)

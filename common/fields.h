@@ -97,7 +97,7 @@ typedef struct kvg_field {
         const char *s;
     } def;
     /* Template for a value of the right type that is refused; NULL: "{path}: must be
-     * {expect}" (kvg_fields_wording lists the placeholders). */
+     * {expect}" (the placeholders are listed below, before kvg_field_problem). */
     const char *invalid;
     /** Further check of a decoded value (for STRINGS, of each item): 0, or a negative code with
      *  the problem in why, without the field's name ("must be an absolute path"). */
@@ -119,34 +119,27 @@ struct kvg_fields {
 };
 
 /*
- * How messages are worded: templates with placeholders, NULL for the canonical one.
- *   {path}     the field's path ("workers[0].kv_blocks", "rate.rps")
- *   {raw}      an unknown member's path with its name as given (up to a NUL, 64 bytes)
+ * Messages: one wording per problem, the same at every entry point, which puts only its context
+ * in front ("FILE: ", "--worker w1 (k=v): ", "state file PATH: workers: worker \"w1\": ",
+ * "kvgate admin: 400: "):
+ *   unknown   "{path}: unknown field"
+ *   repeated  "{path}: appears more than once"
+ *   missing   "{path}: required"
+ *   mistyped  "{path}: must be {shape}, not {type}"
+ *   range     "{path}: must be {expect}" (out of range, or a fraction for an integer)
+ *   NUL       "{path}: must not contain NUL characters"
+ *   invalid   the field's invalid template, else "{path}: must be {expect}"; check hooks say
+ *             "{path}: <their why>"
+ * Placeholders of templates:
+ *   {path}     the field's path ("workers[0].kv_blocks", "rate.rps"); an unknown member's name
+ *              is shown printable and bounded
  *   {expect}   every value the field takes ("an integer in 0..4294967295", "isolated, group
  *              or global")
  *   {shape}    what a value must look like: {expect}, except "a string" for keywords
- *   {kind}     the JSON kind only ("an integer", "a number", "an array", "a string")
  *   {type}     the JSON type of the value given ("string", "null")
  *   {keywords} a keyword field's keywords, separated by commas
  *   {value}    the string given (printable, bounded)
- *   {min} {max} the range
- *   {object}   the path of the object, {required} its required fields ("\"name\" and \"url\"")
- * Canonical: unknown "{path}: unknown field", missing "{path}: required", mistyped "{path}:
- * must be {shape}, not {type}", not_integer, int_range and num_range "{path}: must be {expect}",
- * nul
- * "{path}: must not contain NUL characters". An entry point passes other wording only where
- * its tests pin older messages (docs say which).
  */
-typedef struct kvg_fields_wording {
-    const char *unknown;
-    const char *missing;
-    const char *mistyped;    /* the JSON type is wrong */
-    const char *not_integer; /* a number where an integer is wanted */
-    const char *int_range;
-    const char *num_range;
-    const char *nul;
-    bool quote_keywords; /* "isolated" rather than isolated in {expect} */
-} kvg_fields_wording;
 
 /* What went wrong, for callers that answer differently (a usage error, a 400, a 409). */
 typedef enum kvg_field_problem {
@@ -164,21 +157,16 @@ typedef enum kvg_field_problem {
 /** Name of a problem ("unknown", "range", ...). */
 const char *kvg_field_problem_str(kvg_field_problem p);
 
-/* One decode: where from, where copies go, how to word the first error. */
+/* One decode: where from, where copies go, where the first error goes. */
 struct kvg_fields_ctx {
-    unsigned from;                     /* the entry point: a KVG_SET_* (or several that take
-                                          the same fields, as the policy settings do) */
-    kvg_arena *arena;                  /* lists, and strings when copy_strings; required for them */
-    bool copy_strings;                 /* false: strings point into the JSON tree (which must
-                                          outlive the target) */
-    const kvg_fields_wording *wording; /* NULL: canonical */
-    char *msg;                         /* the first error, "path: problem" (may be NULL) */
+    unsigned from;     /* the entry point: a KVG_SET_* (or several that take
+                          the same fields, as the policy settings do) */
+    kvg_arena *arena;  /* lists, and strings when copy_strings; required for them */
+    bool copy_strings; /* false: strings point into the JSON tree (which must
+                          outlive the target) */
+    char *msg;         /* the first error, "path: problem" (may be NULL) */
     size_t msg_len;
     kvg_field_problem problem; /* out: what the first error was */
-    /* A member given twice takes its last value instead of being an error: the policy
-     * settings' rule, which tests/unit/policy pins (every entry point's parser refuses repeated
-     * members before a decoder sees them, so only direct callers can tell). */
-    bool last_repeat_wins;
 };
 
 /** Store every field's default into target (nested objects too; CUSTOM fields untouched).
@@ -225,7 +213,7 @@ void kvg_fields_encode_members(const kvg_fields *t, const void *target, unsigned
 /** Field by name (EMBED members included); NULL if absent. */
 const kvg_field *kvg_fields_find(const kvg_fields *t, const char *name, size_t len);
 /** Write what the field takes ("an integer in 0..4294967295") into buf; returns buf. */
-const char *kvg_field_expect(const kvg_field *f, bool quote_keywords, char *buf, size_t len);
+const char *kvg_field_expect(const kvg_field *f, char *buf, size_t len);
 
 /** For CUSTOM decoders and callers: record "path: <fmt>" ("<fmt>" when path is empty) as the
  *  error and return KVG_EPARSE (-ENOMEM for KVG_FIELD_NOMEM). */

@@ -14,21 +14,6 @@
 
 #define CONFIG_MAX_BYTES (16u << 20)
 
-/* The config file's wording, which its tests pin (tests/unit/gateway/test_config.c): an unknown
- * member is an "unknown key" and an integer out of range "must be between A and B", where the
- * walker's canonical wording says "unknown field" and "must be an integer in A..B" (as the
- * flags do). Workers of the file are decoded with the worker's own wording, below. */
-static const kvg_fields_wording file_wording = {
-    .unknown = "{path}: unknown key",
-    .int_range = "{path}: must be between {min} and {max}",
-};
-
-/* Workers of the config file: the canonical wording but for a worker without its name or URL,
- * which the file's tests pin as 'workers[0]: needs "name" and "url"'. */
-static const kvg_fields_wording file_worker_wording = {
-    .missing = "{object}: needs {required}",
-};
-
 static int set_str(kvg_config *cfg, char **dst, const char *s)
 {
     char *c = s ? kvg_arena_strdup(&cfg->arena, s) : NULL;
@@ -311,16 +296,12 @@ static int decode_workers(void *target, const kvg_json *v, const char *path, kvg
     kvg_worker_def *defs = kvg_arena_alloc(&cfg->arena, (n ? n : 1) * sizeof(*defs));
     if (!defs)
         return kvg_fields_fail(c, KVG_FIELD_NOMEM, NULL, "out of memory");
-    kvg_fields_ctx wc = *c;
-    wc.wording = &file_worker_wording;
     for (size_t i = 0; i < n; i++) {
         snprintf(ipath, sizeof(ipath), "%s[%zu]", path, i);
         kvg_fields_defaults(&kvg_worker_fields, &defs[i]);
-        int rc = kvg_fields_decode(&kvg_worker_fields, &defs[i], v->u.arr.items[i], ipath, &wc);
-        if (rc < 0) {
-            c->problem = wc.problem;
+        int rc = kvg_fields_decode(&kvg_worker_fields, &defs[i], v->u.arr.items[i], ipath, c);
+        if (rc < 0)
             return rc;
-        }
     }
     cfg->workers = defs;
     cfg->nworkers = n;
@@ -463,7 +444,6 @@ int kvg_config_load_file(kvg_config *cfg, const char *path, char *err, size_t er
         kvg_fields_ctx c = {.from = KVG_SET_CONFIG,
                             .arena = &cfg->arena,
                             .copy_strings = true,
-                            .wording = &file_wording,
                             .msg = inner,
                             .msg_len = sizeof(inner)};
         rc = kvg_fields_decode(&kvg_config_fields, cfg, root, "", &c);

@@ -8,14 +8,14 @@
 #include <nghttp2/nghttp2.h>
 #include <openssl/ssl.h>
 
-#include "admin_cli.h"
+#include "cli.h"
 #include "gateway.h"
 #include "kvg_config.h"
 
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "admin") == 0)
-        return kvg_admin_cli_main(argc - 1, argv + 1);
+        return kvg_cli_main(argc - 1, argv + 1);
     kvg_config cfg;
     char err[1024];
     if (kvg_config_init(&cfg) < 0) {

@@ -76,10 +76,7 @@ int kvg_policy_config_apply_json(kvg_policy_config *cfg, const kvg_json *obj, ch
     /* Work on a copy: a bad member after a good one leaves cfg as it was. No field is a list,
      * so the walker allocates nothing. */
     kvg_policy_config next = *cfg;
-    kvg_fields_ctx c = {.from = KVG_SET_ADMIN | KVG_SET_STATE,
-                        .msg = msg,
-                        .msg_len = msg_len,
-                        .last_repeat_wins = true};
+    kvg_fields_ctx c = {.from = KVG_SET_ADMIN | KVG_SET_STATE, .msg = msg, .msg_len = msg_len};
     int rc = kvg_fields_decode(&kvg_policy_fields, &next, obj, "", &c);
     if (rc == 0)
         *cfg = next;

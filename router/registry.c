@@ -582,13 +582,6 @@ void kvg_registry_admin_to_json(kvg_registry *reg, kvg_buf *out)
     pthread_mutex_unlock(&reg->write_lock);
 }
 
-/* The state file's wording, which its tests pin (tests/unit/router/test_router.c): a string with
- * a NUL "must be a string without NUL characters" where the other entry points say "must not
- * contain NUL characters". Everything else is the walker's canonical wording. */
-static const kvg_fields_wording state_wording = {
-    .nul = "{path}: must be a string without NUL characters",
-};
-
 /* Name a worker's message by its name when that is sound, else by its position. */
 static void name_worker(const kvg_json *o, size_t i, const char *why, char *msg, size_t msg_len)
 {
@@ -626,11 +619,7 @@ int kvg_registry_admin_from_json(kvg_registry *reg, const kvg_json *arr, char *m
     kvg_arena arena;
     kvg_arena_init(&arena, 0);
     kvg_worker_def *defs = malloc((n ? n : 1) * sizeof(*defs));
-    kvg_fields_ctx c = {.from = KVG_SET_STATE,
-                        .arena = &arena,
-                        .wording = &state_wording,
-                        .msg = why,
-                        .msg_len = sizeof(why)};
+    kvg_fields_ctx c = {.from = KVG_SET_STATE, .arena = &arena, .msg = why, .msg_len = sizeof(why)};
     rc = defs ? 0 : -ENOMEM;
     for (size_t i = 0; rc == 0 && i < n; i++) {
         const kvg_json *o = arr->u.arr.items[i];

@@ -199,18 +199,6 @@ static int bad(char *msg, size_t msg_len, const char *fmt, ...)
     return KVG_EPARSE;
 }
 
-/* The state file's wording, which its tests pin (tests/unit/tenancy/test_tenancy.c): a missing
- * member is "missing" (canonical: "required"), a mistyped one names the type given ("must be an
- * array, not string"), and ranges read "from 0 to" and "a finite number >= 0". Everything else
- * is the walker's canonical wording. */
-static const kvg_fields_wording state_wording = {
-    .missing = "{path}: missing",
-    .mistyped = "{path}: must be {kind}, not {type}",
-    .not_integer = "{path}: must be an integer from {min} to {max}",
-    .int_range = "{path}: must be an integer from {min} to {max}",
-    .num_range = "{path}: must be a finite number >= {min} and <= {max}",
-};
-
 static int two_digits(const char *s, int *out)
 {
     if (s[0] < '0' || s[0] > '9' || s[1] < '0' || s[1] > '9')
@@ -283,11 +271,7 @@ static int parse_rfc3339(const char *s, size_t len, uint64_t *out)
 static int parse_tenant(const kvg_json *o, kvg_arena *arena, tenant_record *r, char *msg,
                         size_t msg_len)
 {
-    kvg_fields_ctx c = {.from = KVG_SET_STATE,
-                        .arena = arena,
-                        .wording = &state_wording,
-                        .msg = msg,
-                        .msg_len = msg_len};
+    kvg_fields_ctx c = {.from = KVG_SET_STATE, .arena = arena, .msg = msg, .msg_len = msg_len};
     memset(r, 0, sizeof(*r));
     kvg_fields_defaults(&record_table, r);
     int rc = kvg_fields_decode(&record_table, r, o, "", &c);

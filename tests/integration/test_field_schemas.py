@@ -4,12 +4,8 @@ take it - the config file (kvgate --check-config -c), a flag (--worker, --thread
 API on a running gateway, a state file restored at start, and kvgate admin - gets the same
 verdict, and a bad one the same message: "field: problem", after whatever the entry point puts
 in front ("FILE: workers[0].", "--worker w1 (k=v): ", "state file ...: workers: worker "w1": ",
-"kvgate admin: 400: ").
-
-A few entry points still word some problems their own way because older tests pin those
-messages (the admin API's 'unknown field "x"' and quoted keywords, the state file's tenant
-wording, the config file's 'unknown key' and 'must be between'); those cases are strict xfails
-naming the pin, so that unifying the wording turns them into failures to update here."""
+"kvgate admin: 400: "). Every entry point words a problem the same way (docs/configuration.md,
+"Fields and messages")."""
 
 import json
 import signal
@@ -178,8 +174,6 @@ def test_worker_field_everywhere(tmp_path, gw, field, value, text, want):
         assert shown == value, w
 
 
-@pytest.mark.xfail(strict=True, reason="the admin API's 'unknown field \"x\"' is pinned by "
-                   "tests/unit/admin/test_admin.c (test_put_validation)")
 def test_worker_unknown_field_everywhere(tmp_path, gw):
     results = {
         "config": via_config(tmp_path, {"workers": [{"name": W, "url": URL, "gpu": 1}]}),
@@ -199,8 +193,6 @@ def test_worker_unknown_field_outside_the_admin_api(tmp_path):
     agree(results, "gpu", "gpu: unknown field")
 
 
-@pytest.mark.xfail(strict=True, reason="the config file's 'workers[0]: needs \"name\" and "
-                   "\"url\"' is pinned by tests/unit/gateway/test_config.c")
 def test_worker_without_url_everywhere(tmp_path, gw):
     results = {
         "config": via_config(tmp_path, {"workers": [{"name": W}]}),
@@ -213,7 +205,6 @@ def test_worker_without_url_everywhere(tmp_path, gw):
 # ---- tenants ----------------------------------------------------------------------------------
 
 T = "acme"
-STATE_TENANT_PIN = "the state file's tenant wording is pinned by tests/unit/tenancy/test_tenancy.c"
 
 # (JSON members, kvgate admin options, field, message or None)
 TENANT_CASES = [
@@ -229,19 +220,13 @@ TENANT_CASES = [
      "models[1]: duplicate of models[0]"),
     ({"sharing": "group"}, ["--sharing", "group"], "group",
      "group: required when sharing is \"group\""),
-    pytest.param({"rate": {"rps": -1}}, ["--rps", "-1"], "rate.rps",
-                 "rate.rps: must be a number in 0..1e15",
-                 marks=pytest.mark.xfail(strict=True, reason=STATE_TENANT_PIN)),
-    pytest.param({"rate": {"prompt_bytes_per_s": 2e15}}, ["--prompt-bytes-per-s", "2e15"],
-                 "rate.prompt_bytes_per_s", "rate.prompt_bytes_per_s: must be a number in 0..1e15",
-                 marks=pytest.mark.xfail(strict=True, reason=STATE_TENANT_PIN)),
-    pytest.param({"max_inflight": 1.5}, ["--max-inflight", "1.5"], "max_inflight",
-                 "max_inflight: must be an integer in 0..4294967295",
-                 marks=pytest.mark.xfail(strict=True, reason=STATE_TENANT_PIN)),
-    pytest.param({"sharing": "shared"}, ["--sharing", "shared"], "sharing",
-                 "sharing: must be isolated, group or global",
-                 marks=pytest.mark.xfail(strict=True, reason="the admin API quotes keywords, "
-                                         "pinned by tests/unit/admin/test_admin.c")),
+    ({"rate": {"rps": -1}}, ["--rps", "-1"], "rate.rps", "rate.rps: must be a number in 0..1e15"),
+    ({"rate": {"prompt_bytes_per_s": 2e15}}, ["--prompt-bytes-per-s", "2e15"],
+     "rate.prompt_bytes_per_s", "rate.prompt_bytes_per_s: must be a number in 0..1e15"),
+    ({"max_inflight": 1.5}, ["--max-inflight", "1.5"], "max_inflight",
+     "max_inflight: must be an integer in 0..4294967295"),
+    ({"sharing": "shared"}, ["--sharing", "shared"], "sharing",
+     "sharing: must be isolated, group or global"),
 ]
 
 
@@ -301,10 +286,7 @@ def test_policy_field_everywhere(tmp_path, gw, field, value, text, want):
     ("auth", "--auth", "none", "must be keys or open"),
     ("threads", "--threads", "lots", "must be an integer in 0..1024, not string"),
     ("state_dir", "--state", "", "must be a non-empty string"),
-    pytest.param("threads", "--threads", 5000, "must be an integer in 0..1024",
-                 marks=pytest.mark.xfail(strict=True, reason="the config file's 'must be "
-                                         "between' is pinned by tests/unit/gateway/"
-                                         "test_config.c")),
+    ("threads", "--threads", 5000, "must be an integer in 0..1024"),
 ])
 def test_config_field_and_flag(tmp_path, field, flag, value, want):
     """A setting of the file and its flag: the same verdict and problem, each named its way

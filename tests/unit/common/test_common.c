@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for common/: JSON parser and writer, buffers, arena, small parsers, and the
- * Prometheus text writer (exact bytes, and histograms observed from several threads). */
+ * Prometheus text writer (exact bytes, and histograms observed from several threads); its main
+ * also runs the tests of test_snapshot.c and test_fields.c. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,7 +16,9 @@
 #include <string.h>
 
 #include "common.h"
+#include "common_parts.h"
 #include "prom.h"
+#include "test_parts.h"
 
 static int parse(const char *text, kvg_arena *a, kvg_json **out)
 {
@@ -680,5 +683,10 @@ int main(void)
         cmocka_unit_test(test_prom_histogram_threads),
         cmocka_unit_test(test_prom_failed_buffer),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    const test_part parts[] = {
+        {tests, KVG_ARRAY_LEN(tests)},
+        {snapshot_tests, snapshot_tests_count},
+        {fields_tests, fields_tests_count},
+    };
+    return run_test_parts(parts, KVG_ARRAY_LEN(parts));
 }

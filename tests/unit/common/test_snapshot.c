@@ -13,6 +13,7 @@
 #include <stdlib.h>
 
 #include "common.h"
+#include "common_parts.h"
 #include "snapshot.h"
 
 /* A published object whose payload follows from its serial, so that a reader can tell a sound
@@ -249,13 +250,10 @@ static void test_threads(void **state)
     assert_int_equal(atomic_load(&freed), PUBLISHES + 1);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_refs),
-        cmocka_unit_test(test_publish),
-        cmocka_unit_test(test_cache),
-        cmocka_unit_test(test_threads),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+const struct CMUnitTest snapshot_tests[] = {
+    cmocka_unit_test(test_refs),
+    cmocka_unit_test(test_publish),
+    cmocka_unit_test(test_cache),
+    cmocka_unit_test(test_threads),
+};
+const size_t snapshot_tests_count = KVG_ARRAY_LEN(snapshot_tests);

@@ -984,10 +984,12 @@ static void test_config(void **state)
         assert_config_equal(&cfg, &before);
     }
     assert_int_equal(kvg_policy_config_apply_json(&cfg, NULL, NULL, 0), KVG_EPARSE);
-    /* the last of repeated members wins, as everywhere in kvgate's JSON */
+    /* a repeated member is an error, as at every entry point, and changes nothing */
     assert_int_equal(
-        apply(&cfg, "{\"policy\":\"random\",\"policy\":\"least_loaded\"}", msg, sizeof(msg)), 0);
-    assert_int_equal(cfg.kind, KVG_POLICY_LEAST_LOADED);
+        apply(&cfg, "{\"policy\":\"random\",\"policy\":\"least_loaded\"}", msg, sizeof(msg)),
+        KVG_EPARSE);
+    assert_string_equal(msg, "policy: appears more than once");
+    assert_config_equal(&cfg, &before);
     kvg_buf_done(&b);
 }
 

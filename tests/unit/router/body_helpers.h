@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "router.h"
+#include "test_parts.h"
 
 #define SALT "s4lt_0123456789-ABCDEFGHIJKLMNOPQRSTUVWXYZabc"
 
@@ -42,9 +43,7 @@ typedef struct bad_case {
 
 /* The tests of test_body_lex.c and test_body_canon.c, which test_body.c's main runs with its own
  * (test_parts.h). */
-extern const struct CMUnitTest body_lex_tests[];
-extern const size_t body_lex_tests_count;
-extern const struct CMUnitTest body_canon_tests[];
-extern const size_t body_canon_tests_count;
+TEST_PART_DECLARE(body_lex_tests);
+TEST_PART_DECLARE(body_canon_tests);
 
 #endif

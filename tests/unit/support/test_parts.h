@@ -17,6 +17,11 @@ typedef struct test_part {
     size_t count;
 } test_part;
 
+/* For the main file: the declaration of another file's part, TEST_PART_DECLARE(worker_tests);. */
+#define TEST_PART_DECLARE(name)                                                                    \
+    extern const struct CMUnitTest name[];                                                         \
+    extern const size_t name##_count
+
 /** Run the parts' tests in order as one group named "tests", as cmocka_run_group_tests(tests,
  *  NULL, NULL) would for one array. Returns what it returns: the number of failed tests (or 1
  *  when memory runs out before any test ran). */
