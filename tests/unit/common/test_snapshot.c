@@ -178,7 +178,9 @@ static void *read_loop(void *p)
     kvg_snapshot_cache_init(&cache, r->slot);
     kvg_snapshot *long_held = kvg_snapshot_slot_acquire(r->slot);
     uint64_t last = 0;
-    while (!atomic_load_explicit(r->stop, memory_order_relaxed)) {
+    /* At least one round, even when the writer was done before this thread first ran (a
+     * loaded machine with two cores). */
+    do {
         /* Read the number, then acquire: at least that snapshot. */
         uint64_t g = kvg_snapshot_slot_generation(r->slot);
         kvg_snapshot *s = kvg_snapshot_slot_acquire(r->slot);
@@ -209,7 +211,7 @@ static void *read_loop(void *p)
             kvg_snapshot_unref(long_held);
             long_held = kvg_snapshot_slot_acquire(r->slot);
         }
-    }
+    } while (!atomic_load_explicit(r->stop, memory_order_relaxed));
     kvg_snapshot_unref(long_held);
     kvg_snapshot_cache_done(&cache);
     return NULL;
