@@ -584,6 +584,10 @@ static int add_flag_worker(kvg_config *cfg, const char *arg, char *err, size_t e
                         .copy_strings = true,
                         .msg = msg,
                         .msg_len = sizeof(msg)};
+    /* Items set once, as members of a JSON object are: a repeat is the walker's
+     * "appears more than once", not a silent last-one-wins. List items (model=) append. */
+    const kvg_field *seen[32];
+    size_t nseen = 0;
     while (comma) {
         const char *item = comma + 1;
         comma = strchr(item, ',');
@@ -594,6 +598,18 @@ static int add_flag_worker(kvg_config *cfg, const char *arg, char *err, size_t e
             return KVG_ECONFIG;
         }
         size_t klen = (size_t)(val - item);
+        const kvg_field *f = kvg_fields_find(&kvg_worker_fields, item, klen);
+        if (f && f->type != KVG_FIELD_STRINGS) {
+            for (size_t i = 0; i < nseen; i++) {
+                if (seen[i] == f) {
+                    snprintf(err, err_len, "--worker %s (%.*s): %s: appears more than once",
+                             w->name, (int)len, item, f->name);
+                    return KVG_ECONFIG;
+                }
+            }
+            if (nseen < KVG_ARRAY_LEN(seen))
+                seen[nseen++] = f;
+        }
         int rc =
             kvg_fields_set_text(&kvg_worker_fields, w, item, klen, val + 1, len - klen - 1, "", &c);
         if (rc == -ENOMEM)

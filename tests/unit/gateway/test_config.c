@@ -254,6 +254,13 @@ static void test_flags(void **state)
     assert_int_equal(kvg_config_parse_args(&cfg, 3, bad2, &action, err, sizeof(err)), KVG_ECONFIG);
     kvg_config_done(&cfg);
 
+    /* An item set twice is refused as a repeated JSON member is; list items append. */
+    kvg_config_init(&cfg);
+    char *twice[] = {"kvgate", "--worker", "w1=http://x:1,kv_blocks=1,kv_blocks=2", NULL};
+    assert_int_equal(kvg_config_parse_args(&cfg, 3, twice, &action, err, sizeof(err)), KVG_ECONFIG);
+    assert_string_equal(err, "--worker w1 (kv_blocks=2): kv_blocks: appears more than once");
+    kvg_config_done(&cfg);
+
     kvg_config_init(&cfg);
     char *bad3[] = {"kvgate", "--nope", NULL};
     assert_int_equal(kvg_config_parse_args(&cfg, 2, bad3, &action, err, sizeof(err)), KVG_ECONFIG);
