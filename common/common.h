@@ -257,6 +257,8 @@ size_t kvg_fmt_u64(char *buf, uint64_t v);
 /** base64url (RFC 4648 section 5) of len bytes without padding, NUL-terminated in out, which
  *  has room for 4 * ceil(len / 3) + 1 bytes; returns the length. */
 size_t kvg_base64url(const uint8_t *in, size_t len, char *out);
+/** Value of one hex digit (either case), or -1. */
+int kvg_hex_digit(int c);
 /** Write v as 16 lowercase hex digits to buf (not NUL-terminated). */
 void kvg_fmt_hex64(char *buf, uint64_t v);
 /** Whether a list of model names admits model: an empty list admits every model, as does a

@@ -95,24 +95,13 @@ static kvg_json *new_node(parser *ps, kvg_json_type t)
     return v;
 }
 
-static int hexval(unsigned char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 static int read_hex4(parser *ps, unsigned *out)
 {
     if (ps->end - ps->p < 4)
         return fail(ps, KVG_EPARSE, "truncated \\u escape");
     unsigned v = 0;
     for (int i = 0; i < 4; i++) {
-        int h = hexval(ps->p[i]);
+        int h = kvg_hex_digit(ps->p[i]);
         if (h < 0)
             return fail(ps, KVG_EPARSE, "bad hex digit in \\u escape");
         v = v << 4 | (unsigned)h;

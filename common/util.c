@@ -96,6 +96,17 @@ bool kvg_strncaseeq(const char *a, size_t alen, const char *b, size_t blen)
     return true;
 }
 
+int kvg_hex_digit(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
 bool kvg_models_admit(const char *const *list, size_t n, const char *model)
 {
     if (!model || n == 0)

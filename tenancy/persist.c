@@ -50,17 +50,6 @@ static int check_key_id(const void *value, char *why, size_t len)
     return KVG_EPARSE;
 }
 
-static int hex_value(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 static int decode_sha256(void *target, const kvg_json *v, const char *path, kvg_fields_ctx *c)
 {
     kvg_key_info *key = target;
@@ -71,7 +60,7 @@ static int decode_sha256(void *target, const kvg_json *v, const char *path, kvg_
     if (v->u.str.len != 2 * KVG_KEY_DIGEST_LEN)
         return kvg_fields_fail(c, KVG_FIELD_INVALID, path, "must be 64 hex digits");
     for (size_t b = 0; b < KVG_KEY_DIGEST_LEN; b++) {
-        int hi = hex_value(s[2 * b]), lo = hex_value(s[2 * b + 1]);
+        int hi = kvg_hex_digit(s[2 * b]), lo = kvg_hex_digit(s[2 * b + 1]);
         if (hi < 0 || lo < 0)
             return kvg_fields_fail(c, KVG_FIELD_INVALID, path, "must be 64 hex digits");
         key->digest[b] = (uint8_t)(hi << 4 | lo);
