@@ -215,11 +215,13 @@ static int parse_string(parser *ps, char **out, size_t *out_len)
             o[n++] = '\t';
             break;
         case 'u': {
-            unsigned cp;
+            /* Set by read_hex4 on success; initialised because -O3 cannot see that fail()
+             * always returns a negative code (a release build warned). */
+            unsigned cp = 0;
             if (read_hex4(ps, &cp) < 0)
                 return ps->rc;
             if (cp >= 0xD800 && cp <= 0xDBFF) {
-                unsigned lo;
+                unsigned lo = 0;
                 if (stop - ps->p < 6 || ps->p[0] != '\\' || ps->p[1] != 'u')
                     return fail(ps, KVG_EPARSE, "unpaired surrogate in \\u escape");
                 ps->p += 2;
