@@ -640,6 +640,20 @@ static int add_flag_listener(kvg_listener_config *ls, size_t *n, bool *given, co
     return rc;
 }
 
+/* Flags that set one top-level field of the config file, decoded through its table (so with
+ * the file's checks and messages, named by the flag). */
+static const struct {
+    int opt;
+    const char *flag, *field;
+} field_flags[] = {
+    {OPT_STATE, "--state", "state_dir"},
+    {OPT_THREADS, "--threads", "threads"},
+    {OPT_ACCESS_LOG, "--access-log", "access_log"},
+    {OPT_LOG_LEVEL, "--log-level", "log_level"},
+    {OPT_PORT_FILE, "--port-file", "port_file"},
+    {OPT_AUTH, "--auth", "auth"},
+};
+
 int kvg_config_parse_args(kvg_config *cfg, int argc, char **argv, kvg_config_action *action,
                           char *err, size_t err_len)
 {
@@ -680,12 +694,6 @@ int kvg_config_parse_args(kvg_config *cfg, int argc, char **argv, kvg_config_act
             rc = add_flag_listener(cfg->admin_listeners, &cfg->nadmin_listeners, &admin_given,
                                    "--admin-listen", optarg, err, err_len);
             break;
-        case OPT_STATE:
-            rc = flag_set(cfg, "--state", "state_dir", optarg, err, err_len);
-            break;
-        case OPT_THREADS:
-            rc = flag_set(cfg, "--threads", "threads", optarg, err, err_len);
-            break;
         case OPT_WORKER:
             /* Flag workers replace the file's list, like every other flag overrides it. */
             if (!flag_workers) {
@@ -695,29 +703,25 @@ int kvg_config_parse_args(kvg_config *cfg, int argc, char **argv, kvg_config_act
             }
             rc = add_flag_worker(cfg, optarg, err, err_len);
             break;
-        case OPT_ACCESS_LOG:
-            rc = flag_set(cfg, "--access-log", "access_log", optarg, err, err_len);
-            break;
-        case OPT_LOG_LEVEL:
-            rc = flag_set(cfg, "--log-level", "log_level", optarg, err, err_len);
-            break;
-        case OPT_PORT_FILE:
-            rc = flag_set(cfg, "--port-file", "port_file", optarg, err, err_len);
-            break;
         case OPT_TLS_CERT:
             tls_cert = optarg;
-            break;
-        case OPT_AUTH:
-            rc = flag_set(cfg, "--auth", "auth", optarg, err, err_len);
             break;
         case OPT_TLS_KEY:
             tls_key = optarg;
             break;
-        default:
+        default: {
+            size_t i = 0;
+            while (i < KVG_ARRAY_LEN(field_flags) && field_flags[i].opt != opt)
+                i++;
+            if (i < KVG_ARRAY_LEN(field_flags)) {
+                rc = flag_set(cfg, field_flags[i].flag, field_flags[i].field, optarg, err, err_len);
+                break;
+            }
             snprintf(err, err_len, "unknown or incomplete option '%s' (see --help)",
                      argv[optind - 1]);
             rc = KVG_ECONFIG;
             break;
+        }
         }
     }
     if (rc == 0 && optind < argc) {
