@@ -445,6 +445,157 @@ uint64_t kvg_index_worker_entries(kvg_prefix_index *idx, uint64_t worker_id);
  *  kvgate_index_inserts_total and kvgate_index_worker_entries{worker} with HELP and TYPE. */
 void kvg_index_write_metrics(kvg_prefix_index *idx, kvg_buf *out);
 
+/* ---- Redis: the shared prefix map of replicated gateways ----------------------------------- */
+
+/*
+ * With a Redis URL the prefix map lives in Redis, shared by every gateway replica (the
+ * embedded index goes on learning beside it, for the decisions Redis cannot answer in time).
+ * Three parts, docs/redis.md has the whole picture:
+ *  - kvg_redis, one per gateway: the URL, and a topology thread that finds out with blocking
+ *    calls, off every event loop, which server is the primary (standalone, or the one the
+ *    Sentinels name) or which primary owns which slot (Cluster), and publishes that as a
+ *    snapshot. Event loops only ever connect to addresses it has resolved.
+ *  - kvg_redis_client, one per event loop: a connection per primary carrying the prefix map's
+ *    lookups and records asynchronously (hiredis on the loop, through its libevent adapter).
+ *    Commands in flight are bounded; a connection whose oldest command goes unanswered too
+ *    long is dropped; reconnects back off.
+ *  - blocking connections for the shared state (admin/), on threads allowed to block.
+ */
+typedef struct kvg_redis kvg_redis;
+typedef struct kvg_redis_client kvg_redis_client;
+typedef struct kvg_redis_op kvg_redis_op;
+struct event_base;
+struct redisContext;
+
+typedef enum kvg_redis_mode {
+    KVG_REDIS_STANDALONE = 0, /* redis://: one server */
+    KVG_REDIS_SENTINEL,       /* redis-sentinel://: the primary the Sentinels name */
+    KVG_REDIS_CLUSTER,        /* redis:// to a node that says cluster_enabled:1 */
+    KVG_REDIS_MODE_COUNT,
+} kvg_redis_mode;
+
+const char *kvg_redis_mode_str(kvg_redis_mode m);
+
+#define KVG_REDIS_SEEDS_MAX 16
+#define KVG_REDIS_HOST_MAX 256
+
+typedef struct kvg_redis_seed {
+    char host[KVG_REDIS_HOST_MAX]; /* name or address, IPv6 without brackets */
+    uint16_t port;
+} kvg_redis_seed;
+
+/* A parsed Redis URL. */
+typedef struct kvg_redis_url {
+    kvg_redis_mode mode; /* STANDALONE (redis://) or SENTINEL (redis-sentinel://) */
+    char user[128];      /* "" = none: AUTH with the password alone */
+    char password[256];  /* "" = no AUTH */
+    kvg_redis_seed seeds[KVG_REDIS_SEEDS_MAX];
+    size_t nseeds;    /* redis://: 1; redis-sentinel://: the Sentinels */
+    uint32_t db;      /* redis://host/N (standalone only; a cluster has db 0 alone) */
+    char master[128]; /* redis-sentinel://: the name the Sentinels know the primary by */
+} kvg_redis_url;
+
+/** Parse redis://[[user]:password@]host[:port][/db] (port 6379, db 0..65535) or
+ *  redis-sentinel://[[user]:password@]host[:port][,host[:port]...]/master-name (port 26379,
+ *  1..KVG_REDIS_SEEDS_MAX Sentinels; the credentials are the primary's). Hosts are names,
+ *  IPv4 addresses or bracketed IPv6 addresses; user and password are percent-decoded.
+ *  Returns 0, or KVG_EPARSE with a message naming what is wrong written to msg (may be NULL);
+ *  out is written on success only. */
+int kvg_redis_url_parse(const char *url, kvg_redis_url *out, char *msg, size_t msg_len);
+/** Write u back as a URL (always NUL-terminated, truncated to len), its password as "***"
+ *  when redact: for logs, /readyz and metrics. */
+void kvg_redis_url_format(const kvg_redis_url *u, bool redact, char *out, size_t len);
+
+typedef struct kvg_redis_config {
+    const char *url;               /* required (copied) */
+    const char *prefix;            /* starts every key and channel (copied); NULL = "kvg" */
+    uint32_t connect_timeout_ms;   /* a connection (TCP and the handshake); 0 = 1000 */
+    uint32_t command_timeout_ms;   /* a connection whose oldest command is unanswered this long
+                                      is dropped and made again; 0 = 1000 */
+    uint32_t max_inflight;         /* commands in flight per connection; past it a command is
+                                      refused at once (-EBUSY); 0 = 1024 */
+    uint32_t reconnect_max_ms;     /* reconnect backoff: 50 ms doubling to this, jittered; 0 =
+                                      2000 */
+    uint32_t topology_interval_ms; /* the topology thread checks this often (Sentinel's answer,
+                                      the slot map, the primary's role); 0 = 1000 */
+    uint64_t entry_ttl_ms;         /* a worker's map entries expire this long after its last
+                                      record (so do a removed worker's); 0 = 24 h */
+    unsigned nclients;             /* event loops that will make a client (for metrics); 0 = 1 */
+} kvg_redis_config;
+
+/** Parse the URL and start the topology thread; nothing is waited for (see
+ *  kvg_redis_wait_topology). 0, KVG_EPARSE (the URL, see msg), -EINVAL (cfg or url NULL, a
+ *  value out of range) or -ENOMEM / -errno (thread creation). */
+int kvg_redis_new(const kvg_redis_config *cfg, kvg_redis **out, char *msg, size_t msg_len);
+/** Stop the topology thread and free. Every client must have been freed first. NULL: no-op. */
+void kvg_redis_free(kvg_redis *r);
+/** Wait until the topology thread has reached a primary (and, for Cluster, read the slot
+ *  map), at most timeout_ms. 0, or -ETIMEDOUT with the last error ("127.0.0.1:6379: Connection
+ *  refused") in msg. Any thread except an event loop's. */
+int kvg_redis_wait_topology(kvg_redis *r, uint32_t timeout_ms, char *msg, size_t msg_len);
+/** Ask the topology thread to check again now (a redirect, a lost primary). Coalesced with
+ *  other requests; returns at once. Any thread. */
+void kvg_redis_refresh_topology(kvg_redis *r);
+/** The mode found (SENTINEL and STANDALONE as the URL says; CLUSTER once a node said so). */
+kvg_redis_mode kvg_redis_mode_of(kvg_redis *r);
+/** The key prefix (config prefix, default "kvg"). */
+const char *kvg_redis_prefix(const kvg_redis *r);
+/** False when Redis is degraded (no primary known, or no client connected to every primary
+ *  it needs), with one line saying why in why ("no connection to 127.0.0.1:6379: Connection
+ *  refused"); true and why "" when all is well. For /readyz's detail: a degraded Redis does
+ *  not make the gateway unready (decisions fall back). Thread-safe. */
+bool kvg_redis_healthy(kvg_redis *r, char *why, size_t len);
+/** Append the client's series: kvgate_redis_connections{state}, kvgate_redis_reconnects_total,
+ *  kvgate_redis_redirects_total{kind}, kvgate_redis_topology_changes_total,
+ *  kvgate_redis_commands_dropped_total{reason}, and the prefix map's
+ *  kvgate_redis_lookup_seconds, kvgate_redis_record_seconds (round trips),
+ *  kvgate_redis_lookups_total{outcome}, kvgate_redis_records_total{outcome}. */
+void kvg_redis_write_metrics(kvg_redis *r, kvg_buf *out);
+
+/** A blocking connection to the primary that owns slot_key's hash slot (any primary when
+ *  slot_key is NULL), authenticated and on the URL's db, with timeout_ms as its connect and
+ *  command timeout: for the shared state, on threads that may block. Waits for the topology
+ *  up to timeout_ms. 0 and *out (the caller frees it with redisFree), or -ETIMEDOUT /
+ *  -ECONNREFUSED / KVG_EPROTO (AUTH or SELECT refused) / -ENOMEM with msg. Any thread except
+ *  an event loop's. */
+int kvg_redis_connect_blocking(kvg_redis *r, const char *slot_key, size_t slot_key_len,
+                               uint32_t timeout_ms, struct redisContext **out, char *msg,
+                               size_t msg_len);
+
+/** A client on base (an event loop that must outlive it), used only from that loop's thread.
+ *  It connects to the primaries in the background. 0, -ENOMEM. */
+int kvg_redis_client_new(kvg_redis *r, struct event_base *base, kvg_redis_client **out);
+/** Close the client's connections; callbacks of operations still pending are not called.
+ *  From the loop's thread. NULL: no-op. */
+void kvg_redis_client_free(kvg_redis_client *c);
+
+/* The prefix map's operations: the same questions as kvg_index_match and kvg_index_record,
+ * answered by scripts in Redis in one round trip each. root names the chain's root (scope,
+ * model, block size: kvg_route_plan.root), a worker is named by kvg_worker_map_id. */
+
+/** Called once with the answer: status 0 and matched[i] for map_ids[i] (borrowed: copy what
+ *  you keep), or a negative code and matched NULL: -ENOTCONN (no ready connection),
+ *  -EBUSY (too many commands in flight), -ECONNRESET (the connection went while waiting),
+ *  -ETIMEDOUT (the connection was dropped for not answering), KVG_EPROTO (an error reply or a
+ *  malformed one). Runs on the client's loop. */
+typedef void kvg_map_lookup_cb(void *ud, int status, const uint32_t *matched, size_t n);
+
+/** Ask for each worker's matched depth of keys (a chain, as for kvg_index_match). 0 and *op
+ *  (the handle kvg_redis_op_cancel takes, valid until cb runs or the op is cancelled), with cb
+ *  called later, never from inside this call; or a negative code as cb would get, cb never
+ *  called. From the client's loop. */
+int kvg_map_lookup(kvg_redis_client *c, uint64_t root, const uint64_t *keys, size_t nkeys,
+                   const uint64_t *map_ids, size_t nworkers, kvg_map_lookup_cb *cb, void *ud,
+                   kvg_redis_op **op);
+/** Forget a pending operation: its callback will not be called. The command may still run in
+ *  Redis; its slot in the bound on commands in flight is freed by its reply. */
+void kvg_redis_op_cancel(kvg_redis_op *op);
+/** Record that worker map_id now holds keys (most recent first, LRU capacity blocks, as
+ *  kvg_index_record), without waiting for the answer (counted in the metrics). 0, or -ENOTCONN,
+ *  -EBUSY (not sent). From the client's loop. */
+int kvg_map_record(kvg_redis_client *c, uint64_t root, uint64_t map_id, uint32_t capacity,
+                   const uint64_t *keys, size_t nkeys);
+
 /* ---- routing decisions ------------------------------------------------------------------------
  */
 
