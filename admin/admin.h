@@ -42,6 +42,10 @@ typedef struct kvg_admin_config {
     /* How old the engines' scraped load may be for route explain to use it (the gateway's
      * 3 x scrape.interval_ms); 0 = scraping off: explain shows waiting 0. */
     uint64_t engine_load_max_age_ns;
+    /* Redis (borrowed; must outlive the admin), when the gateway shares its state and prefix
+     * map with other replicas: its series join /metrics, and /readyz names what is degraded
+     * (a degraded Redis does not make the gateway unready: decisions fall back). NULL: none. */
+    kvg_redis *redis;
     /* The server secret (borrowed), for the scope salt of an explained request. */
     const uint8_t *secret;
     size_t secret_len;

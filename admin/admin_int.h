@@ -30,6 +30,7 @@ struct kvg_admin {
     char *audit_path;         /* NULL: audit lines only in the error log */
     size_t tenant_label_cap;
     kvg_router *router; /* NULL: no route explain */
+    kvg_redis *redis;   /* NULL: a gateway on its own */
     uint64_t engine_load_max_age_ns;
     uint8_t secret[64]; /* copy of the server secret, for explained scope salts */
     size_t secret_len;

@@ -2,6 +2,7 @@
 /* Liveness, readiness and the Prometheus scrape endpoint. */
 #include "admin_int.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "prom.h"
@@ -37,15 +38,22 @@ void kvg_admin_readyz(admin_ctx *c)
         else if (!any)
             reason = "no worker is up and accepting requests";
     }
-    if (!reason) {
-        kvg_admin_json(c->resp, 200);
-        kvg_buf_puts(&c->resp->body, "{\"status\":\"ready\"}");
-        return;
+    /* What works less well than it should without stopping the gateway from serving. */
+    char why[300] = "";
+    char degraded[400] = "";
+    if (admin->redis && !kvg_redis_healthy(admin->redis, why, sizeof(why)))
+        snprintf(degraded, sizeof(degraded), "redis degraded: %s", why);
+    kvg_buf *b = &c->resp->body;
+    kvg_admin_json(c->resp, reason ? 503 : 200);
+    kvg_buf_puts(b, reason ? "{\"status\":\"not ready\",\"reason\":" : "{\"status\":\"ready\"");
+    if (reason)
+        kvg_buf_json_string(b, reason, strlen(reason));
+    if (degraded[0]) {
+        kvg_buf_puts(b, ",\"degraded\":[");
+        kvg_buf_json_string(b, degraded, strlen(degraded));
+        kvg_buf_putc(b, ']');
     }
-    kvg_admin_json(c->resp, 503);
-    kvg_buf_puts(&c->resp->body, "{\"status\":\"not ready\",\"reason\":");
-    kvg_buf_json_string(&c->resp->body, reason, strlen(reason));
-    kvg_buf_putc(&c->resp->body, '}');
+    kvg_buf_putc(b, '}');
 }
 
 void kvg_admin_metrics(admin_ctx *c)
@@ -67,6 +75,8 @@ void kvg_admin_metrics(admin_ctx *c)
         kvg_tenants_write_metrics(admin->tenants, admin->tenant_label_cap, &resp->body);
     if (admin->router)
         kvg_router_write_metrics(admin->router, &resp->body);
+    if (admin->redis)
+        kvg_redis_write_metrics(admin->redis, &resp->body);
     if (admin->policy) {
         kvg_policy_config pc;
         kvg_policy_state_get(admin->policy, &pc);

@@ -281,6 +281,48 @@ static const kvg_field scrape_fields[] = {
 static const kvg_fields scrape_table = {"scrape", scrape_fields, KVG_ARRAY_LEN(scrape_fields),
                                         check_scrape};
 
+/* The URL is parsed when the file is read, so that --check-config and start-up refuse a bad
+ * one with the parser's own message. */
+static int check_redis(const void *target, char *why, size_t len)
+{
+    const kvg_redis_settings *rs = target;
+    if (!rs->url)
+        return 0;
+    kvg_redis_url u;
+    char msg[200];
+    if (kvg_redis_url_parse(rs->url, &u, msg, sizeof(msg)) == 0)
+        return 0;
+    snprintf(why, len, "url: %s", msg);
+    return KVG_EPARSE;
+}
+
+static const kvg_field redis_fields[] = {
+    {.name = "url",
+     .type = KVG_FIELD_STRING,
+     .set_in = KVG_SET_CONFIG | KVG_SET_FLAG,
+     .flags = KVG_FIELD_NONEMPTY,
+     .offset = offsetof(kvg_redis_settings, url)},
+    {.name = "prefix",
+     .type = KVG_FIELD_STRING,
+     .set_in = KVG_SET_CONFIG,
+     .flags = KVG_FIELD_NONEMPTY,
+     .offset = offsetof(kvg_redis_settings, prefix),
+     .max = 64,
+     .def.s = "kvg"},
+    U32_FIELD(kvg_redis_settings, lookup_timeout_ms, 1, 10000, 5),
+    U32_FIELD(kvg_redis_settings, connect_timeout_ms, 10, 60000, 1000),
+    U32_FIELD(kvg_redis_settings, command_timeout_ms, 10, 60000, 1000),
+    U32_FIELD(kvg_redis_settings, max_inflight, 1, 1000000, 1024),
+    U32_FIELD(kvg_redis_settings, reconnect_max_ms, 50, 600000, 2000),
+    U32_FIELD(kvg_redis_settings, topology_interval_ms, 100, 600000, 1000),
+    U32_FIELD(kvg_redis_settings, entry_ttl_s, 1, 31536000, 86400),
+    U32_FIELD(kvg_redis_settings, startup_timeout_ms, 0, 3600000, 10000),
+    U32_FIELD(kvg_redis_settings, sync_interval_ms, 100, 600000, 1000),
+};
+
+static const kvg_fields redis_table = {"redis", redis_fields, KVG_ARRAY_LEN(redis_fields),
+                                       check_redis};
+
 /* "workers": replaces the workers before it; each through the worker's table. */
 static int decode_workers(void *target, const kvg_json *v, const char *path, kvg_fields_ctx *c)
 {
@@ -373,6 +415,11 @@ static const kvg_field config_fields[] = {
     SECTION(upstream),
     SECTION(health),
     SECTION(scrape),
+    {.name = "redis",
+     .type = KVG_FIELD_OBJECT,
+     .set_in = KVG_SET_CONFIG | KVG_SET_FLAG,
+     .offset = offsetof(kvg_config, redis),
+     .object = &redis_table},
     {.name = "workers",
      .type = KVG_FIELD_CUSTOM,
      .set_in = KVG_SET_CONFIG,
@@ -479,6 +526,9 @@ void kvg_config_usage(FILE *out)
             "                             cache_salt=off for engines without that field)\n"
             "      --auth keys|open       require API keys (default) or serve anyone (one\n"
             "                             tenant; only for single-tenant deployments)\n"
+            "      --redis URL            share the prefix map and the state with other\n"
+            "                             replicas: redis://[[user]:password@]host:port[/db]\n"
+            "                             or redis-sentinel://host:port[,host:port...]/master\n"
             "      --access-log PATH      JSON access log: a file, '-' for stdout, 'off'\n"
             "      --log-level LEVEL      error, warn, info (default) or debug\n"
             "      --port-file FILE       write the bound ports here once listening\n"
@@ -503,6 +553,7 @@ enum {
     OPT_TLS_CERT,
     OPT_TLS_KEY,
     OPT_AUTH,
+    OPT_REDIS,
 };
 
 static const struct option long_opts[] = {
@@ -519,6 +570,7 @@ static const struct option long_opts[] = {
     {"tls-cert", required_argument, NULL, OPT_TLS_CERT},
     {"tls-key", required_argument, NULL, OPT_TLS_KEY},
     {"auth", required_argument, NULL, OPT_AUTH},
+    {"redis", required_argument, NULL, OPT_REDIS},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, 'V'},
     {NULL, 0, NULL, 0},
@@ -652,6 +704,7 @@ static const struct {
     {OPT_LOG_LEVEL, "--log-level", "log_level"},
     {OPT_PORT_FILE, "--port-file", "port_file"},
     {OPT_AUTH, "--auth", "auth"},
+    {OPT_REDIS, "--redis", "redis.url"},
 };
 
 int kvg_config_parse_args(kvg_config *cfg, int argc, char **argv, kvg_config_action *action,
@@ -748,6 +801,12 @@ int kvg_config_validate(const kvg_config *cfg, char *err, size_t err_len)
         snprintf(err, err_len,
                  "limits.body_budget_mib must hold one body of limits.body_bytes "
                  "twice (the body and its rewritten copy)");
+        return KVG_ECONFIG;
+    }
+    /* The section's check runs when the file is read; --redis sets the URL alone. */
+    char why[240];
+    if (check_redis(&cfg->redis, why, sizeof(why)) < 0) {
+        snprintf(err, err_len, "redis.%s", why);
         return KVG_ECONFIG;
     }
     const kvg_listener_config *groups[2] = {cfg->listeners, cfg->admin_listeners};

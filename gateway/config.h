@@ -64,6 +64,22 @@ typedef struct kvg_scrape_config {
     char path[128];
 } kvg_scrape_config;
 
+/* Redis, for replicated gateways (docs/redis.md). url NULL: the embedded index and the state
+ * file, as a single gateway. Read at start; a reload does not change them. */
+typedef struct kvg_redis_settings {
+    char *url;                     /* redis://... or redis-sentinel://... (the --redis flag) */
+    char *prefix;                  /* starts every key and channel */
+    uint32_t lookup_timeout_ms;    /* a decision waits this long for Redis, then falls back */
+    uint32_t connect_timeout_ms;   /* a connection, handshake included */
+    uint32_t command_timeout_ms;   /* a connection whose oldest command waits this long goes */
+    uint32_t max_inflight;         /* commands in flight per connection */
+    uint32_t reconnect_max_ms;     /* reconnect backoff ceiling */
+    uint32_t topology_interval_ms; /* the primary / slot map re-checked this often */
+    uint32_t entry_ttl_s;          /* a worker's map entries outlive its last record this long */
+    uint32_t startup_timeout_ms;   /* at start, wait this long for Redis, then refuse to start */
+    uint32_t sync_interval_ms;     /* the shared state's version is checked this often */
+} kvg_redis_settings;
+
 /* A worker of the config file or of --worker: the registry's definition (router.h), with its
  * strings in the config's arena. */
 typedef kvg_worker_def kvg_config_worker;
@@ -98,6 +114,7 @@ typedef struct kvg_config {
     kvg_upstream_config upstream;
     kvg_health_config health;
     kvg_scrape_config scrape;
+    kvg_redis_settings redis;
     kvg_config_worker *workers;
     size_t nworkers;
 } kvg_config;

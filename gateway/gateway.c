@@ -317,6 +317,39 @@ static unsigned default_threads(void)
     return n > 0 ? (unsigned)n : 1;
 }
 
+/* The shared prefix map and state: a replica starts from Redis, so it waits for it (up to
+ * redis.startup_timeout_ms) rather than serve with a state the others do not share. */
+static int connect_redis(kvg_gateway *gw)
+{
+    const kvg_redis_settings *rs = &gw->cfg.redis;
+    kvg_redis_config rcfg = {
+        .url = rs->url,
+        .prefix = rs->prefix,
+        .connect_timeout_ms = rs->connect_timeout_ms,
+        .command_timeout_ms = rs->command_timeout_ms,
+        .max_inflight = rs->max_inflight,
+        .reconnect_max_ms = rs->reconnect_max_ms,
+        .topology_interval_ms = rs->topology_interval_ms,
+        .entry_ttl_ms = (uint64_t)rs->entry_ttl_s * 1000,
+        .nclients = gw->nthreads,
+    };
+    char msg[512] = "";
+    int rc = kvg_redis_new(&rcfg, &gw->redis, msg, sizeof(msg));
+    if (rc < 0) {
+        kvg_log_error("redis: %s", msg[0] ? msg : kvg_strerror(rc));
+        return rc;
+    }
+    rc = kvg_redis_wait_topology(gw->redis, rs->startup_timeout_ms, msg, sizeof(msg));
+    if (rc < 0) {
+        kvg_log_error("cannot reach Redis within redis.startup_timeout_ms (%u ms): %s",
+                      rs->startup_timeout_ms, msg);
+        return rc;
+    }
+    kvg_log_info("redis: %s mode, prefix \"%s\"", kvg_redis_mode_str(kvg_redis_mode_of(gw->redis)),
+                 kvg_redis_prefix(gw->redis));
+    return 0;
+}
+
 /* Tenancy, policy, the secret, the prefix index and the admin API with its state file. The
  * admin token is the caller's (NULL: the config's tokens). */
 static int build_state(kvg_gateway *gw, char *token)
@@ -340,6 +373,10 @@ static int build_state(kvg_gateway *gw, char *token)
         };
         rc = kvg_router_new(&icfg, &gw->router);
     }
+    if (rc == 0 && gw->cfg.redis.url) {
+        step = "Redis";
+        rc = connect_redis(gw);
+    }
     if (rc < 0) {
         kvg_log_error("cannot set up %s: %s", step, kvg_strerror(rc));
         return rc;
@@ -360,6 +397,7 @@ static int build_state(kvg_gateway *gw, char *token)
         .audit_path = strcmp(audit, "off") == 0 ? NULL : audit,
         .tenant_label_cap = gw->cfg.tenant_metrics_max,
         .router = gw->router,
+        .redis = gw->redis,
         .engine_load_max_age_ns = kvg_scrape_max_age_ns(gw),
         .secret = gw->secret,
         .secret_len = gw->secret_len,
@@ -570,6 +608,7 @@ void kvg_gateway_free(kvg_gateway *gw)
     if (gw->access_log_fd >= 0)
         close(gw->access_log_fd);
     kvg_admin_free(gw->admin);
+    kvg_redis_free(gw->redis); /* after the admin (its state sync) and the threads (clients) */
     kvg_router_free(gw->router);
     kvg_policy_state_free(gw->policy);
     kvg_tenants_free(gw->tenants);

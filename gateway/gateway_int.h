@@ -56,6 +56,7 @@ struct kvg_gateway {
     kvg_tenants *tenants;
     kvg_policy_state *policy;
     kvg_router *router; /* the prefix index and the decision metrics */
+    kvg_redis *redis;   /* the shared prefix map and state; NULL without --redis */
     kvg_admin *admin;
     uint8_t secret[64]; /* the server secret: scope salts are HMACs under it */
     size_t secret_len;
