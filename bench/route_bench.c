@@ -139,7 +139,7 @@ static uint64_t time_record(bench_ctx *c, kvg_worker *w, unsigned iters)
 {
     uint64_t t;
     MEDIAN_NS(t, iters, {
-        if (kvg_router_record(c->rt, w, &c->last, 0) < 0)
+        if (kvg_router_record(c->rt, NULL, w, &c->last, 0) < 0)
             exit(1);
     });
     return t;
@@ -171,7 +171,7 @@ static int decide_and_record(bench_ctx *c, const char *body, size_t len, kvg_wor
         kvg_router_decide(c->rt, c->set, &rq, &c->arena, &d) < 0)
         return -1;
     if (w)
-        kvg_router_record(c->rt, w, &d, 0);
+        kvg_router_record(c->rt, NULL, w, &d, 0);
     if (out)
         *out = d;
     return 0;
@@ -236,7 +236,7 @@ int main(int argc, char **argv)
                 whole.nkeys = KVG_MIN(whole.nkeys, (uint32_t)SHARED_BLOCKS);
                 for (size_t w = 0; w < counts[ci]; w++)
                     if (w != counts[ci] / 2)
-                        kvg_router_record(c.rt, kvg_worker_set_at(c.set, w), &whole, 0);
+                        kvg_router_record(c.rt, NULL, kvg_worker_set_at(c.set, w), &whole, 0);
             }
             /* Batches of about 20 ms. */
             unsigned iters = (unsigned)KVG_MAX(

@@ -7,8 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "policy.h"
+#include "decide.h"
 #include "gateway_int.h"
+#include "policy.h"
 #include "handlers.h"
 #include "probe.h"
 #include "tenancy.h"
@@ -34,7 +35,9 @@ typedef struct proxy_req {
     bool admitted;      /* holds one of the tenant's in-flight slots */
     kvg_body_info info;
     kvg_body_api api;          /* completions, chat or other: where the prompt is */
+    kvg_decide decide;         /* where the request goes, possibly after a Redis lookup */
     kvg_route_decision route;  /* valid once a worker is tried */
+    uint64_t parse_ns;         /* the body scan, for the decision's stage timings */
     uint32_t attempt_matched;  /* blocks the current worker was predicted to hold */
     kvg_usage_scan usage;      /* the engine's usage report, read from a 200 response */
     kvg_body_plan plan;        /* the body with the scope's cache_salt, as pieces */
@@ -53,6 +56,8 @@ typedef enum proxy_route {
 } proxy_route;
 
 static void try_next(proxy_req *r);
+static void forward(proxy_req *r);
+static void decided(kvg_decide *s, int rc);
 static struct evbuffer *body_for(proxy_req *r, kvg_worker *w, int *rc);
 
 static size_t path_len(const char *path)
@@ -105,6 +110,7 @@ static void record_usage(proxy_req *r)
 static void finish(proxy_req *r, int status)
 {
     kvg_exchange *x = r->x;
+    kvg_decide_cancel(&r->decide);
     release_worker(r);
     if (r->worker) {
         uint64_t now = kvg_now_ns();
@@ -202,7 +208,8 @@ static void up_head(void *ud, int status, const kvg_header *hdrs, size_t n, int6
     /* The engine took the request: it holds the prompt's blocks from now on (it computes them
      * before its first token). */
     if (status == 200)
-        kvg_router_record(x->thread->gw->router, r->worker, &r->route, r->attempt_matched);
+        kvg_router_record(x->thread->gw->router, x->thread->redis, r->worker, &r->route,
+                          r->attempt_matched);
     kvg_exchange_respond(x, status, content_length);
 }
 
@@ -535,12 +542,23 @@ static void on_body(kvg_exchange *x)
         .now_ns = parsed_at, /* for the age of scraped load: microseconds do not matter */
         .engine_load_max_age_ns = kvg_scrape_max_age_ns(gw),
     };
-    if (kvg_router_decide(gw->router, set, &rq, &x->arena, &r->route) < 0) {
+    r->parse_ns = parse_ns;
+    rc = kvg_decide_start(&r->decide, x, set, &rq, &r->route, decided);
+    if (rc == 1)
+        forward(r);
+    else if (rc < 0)
         fail(r, 500, "internal_error", "out of memory");
-        return;
-    }
-    r->route.stage_ns[KVG_ROUTE_STAGE_PARSE] = parse_ns;
+}
+
+/* The decision is made: answer what it rules out, then try the best worker. */
+static void forward(proxy_req *r)
+{
+    kvg_exchange *x = r->x;
+    kvg_gateway *gw = x->thread->gw;
+    r->route.stage_ns[KVG_ROUTE_STAGE_PARSE] = r->parse_ns;
     if (r->route.serving == 0) {
+        kvg_worker_set *set = kvg_thread_workers(x->thread);
+        const char *model = r->info.model;
         if (model && kvg_worker_set_count(set) > 0) {
             kvg_exchange_send_error(x, 404, "not_found_error", "The model `%s` does not exist.",
                                     model);
@@ -556,6 +574,15 @@ static void on_body(kvg_exchange *x)
     for (size_t i = 0; i < take; i++)
         r->cands[r->ncands++] = kvg_worker_ref(r->route.cands[i].worker);
     try_next(r);
+}
+
+static void decided(kvg_decide *s, int rc)
+{
+    proxy_req *r = KVG_CONTAINER_OF(s, proxy_req, decide);
+    if (rc < 0)
+        fail(r, 500, "internal_error", "out of memory");
+    else
+        forward(r);
 }
 
 /* Authenticate the request; NULL after answering 401 (open mode never gets here). Returns a

@@ -43,10 +43,11 @@ struct kvg_thread {
     kvg_snapshot_cache workers;
     kvg_snapshot_cache tenants;
     kvg_snapshot_cache policy;
-    uint64_t rng;         /* xorshift state for request ids */
-    kvg_buf scratch;      /* reused to compose heads without an allocation per request */
-    kvg_salt_cache salts; /* the scopes' cache salts this thread has computed */
-    bool draining;        /* shutdown: no new requests, close when idle */
+    uint64_t rng;            /* xorshift state for request ids */
+    kvg_buf scratch;         /* reused to compose heads without an allocation per request */
+    kvg_salt_cache salts;    /* the scopes' cache salts this thread has computed */
+    kvg_redis_client *redis; /* the shared prefix map on this loop; NULL without Redis */
+    bool draining;           /* shutdown: no new requests, close when idle */
     bool stopped;
 };
 

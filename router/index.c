@@ -903,6 +903,11 @@ static uint64_t capacity_sum(const kvg_prefix_index *idx)
     return KVG_MIN(sum, idx->max_entries);
 }
 
+uint32_t kvg_index_default_capacity(const kvg_prefix_index *idx)
+{
+    return idx->default_capacity;
+}
+
 void kvg_index_stats_get(kvg_prefix_index *idx, kvg_index_stats *out)
 {
     pthread_rwlock_rdlock(&idx->lock);

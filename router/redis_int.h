@@ -127,6 +127,11 @@ int redis_connect_handshake(const kvg_redis_url *url, const char *host, uint16_t
                             uint32_t timeout_ms, struct redisContext **out, char *msg,
                             size_t msg_len);
 
+/* ---- redis_client.c ---- */
+/** Stop waiting for a lookup whose caller's deadline passed: kvg_redis_op_cancel, counted as
+ *  a timeout in kvgate_redis_lookups_total. */
+void redis_lookup_timed_out(kvg_redis_op *op);
+
 /* ---- the scripts of the prefix map (redis_map.c) ---- */
 
 /* A Lua script sent with EVALSHA; the body goes with EVAL after a NOSCRIPT (a server that

@@ -81,6 +81,12 @@ int kvg_router_set_new(kvg_worker **workers, size_t n, kvg_worker_set **out)
     return 0;
 }
 
+kvg_worker_set *kvg_worker_set_ref(kvg_worker_set *set)
+{
+    kvg_snapshot_ref(&set->snap);
+    return set;
+}
+
 void kvg_worker_set_unref(kvg_worker_set *set)
 {
     if (set)

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Routing decisions: block keys from the prefix stream, a lookup in the prefix index for every
  * eligible worker, the policy's ranking; and the metrics of the decisions taken. */
+#include "redis_int.h"
 #include "router_int.h"
 
 #include <errno.h>
@@ -8,6 +9,8 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <xxhash.h>
 
 /* Decision latency buckets (upper bounds, ns): a decision takes microseconds; the top buckets
  * catch a pathological body or a stalled lock. The sum in nanoseconds: decisions are short. */
@@ -114,8 +117,20 @@ static uint64_t lap(const kvg_route_request *req, uint64_t *t)
     return d;
 }
 
-int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_request *req,
-                      kvg_arena *arena, kvg_route_decision *out)
+/* The chain's root: what every key of the chain depends on besides the text (scope salt,
+ * model, unit, block size), so that all the keys one call to the shared prefix map touches
+ * share a Cluster hash slot. */
+static uint64_t root_of(const kvg_hash_job *job)
+{
+    /* Each part seeds the next; the lengths come first, so no two roots run together. */
+    uint64_t head[4] = {job->salt_len, job->model_len, (uint64_t)job->unit, job->block_size};
+    uint64_t h = XXH3_64bits(head, sizeof(head));
+    h = XXH3_64bits_withSeed(job->salt_len ? job->salt : "", job->salt_len, h);
+    return XXH3_64bits_withSeed(job->model_len ? job->model : "", job->model_len, h);
+}
+
+int kvg_router_prepare(kvg_router *rt, kvg_worker_set *set, const kvg_route_request *req,
+                       kvg_arena *arena, kvg_route_decision *out)
 {
     const kvg_policy_config *pc = req->policy;
     const kvg_body_info *body = req->body;
@@ -150,16 +165,16 @@ int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_reque
     d.unit = job.unit;
     d.block_size = job.block_size;
     d.stream_units = job.len;
+    d.root = root_of(&job);
     d.stage_ns[KVG_ROUTE_STAGE_HASH] = lap(req, &t);
 
-    /* Eligible workers (one pass over the snapshot, reading the fields each worker keeps in
-     * its first cache line for this loop) and their matches. */
+    /* Eligible workers: one pass over the snapshot, reading the fields each worker keeps in its
+     * first cache line for this loop. */
     size_t n = kvg_worker_set_count(set);
-    kvg_worker **eligible = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*eligible));
-    kvg_policy_candidate *pcs = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*pcs));
-    uint64_t *ids = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*ids));
-    uint32_t *matched = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*matched));
-    if (!eligible || !pcs || !ids || !matched)
+    d.eligible = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*d.eligible));
+    d.pcs = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*d.pcs));
+    d.matched = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*d.matched));
+    if (!d.eligible || !d.pcs || !d.matched)
         return -ENOMEM;
     const char *model = body->model;
     bool scraped = req->now_ns && req->engine_load_max_age_ns;
@@ -172,9 +187,9 @@ int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_reque
         if ((atomic_load_explicit(&w->health, memory_order_relaxed) & HEALTH_DOWN_BIT) ||
             atomic_load_explicit(&w->draining, memory_order_relaxed))
             continue;
-        eligible[m] = w;
-        ids[m] = w->id;
-        pcs[m] = (kvg_policy_candidate){
+        d.eligible[m] = w;
+        d.matched[m] = 0;
+        d.pcs[m] = (kvg_policy_candidate){
             .index = (uint32_t)m,
             .inflight = atomic_load_explicit(&w->inflight, memory_order_relaxed),
             .id_hash = w->name_hash,
@@ -182,37 +197,113 @@ int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_reque
         };
         /* The engine's own queue and cache, when scraped recently enough; else unknown (0). */
         if (scraped)
-            kvg_worker_engine_load(w, req->now_ns, req->engine_load_max_age_ns, &pcs[m].waiting,
-                                   &pcs[m].kv_usage);
+            kvg_worker_engine_load(w, req->now_ns, req->engine_load_max_age_ns, &d.pcs[m].waiting,
+                                   &d.pcs[m].kv_usage);
         m++;
     }
-    if (m && d.nkeys)
-        kvg_index_match(rt->index, d.keys, d.nkeys, ids, m, matched);
-    else
-        memset(matched, 0, m * sizeof(*matched));
-    for (size_t i = 0; i < m; i++)
-        pcs[i].matched = matched[i];
-    d.stage_ns[KVG_ROUTE_STAGE_LOOKUP] = lap(req, &t);
+    d.neligible = m;
+    d.start_ns = t0;
+    d.lookup_start_ns = t;
+    *out = d;
+    return 0;
+}
 
-    /* The choice. */
+void kvg_router_fallback(kvg_router *rt, kvg_route_decision *d)
+{
+    size_t m = d->neligible;
+    if (m && d->nkeys) {
+        uint64_t stack[64];
+        uint64_t *ids = m <= 64 ? stack : malloc(m * sizeof(*ids));
+        if (ids) {
+            for (size_t i = 0; i < m; i++)
+                ids[i] = d->eligible[i]->id;
+            kvg_index_match(rt->index, d->keys, d->nkeys, ids, m, d->matched);
+            if (ids != stack)
+                free(ids);
+        } else {
+            memset(d->matched, 0, m * sizeof(*d->matched)); /* memory: route by load */
+        }
+    } else {
+        memset(d->matched, 0, m * sizeof(*d->matched));
+    }
+    d->fell_back = d->lookup_op != NULL || d->lookup_cb != NULL;
+    d->lookup_op = NULL;
+}
+
+static void lookup_done(void *ud, int status, const uint32_t *matched, size_t n)
+{
+    kvg_route_decision *d = ud;
+    d->lookup_op = NULL;
+    if (status == 0) {
+        memcpy(d->matched, matched, n * sizeof(*matched));
+        d->shared = true;
+    }
+    d->lookup_cb(d->lookup_ud, d, status);
+}
+
+int kvg_router_lookup(kvg_router *rt, kvg_redis_client *c, kvg_route_decision *d,
+                      kvg_route_lookup_cb *cb, void *ud)
+{
+    size_t m = d->neligible;
+    if (!c || !m || !d->nkeys) {
+        kvg_router_fallback(rt, d);
+        return 1;
+    }
+    uint64_t stack[64];
+    uint64_t *ids = m <= 64 ? stack : malloc(m * sizeof(*ids));
+    if (!ids)
+        return -ENOMEM;
+    for (size_t i = 0; i < m; i++)
+        ids[i] = d->eligible[i]->spec->map_id;
+    d->lookup_cb = cb;
+    d->lookup_ud = ud;
+    int rc = kvg_map_lookup(c, d->root, d->keys, d->nkeys, ids, m, lookup_done, d, &d->lookup_op);
+    if (ids != stack)
+        free(ids);
+    if (rc < 0)
+        d->lookup_op = NULL;
+    return rc;
+}
+
+void kvg_router_lookup_cancel(kvg_route_decision *d, bool timed_out)
+{
+    if (!d->lookup_op)
+        return;
+    if (timed_out)
+        redis_lookup_timed_out(d->lookup_op);
+    else
+        kvg_redis_op_cancel(d->lookup_op);
+    d->lookup_op = NULL;
+}
+
+int kvg_router_choose(kvg_router *rt, const kvg_route_request *req, kvg_arena *arena,
+                      kvg_route_decision *d)
+{
+    const kvg_policy_config *pc = req->policy;
+    uint64_t t0 = d->start_ns, t = req->clock_ns ? req->clock_ns() : 0;
+    if (req->clock_ns)
+        d->stage_ns[KVG_ROUTE_STAGE_LOOKUP] = t - d->lookup_start_ns;
+    size_t m = d->neligible;
+    for (size_t i = 0; i < m; i++)
+        d->pcs[i].matched = d->matched[i];
     size_t ranked = req->rank_limit && req->rank_limit < m ? req->rank_limit : m;
     kvg_policy_terms *terms = kvg_arena_alloc(arena, (ranked ? ranked : 1) * sizeof(*terms));
     if (!terms)
         return -ENOMEM;
-    kvg_policy_request preq = {.blocks = d.nkeys};
-    if (d.nkeys) {
-        uint32_t cold = KVG_MIN(pc->cold_blocks ? pc->cold_blocks : 1, d.nkeys);
-        preq.cold_key = d.keys[cold - 1];
+    kvg_policy_request preq = {.blocks = d->nkeys};
+    if (d->nkeys) {
+        uint32_t cold = KVG_MIN(pc->cold_blocks ? pc->cold_blocks : 1, d->nkeys);
+        preq.cold_key = d->keys[cold - 1];
     }
-    kvg_policy_choose_top(pc, &preq, pcs, m, req->rank_limit, req->rotation, terms, &d.reason);
+    kvg_policy_choose_top(pc, &preq, d->pcs, m, req->rank_limit, req->rotation, terms, &d->reason);
     /* Only the ranked places are candidates: past them the order means nothing. */
-    d.cands = kvg_arena_alloc(arena, (ranked ? ranked : 1) * sizeof(*d.cands));
-    if (!d.cands)
+    d->cands = kvg_arena_alloc(arena, (ranked ? ranked : 1) * sizeof(*d->cands));
+    if (!d->cands)
         return -ENOMEM;
     for (size_t i = 0; i < ranked; i++) {
-        const kvg_policy_candidate *c = &pcs[i];
-        d.cands[i] = (kvg_route_candidate){
-            .worker = eligible[c->index],
+        const kvg_policy_candidate *c = &d->pcs[i];
+        d->cands[i] = (kvg_route_candidate){
+            .worker = d->eligible[c->index],
             .matched = c->matched,
             .inflight = c->inflight,
             .waiting = c->waiting,
@@ -220,12 +311,21 @@ int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_reque
             .terms = terms[i],
         };
     }
-    d.ncands = ranked;
-    d.policy = pc->kind;
-    d.stage_ns[KVG_ROUTE_STAGE_CHOOSE] = lap(req, &t);
-    d.stage_ns[KVG_ROUTE_STAGE_TOTAL] = req->clock_ns ? t - t0 : 0;
-    *out = d;
+    d->ncands = ranked;
+    d->policy = pc->kind;
+    d->stage_ns[KVG_ROUTE_STAGE_CHOOSE] = lap(req, &t);
+    d->stage_ns[KVG_ROUTE_STAGE_TOTAL] = req->clock_ns ? t - t0 : 0;
     return 0;
+}
+
+int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_request *req,
+                      kvg_arena *arena, kvg_route_decision *out)
+{
+    int rc = kvg_router_prepare(rt, set, req, arena, out);
+    if (rc < 0)
+        return rc;
+    kvg_router_fallback(rt, out);
+    return kvg_router_choose(rt, req, arena, out);
 }
 
 void kvg_router_count(kvg_router *rt, const kvg_route_decision *d)
@@ -238,15 +338,21 @@ void kvg_router_count(kvg_router *rt, const kvg_route_decision *d)
         atomic_fetch_add_explicit(&rt->decisions[d->policy][d->reason], 1, memory_order_relaxed);
 }
 
-int kvg_router_record(kvg_router *rt, const kvg_worker *w, const kvg_route_decision *d,
-                      uint32_t matched)
+int kvg_router_record(kvg_router *rt, kvg_redis_client *c, const kvg_worker *w,
+                      const kvg_route_decision *d, uint32_t matched)
 {
     if (!d->nkeys)
         return 0;
     atomic_fetch_add_explicit(&rt->blocks_matched, matched, memory_order_relaxed);
+    /* The embedded index learns whatever answered the lookup: a fallback starts warm. */
     int rc = kvg_index_record(rt->index, kvg_worker_id(w), d->keys, d->nkeys);
     if (rc < 0)
         atomic_fetch_add_explicit(&rt->record_failures, 1, memory_order_relaxed);
+    if (c) {
+        uint32_t capacity =
+            w->spec->kv_blocks ? w->spec->kv_blocks : kvg_index_default_capacity(rt->index);
+        kvg_map_record(c, d->root, w->spec->map_id, capacity, d->keys, d->nkeys);
+    }
     return rc;
 }
 

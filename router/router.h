@@ -142,6 +142,9 @@ static inline kvg_worker_set *kvg_worker_set_of(kvg_snapshot *snap)
     return (kvg_worker_set *)(void *)snap;
 }
 
+/** Take one more reference to a snapshot (a request that keeps it past its thread's next
+ *  refresh); returns set. */
+kvg_worker_set *kvg_worker_set_ref(kvg_worker_set *set);
 void kvg_worker_set_unref(kvg_worker_set *set);
 uint64_t kvg_worker_set_generation(const kvg_worker_set *set);
 size_t kvg_worker_set_count(const kvg_worker_set *set);
@@ -159,6 +162,9 @@ kvg_worker *kvg_worker_ref(kvg_worker *w);
 void kvg_worker_unref(kvg_worker *w);
 /** Process-unique id, never reused. */
 uint64_t kvg_worker_id(const kvg_worker *w);
+/** The worker's name in the shared prefix map: a hash of its whole definition, the same on
+ *  every replica that defines it alike; a changed definition is a new worker there too. */
+uint64_t kvg_worker_map_id(const kvg_worker *w);
 const char *kvg_worker_name(const kvg_worker *w);
 const char *kvg_worker_url(const kvg_worker *w);
 /** Host (name or address, without brackets) and port parsed from the URL. */
@@ -439,6 +445,8 @@ typedef struct kvg_index_stats {
 } kvg_index_stats;
 
 void kvg_index_stats_get(kvg_prefix_index *idx, kvg_index_stats *out);
+/** The capacity given to a worker whose capacity is 0 (kvg_index_config.default_capacity). */
+uint32_t kvg_index_default_capacity(const kvg_prefix_index *idx);
 /** Entries held by one worker; 0 for an unknown id. */
 uint64_t kvg_index_worker_entries(kvg_prefix_index *idx, uint64_t worker_id);
 /** Append kvgate_index_entries, kvgate_index_capacity_entries, kvgate_index_evictions_total,
@@ -644,7 +652,14 @@ typedef struct kvg_route_candidate {
     kvg_policy_terms terms;
 } kvg_route_candidate;
 
-typedef struct kvg_route_decision {
+typedef struct kvg_route_decision kvg_route_decision;
+
+/** A Redis lookup's end (kvg_router_lookup): status 0 when Redis answered (the matches are in
+ *  place: kvg_router_choose next), else the lookup failed (kvg_router_fallback, then choose).
+ *  Runs on the client's loop. */
+typedef void kvg_route_lookup_cb(void *ud, kvg_route_decision *d, int status);
+
+struct kvg_route_decision {
     kvg_route_candidate *cands; /* eligible workers (serve the model, up, not draining), best
                                    first, at most rank_limit of them; from the arena */
     size_t ncands;
@@ -654,25 +669,66 @@ typedef struct kvg_route_decision {
     kvg_hash_unit unit;
     uint32_t block_size; /* bytes or tokens per block */
     size_t stream_units; /* length of the prefix stream, in bytes or tokens */
+    uint64_t root;       /* the chain's root: scope salt, model, unit and block size (the shared
+                            prefix map's hash tag) */
     kvg_policy_kind policy;
     kvg_policy_reason reason;
+    bool shared;    /* the matches came from the shared prefix map (Redis) */
+    bool fell_back; /* a Redis lookup failed or was late: the embedded index answered */
     uint64_t stage_ns[KVG_ROUTE_STAGE_COUNT]; /* 0 without a clock; PARSE is the caller's */
-} kvg_route_decision;
 
-/** Decide where a request goes: hash its prefix stream into block keys, look them up in the
- *  index for every eligible worker of set, and rank them under the policy. Pure apart from
- *  the index read (and, when set is newer than the index's worker list, bringing that list up
- *  to date). Nothing is counted: kvg_router_count does that for decisions really taken.
- *  0 or -ENOMEM (arena); *out written on success. */
+    /* Between kvg_router_prepare and kvg_router_choose (arena): the eligible workers, borrowed
+     * from the set given to prepare, which must stay referenced until choose; their policy
+     * candidates; their matches, which the lookup fills. */
+    kvg_worker **eligible;
+    size_t neligible;
+    kvg_policy_candidate *pcs;
+    uint32_t *matched;
+    uint64_t start_ns, lookup_start_ns; /* req->clock_ns at prepare's start and end */
+    kvg_redis_op *lookup_op;            /* a pending Redis lookup */
+    kvg_route_lookup_cb *lookup_cb;
+    void *lookup_ud;
+};
+
+/** Decide where a request goes at once, on the embedded index: kvg_router_prepare,
+ *  kvg_router_match_local, kvg_router_choose. Pure apart from the index read (and, when set is
+ *  newer than the index's worker list, bringing that list up to date). Nothing is counted:
+ *  kvg_router_count does that for decisions really taken. 0 or -ENOMEM (arena); *out written
+ *  on success. */
 int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_request *req,
                       kvg_arena *arena, kvg_route_decision *out);
+
+/* A decision in three steps, so that the lookup may wait for Redis on the caller's loop
+ * (docs/architecture.md, "The decision step"): prepare, lookup (at once on the embedded index;
+ * later from Redis, or the embedded index's answer when Redis fails or is late), choose. */
+
+/** Step 1: block keys, root, eligible workers. 0 or -ENOMEM; *out written (all of it). */
+int kvg_router_prepare(kvg_router *rt, kvg_worker_set *set, const kvg_route_request *req,
+                       kvg_arena *arena, kvg_route_decision *out);
+/** Step 2: each eligible worker's match. Without a client, or with nothing to match (no keys,
+ *  no eligible worker), the embedded index answers now: returns 1. With one, the lookup goes
+ *  to Redis and 0 is returned: cb(ud, d, status) comes later on the client's loop, unless
+ *  kvg_router_lookup_cancel is called first. A negative code (Redis cannot take it now: not
+ *  connected, too many in flight) means nothing is pending: kvg_router_fallback, then choose. */
+int kvg_router_lookup(kvg_router *rt, kvg_redis_client *c, kvg_route_decision *d,
+                      kvg_route_lookup_cb *cb, void *ud);
+/** Stop waiting for a pending lookup (its deadline passed: timed_out, counted as a timeout;
+ *  or the request went). cb will not be called. No-op when nothing is pending. */
+void kvg_router_lookup_cancel(kvg_route_decision *d, bool timed_out);
+/** The embedded index's matches, for a lookup Redis did not answer (sets fell_back). */
+void kvg_router_fallback(kvg_router *rt, kvg_route_decision *d);
+/** Step 3: rank the eligible workers under the policy. 0 or -ENOMEM. */
+int kvg_router_choose(kvg_router *rt, const kvg_route_request *req, kvg_arena *arena,
+                      kvg_route_decision *d);
+
 /** Count a decision in the metrics (stage histograms, blocks, decisions by policy and reason). */
 void kvg_router_count(kvg_router *rt, const kvg_route_decision *d);
 /** The worker answered 200: it now holds the decision's blocks; matched is how many of them
  *  it was predicted to hold (its candidate's matched, counted in kvgate_route_blocks_total).
- *  0, KVG_ENOTFOUND (the worker left the index meanwhile), -ENOMEM. */
-int kvg_router_record(kvg_router *rt, const kvg_worker *w, const kvg_route_decision *d,
-                      uint32_t matched);
+ *  Recorded in the embedded index, and in Redis too when c is not NULL (sent, not waited
+ *  for). 0, KVG_ENOTFOUND (the worker left the index meanwhile), -ENOMEM. */
+int kvg_router_record(kvg_router *rt, kvg_redis_client *c, const kvg_worker *w,
+                      const kvg_route_decision *d, uint32_t matched);
 /** Prompt tokens predicted cached on a worker that matched `matched` blocks, in the engine's
  *  units: prompt_tokens x (matched x block_size / stream_units), at most prompt_tokens. */
 uint64_t kvg_route_predicted_tokens(const kvg_route_decision *d, uint32_t matched,

@@ -38,6 +38,7 @@ typedef struct worker_spec {
     uint32_t max_inflight_defined; /* as defined: 0 = the registry default (for the state file) */
     uint16_t port;
     bool no_cache_salt;
+    uint64_t map_id; /* kvg_worker_map_id */
 } worker_spec;
 
 /* Health packed in one word so an observation is a single CAS: the top bit is set while

@@ -331,6 +331,22 @@ const kvg_fields kvg_worker_fields = {"worker", worker_fields, KVG_ARRAY_LEN(wor
 
 /* ---- specs ----------------------------------------------------------------------------------- */
 
+/* The worker's name in the shared prefix map: what identifies the engine and its cache (name,
+ * URL, models, capacity, whether it is sent the salt), each field with its length so that no
+ * two definitions run together. max_inflight is left out: a new limit leaves the cache as it
+ * is. */
+static uint64_t map_id_of(const worker_spec *s)
+{
+    /* Each field seeds the hash of the next; counts and lengths are hashed with them. */
+    uint64_t head[4] = {s->nmodels, s->kv_blocks, s->no_cache_salt, strlen(s->name)};
+    uint64_t h = XXH3_64bits(head, sizeof(head));
+    h = XXH3_64bits_withSeed(s->name, strlen(s->name), h);
+    h = XXH3_64bits_withSeed(s->url, strlen(s->url) + 1, h); /* with its NUL: a separator */
+    for (size_t i = 0; i < s->nmodels; i++)
+        h = XXH3_64bits_withSeed(s->models[i], strlen(s->models[i]) + 1, h);
+    return h;
+}
+
 int kvg_router_spec_new(const kvg_worker_def *def, uint32_t default_max_inflight, char *msg,
                         size_t msg_len, worker_spec **out)
 {
@@ -376,6 +392,7 @@ int kvg_router_spec_new(const kvg_worker_def *def, uint32_t default_max_inflight
     s->max_inflight_defined = def->max_inflight;
     s->port = pu.port;
     s->no_cache_salt = def->no_cache_salt;
+    s->map_id = map_id_of(s);
     *out = s;
     return 0;
 }
@@ -464,6 +481,11 @@ void kvg_worker_unref(kvg_worker *w)
 uint64_t kvg_worker_id(const kvg_worker *w)
 {
     return w->id;
+}
+
+uint64_t kvg_worker_map_id(const kvg_worker *w)
+{
+    return w->spec->map_id;
 }
 
 const char *kvg_worker_name(const kvg_worker *w)

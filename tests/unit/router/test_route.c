@@ -63,7 +63,7 @@ static void test_decide_ranked_places(void **state)
     }
     /* The holder of the whole prefix comes first, whatever its rendezvous score. */
     kvg_worker *holder = kvg_worker_set_find(set, "w17");
-    assert_int_equal(kvg_router_record(rt, holder, &all, 0), 0);
+    assert_int_equal(kvg_router_record(rt, NULL, holder, &all, 0), 0);
     assert_int_equal(kvg_router_decide(rt, set, &rq, &arena, &all), 0);
     assert_ptr_equal(all.cands[0].worker, holder);
     assert_int_equal(all.cands[0].matched, all.nkeys);

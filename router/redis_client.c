@@ -1,0 +1,819 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A client of the prefix map on one event loop: a connection per primary (hiredis async through
+ * its libevent adapter), their handshake, backoff and watchdog, the bound on commands in flight,
+ * Cluster redirections, NOSCRIPT recovery, and the map's lookups and records. */
+#include "redis_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+#include <event2/event_struct.h>
+#include <hiredis/adapters/libevent.h>
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+
+#define BACKOFF_MIN_MS 50u
+/* Redirections one command follows (MOVED then ASK is the longest useful chain). */
+#define REDIRECTS_MAX 2
+/* Lookups up to this many workers build their arguments on the stack. */
+#define STACK_WORKERS 64
+
+typedef enum op_kind {
+    OP_LOOKUP = 0,
+    OP_RECORD,
+    OP_HANDSHAKE, /* AUTH, SELECT, SCRIPT LOAD, PING of a new connection */
+    OP_IGNORED,   /* a reply nobody reads: ASKING, a SCRIPT LOAD after NOSCRIPT */
+    OP_KIND_COUNT,
+} op_kind;
+
+/* Which handshake step a reply answers. */
+typedef enum hs_step {
+    HS_AUTH = 0,
+    HS_SELECT,
+    HS_LOAD_LOOKUP,
+    HS_LOAD_RECORD,
+    HS_PING, /* last: its answer makes the connection ready */
+} hs_step;
+
+typedef struct redis_conn redis_conn;
+
+/* A command in flight. Owned by the client: freed when its reply (or the connection's end)
+ * arrives, whether or not the requester cancelled it meanwhile. */
+struct kvg_redis_op {
+    kvg_link link; /* in conn->pending, oldest first (replies come in order) */
+    redis_conn *conn;
+    op_kind kind;
+    bool cancelled;
+    bool script_reloaded; /* NOSCRIPT recovered once already */
+    uint8_t redirects;
+    hs_step step;
+    uint64_t sent_ns;
+    /* The command as sent (EVALSHA ...), kept for a redirection or a NOSCRIPT retry. */
+    char *cmd;
+    size_t cmd_len;
+    const redis_script *script;
+    kvg_map_lookup_cb *cb;
+    void *ud;
+    uint32_t nworkers;
+};
+
+struct redis_conn {
+    kvg_redis_client *client;
+    redis_node node;
+    redisAsyncContext *ac; /* NULL while in backoff */
+    redis_conn_state state;
+    bool counted;       /* state is counted in kvg_redis.conns */
+    bool was_ready;     /* has been ready once: the next ready one is a reconnect */
+    unsigned attempt;   /* consecutive failures, for the backoff */
+    int drop_status;    /* what commands in flight get when the connection is dropped */
+    struct event timer; /* connect timeout, backoff, watchdog */
+    kvg_link pending;   /* ops sent, oldest first */
+    size_t npending;
+    char last_error[160];
+};
+
+struct kvg_redis_client {
+    kvg_redis *r;
+    struct event_base *base;
+    kvg_snapshot_cache topo;    /* redis_topology */
+    redis_topology *conns_topo; /* the topology conns were made for (referenced) */
+    redis_conn **conns;         /* one per node of conns_topo */
+    size_t nconns;
+    struct event reconcile; /* takes a new topology outside any hiredis callback */
+    bool reconcile_pending;
+    bool freeing;
+    uint64_t rng;
+    char sha[2][41]; /* of the lookup and record scripts, as the server computed them */
+};
+
+static void conn_connect(redis_conn *c);
+static void conn_drop(redis_conn *c, int status, bool in_callback);
+static void op_reply(redisAsyncContext *ac, void *reply, void *privdata);
+
+/* ---- states and counters --------------------------------------------------------------------- */
+
+static void set_state(redis_conn *c, redis_conn_state s)
+{
+    kvg_redis *r = c->client->r;
+    if (c->counted)
+        atomic_fetch_sub_explicit(&r->conns[c->state], 1, memory_order_relaxed);
+    c->state = s;
+    c->counted = true;
+    atomic_fetch_add_explicit(&r->conns[s], 1, memory_order_relaxed);
+}
+
+static void uncount(redis_conn *c)
+{
+    if (c->counted)
+        atomic_fetch_sub_explicit(&c->client->r->conns[c->state], 1, memory_order_relaxed);
+    c->counted = false;
+}
+
+/* (Re)arm c's timer to fire ns from now. */
+static void arm(redis_conn *c, uint64_t ns)
+{
+    struct timeval tv = {.tv_sec = (time_t)(ns / 1000000000u),
+                         .tv_usec = (long)(ns % 1000000000u / 1000)};
+    evtimer_add(&c->timer, &tv);
+}
+
+static uint64_t next_rand(kvg_redis_client *cl)
+{
+    uint64_t x = cl->rng;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return cl->rng = x;
+}
+
+/* ---- ops ----------------------------------------------------------------------------------- */
+
+/* Put op at the end of c's commands in flight (replies come in order). The watchdog looks at
+ * a ready connection's oldest command; a connecting one's timer is its connect timeout. */
+static void track(redis_conn *c, kvg_redis_op *op)
+{
+    op->conn = c;
+    kvg_list_insert(c->pending.prev, &op->link);
+    if (c->npending++ == 0 && c->state == REDIS_CONN_READY)
+        arm(c, 0);
+}
+
+static void op_free(kvg_redis_op *op)
+{
+    free(op->cmd);
+    free(op);
+}
+
+/* Map a finished lookup or record to its outcome counter and its caller. */
+static void op_finish(kvg_redis_op *op, int status, const redisReply *reply)
+{
+    kvg_redis *r = op->conn->client->r;
+    redis_map_outcome out = REDIS_MAP_OK;
+    if (status == -ETIMEDOUT || status == -ECONNRESET)
+        out = REDIS_MAP_LOST;
+    else if (status < 0)
+        out = REDIS_MAP_ERROR;
+    uint64_t rtt = kvg_now_ns() - op->sent_ns;
+    if (op->kind == OP_RECORD) {
+        if (status == 0 && (!reply || reply->type != REDIS_REPLY_INTEGER))
+            out = REDIS_MAP_ERROR;
+        if (out == REDIS_MAP_OK)
+            kvg_prom_hist_observe(&r->record_rtt, &redis_rtt_buckets, rtt);
+        if (out == REDIS_MAP_ERROR && reply && reply->type == REDIS_REPLY_ERROR)
+            kvg_log_debug("redis %s: record: %.*s", op->conn->node.name,
+                          (int)KVG_MIN(reply->len, 200), reply->str);
+        atomic_fetch_add_explicit(&r->records[out], 1, memory_order_relaxed);
+        return;
+    }
+    /* A lookup. */
+    uint32_t stack[STACK_WORKERS];
+    uint32_t *matched = NULL;
+    if (status == 0) {
+        matched = op->nworkers <= STACK_WORKERS ? stack : malloc(op->nworkers * sizeof(*matched));
+        if (!matched) {
+            status = -ENOMEM;
+            out = REDIS_MAP_ERROR;
+        } else if ((status = redis_map_parse_lookup(reply, op->nworkers, matched)) < 0) {
+            out = REDIS_MAP_ERROR;
+            if (reply && reply->type == REDIS_REPLY_ERROR)
+                kvg_log_debug("redis %s: lookup: %.*s", op->conn->node.name,
+                              (int)KVG_MIN(reply->len, 200), reply->str);
+        }
+    }
+    if (out == REDIS_MAP_OK)
+        kvg_prom_hist_observe(&r->lookup_rtt, &redis_rtt_buckets, rtt);
+    /* A cancelled lookup was counted as a timeout by the caller who gave up on it. */
+    if (!op->cancelled) {
+        atomic_fetch_add_explicit(&r->lookups[out], 1, memory_order_relaxed);
+        op->cb(op->ud, status, status == 0 ? matched : NULL, op->nworkers);
+    }
+    if (matched && matched != stack)
+        free(matched);
+}
+
+/* Send op's command on c (ready), ASKING first after an ASK. 0, -ENOMEM or -ENOTCONN. */
+static int op_send(redis_conn *c, kvg_redis_op *op, bool asking)
+{
+    if (asking) {
+        kvg_redis_op *a = calloc(1, sizeof(*a));
+        if (!a)
+            return -ENOMEM;
+        a->kind = OP_IGNORED;
+        a->sent_ns = kvg_now_ns();
+        if (redisAsyncCommand(c->ac, op_reply, a, "ASKING") != REDIS_OK) {
+            free(a);
+            return -ENOTCONN;
+        }
+        track(c, a);
+    }
+    if (redisAsyncFormattedCommand(c->ac, op_reply, op, op->cmd, op->cmd_len) != REDIS_OK)
+        return -ENOTCONN;
+    track(c, op);
+    return 0;
+}
+
+/* ---- the watchdog, connect timeout and backoff share the connection's timer ---------------- */
+
+static void conn_timer(evutil_socket_t fd, short what, void *arg)
+{
+    redis_conn *c = arg;
+    kvg_redis_client *cl = c->client;
+    switch (c->state) {
+    case REDIS_CONN_BACKOFF:
+        conn_connect(c);
+        return;
+    case REDIS_CONN_CONNECTING:
+        snprintf(c->last_error, sizeof(c->last_error), "no handshake within %u ms",
+                 cl->r->cfg.connect_timeout_ms);
+        conn_drop(c, -ETIMEDOUT, false);
+        return;
+    case REDIS_CONN_READY:
+    default: {
+        if (kvg_list_empty(&c->pending))
+            return;
+        kvg_redis_op *oldest = KVG_CONTAINER_OF(c->pending.next, kvg_redis_op, link);
+        uint64_t age = kvg_now_ns() - oldest->sent_ns;
+        uint64_t limit = (uint64_t)cl->r->cfg.command_timeout_ms * 1000000u;
+        if (age >= limit) {
+            snprintf(c->last_error, sizeof(c->last_error), "a command unanswered for %u ms",
+                     cl->r->cfg.command_timeout_ms);
+            conn_drop(c, -ETIMEDOUT, false);
+            return;
+        }
+        arm(c, limit - age);
+        return;
+    }
+    }
+}
+
+/* The connection is gone (ac freed or being freed): wait, then try again. */
+static void conn_lost(redis_conn *c)
+{
+    kvg_redis_client *cl = c->client;
+    c->ac = NULL;
+    if (cl->freeing)
+        return;
+    evtimer_del(&c->timer);
+    set_state(c, REDIS_CONN_BACKOFF);
+    uint64_t max = cl->r->cfg.reconnect_max_ms;
+    uint64_t ms = BACKOFF_MIN_MS;
+    for (unsigned i = 0; i < c->attempt && ms < max; i++)
+        ms *= 2;
+    ms = KVG_MIN(ms, max);
+    /* Jitter: every thread of every replica must not knock at once after a restart. */
+    ms = ms / 2 + next_rand(cl) % (ms / 2 + 1);
+    if (c->attempt < 32)
+        c->attempt++;
+    if (c->attempt == 1 || c->attempt % 16 == 0)
+        kvg_log_warn("redis %s: connection lost (%s); trying again in %llu ms", c->node.name,
+                     c->last_error[0] ? c->last_error : "closed", (unsigned long long)ms);
+    arm(c, ms * 1000000u);
+}
+
+static void on_disconnect(const redisAsyncContext *ac, int status)
+{
+    redis_conn *c = ac->data;
+    if (!c || c->ac != ac)
+        return; /* dropped already: conn_drop saw to it */
+    if (!c->last_error[0])
+        snprintf(c->last_error, sizeof(c->last_error), "%s",
+                 ac->errstr[0] ? ac->errstr : "closed by the server");
+    conn_lost(c);
+}
+
+/* Close c's connection: its commands in flight get status. in_callback: called from one of
+ * hiredis's reply callbacks, where hiredis defers the free to after the callback (and then
+ * calls on_disconnect, since the connection was established). */
+static void conn_drop(redis_conn *c, int status, bool in_callback)
+{
+    redisAsyncContext *ac = c->ac;
+    if (!ac)
+        return;
+    c->drop_status = status;
+    if (in_callback) {
+        redisAsyncFree(ac);
+        return;
+    }
+    c->ac = NULL; /* on_disconnect, if it comes, knows it is handled */
+    ac->data = c; /* the op callbacks still run, with NULL replies */
+    redisAsyncFree(ac);
+    conn_lost(c);
+}
+
+/* ---- the handshake --------------------------------------------------------------------------- */
+
+static int hs_send(redis_conn *c, hs_step step, int argc, const char **argv, const size_t *lens)
+{
+    kvg_redis_op *op = calloc(1, sizeof(*op));
+    if (!op)
+        return -ENOMEM;
+    op->kind = OP_HANDSHAKE;
+    op->step = step;
+    op->sent_ns = kvg_now_ns();
+    if (redisAsyncCommandArgv(c->ac, op_reply, op, argc, argv, lens) != REDIS_OK) {
+        free(op);
+        return -ENOTCONN;
+    }
+    track(c, op);
+    return 0;
+}
+
+static void on_connect(const redisAsyncContext *ac, int status)
+{
+    redis_conn *c = ac->data;
+    if (!c || c->ac != ac)
+        return;
+    if (status != REDIS_OK) {
+        /* hiredis frees ac when this returns, without on_disconnect. */
+        snprintf(c->last_error, sizeof(c->last_error), "%s", ac->errstr);
+        conn_lost(c);
+        return;
+    }
+    kvg_redis *r = c->client->r;
+    const kvg_redis_url *u = &r->url;
+    int rc = 0;
+    if (u->password[0]) {
+        const char *argv[3] = {"AUTH", u->user, u->password};
+        size_t lens[3] = {4, strlen(u->user), strlen(u->password)};
+        rc = u->user[0] ? hs_send(c, HS_AUTH, 3, argv, lens)
+                        : hs_send(c, HS_AUTH, 2, (const char *[]){"AUTH", u->password},
+                                  (size_t[]){4, strlen(u->password)});
+    }
+    redis_topology *t = c->client->conns_topo;
+    if (rc == 0 && u->db && t->mode != KVG_REDIS_CLUSTER) {
+        char db[16];
+        int n = snprintf(db, sizeof(db), "%u", u->db);
+        rc = hs_send(c, HS_SELECT, 2, (const char *[]){"SELECT", db}, (size_t[]){6, (size_t)n});
+    }
+    const redis_script *scripts[2] = {&redis_map_lookup_script, &redis_map_record_script};
+    for (int i = 0; i < 2 && rc == 0; i++)
+        rc = hs_send(c, i == 0 ? HS_LOAD_LOOKUP : HS_LOAD_RECORD, 3,
+                     (const char *[]){"SCRIPT", "LOAD", scripts[i]->body},
+                     (size_t[]){6, 4, strlen(scripts[i]->body)});
+    if (rc == 0)
+        rc = hs_send(c, HS_PING, 1, (const char *[]){"PING"}, (size_t[]){4});
+    if (rc < 0) {
+        snprintf(c->last_error, sizeof(c->last_error), "handshake: %s", kvg_strerror(rc));
+        /* Not inside a reply callback: hiredis is in its write handler. Defer to the timer. */
+        arm(c, 0);
+    }
+}
+
+static void hs_reply(kvg_redis_op *op, const redisReply *reply)
+{
+    redis_conn *c = op->conn;
+    kvg_redis_client *cl = c->client;
+    if (!reply)
+        return; /* the connection went: on_disconnect or conn_drop handles it */
+    bool ok = reply->type != REDIS_REPLY_ERROR;
+    if (ok && (op->step == HS_LOAD_LOOKUP || op->step == HS_LOAD_RECORD)) {
+        ok = reply->type == REDIS_REPLY_STRING && reply->len == 40;
+        if (ok)
+            memcpy(cl->sha[op->step == HS_LOAD_RECORD], reply->str, 40);
+    }
+    if (!ok) {
+        static const char *const names[] = {"AUTH", "SELECT", "SCRIPT LOAD", "SCRIPT LOAD", "PING"};
+        if (reply->type == REDIS_REPLY_ERROR)
+            snprintf(c->last_error, sizeof(c->last_error), "%s: %.*s", names[op->step],
+                     (int)KVG_MIN(reply->len, 120), reply->str);
+        else
+            snprintf(c->last_error, sizeof(c->last_error), "%s: unexpected reply", names[op->step]);
+        conn_drop(c, -ECONNRESET, true);
+        return;
+    }
+    if (op->step != HS_PING)
+        return;
+    evtimer_del(&c->timer);
+    if (c->was_ready || c->attempt)
+        atomic_fetch_add_explicit(&cl->r->reconnects, 1, memory_order_relaxed);
+    if (c->attempt)
+        kvg_log_info("redis %s: connected again", c->node.name);
+    c->attempt = 0;
+    c->was_ready = true;
+    c->last_error[0] = '\0';
+    set_state(c, REDIS_CONN_READY);
+    if (c->npending)
+        arm(c, 0);
+}
+
+static void conn_connect(redis_conn *c)
+{
+    kvg_redis_client *cl = c->client;
+    set_state(c, REDIS_CONN_CONNECTING);
+    c->drop_status = -ECONNRESET;
+    redisAsyncContext *ac = redisAsyncConnect(c->node.host, c->node.port);
+    if (!ac || ac->err || redisLibeventAttach(ac, cl->base) != REDIS_OK) {
+        snprintf(c->last_error, sizeof(c->last_error), "%s",
+                 ac && ac->err ? ac->errstr : "out of memory");
+        if (ac)
+            redisAsyncFree(ac);
+        conn_lost(c);
+        return;
+    }
+    ac->data = c;
+    c->ac = ac;
+    redisAsyncSetConnectCallback(ac, on_connect);
+    redisAsyncSetDisconnectCallback(ac, on_disconnect);
+    arm(c, (uint64_t)cl->r->cfg.connect_timeout_ms * 1000000u);
+}
+
+static redis_conn *conn_new(kvg_redis_client *cl, const redis_node *node)
+{
+    redis_conn *c = calloc(1, sizeof(*c));
+    if (!c)
+        return NULL;
+    c->client = cl;
+    c->node = *node;
+    kvg_list_init(&c->pending);
+    evtimer_assign(&c->timer, cl->base, conn_timer, c);
+    conn_connect(c);
+    return c;
+}
+
+static void conn_free(redis_conn *c)
+{
+    if (!c)
+        return;
+    if (c->ac) {
+        redisAsyncContext *ac = c->ac;
+        c->ac = NULL;
+        redisAsyncFree(ac); /* pending callbacks run now, with NULL replies */
+    }
+    evtimer_del(&c->timer);
+    uncount(c);
+    free(c);
+}
+
+/* ---- replies ------------------------------------------------------------------------------- */
+
+/* "MOVED 3999 127.0.0.1:6381" or "ASK ...": the target connection of this client, if any. */
+static redis_conn *redirect_target(kvg_redis_client *cl, const redisReply *reply, bool *ask)
+{
+    const char *s = reply->str;
+    size_t len = reply->len;
+    *ask = len > 4 && memcmp(s, "ASK ", 4) == 0;
+    if (!*ask && !(len > 6 && memcmp(s, "MOVED ", 6) == 0))
+        return NULL;
+    const char *addr = memchr(s + 4, ' ', len - 4);
+    const char *end = s + len;
+    if (!addr)
+        return NULL;
+    addr++;
+    const char *colon = NULL;
+    for (const char *p = addr; p < end; p++)
+        if (*p == ':')
+            colon = p;
+    if (!colon)
+        return NULL;
+    size_t hlen = (size_t)(colon - addr);
+    long port = strtol(colon + 1, NULL, 10);
+    for (size_t i = 0; i < cl->nconns; i++) {
+        redis_conn *c = cl->conns[i];
+        if (c->node.port == port && strlen(c->node.host) == hlen &&
+            memcmp(c->node.host, addr, hlen) == 0)
+            return c;
+    }
+    return NULL;
+}
+
+static void op_reply(redisAsyncContext *ac, void *reply_ptr, void *privdata)
+{
+    kvg_redis_op *op = privdata;
+    redis_conn *c = op->conn;
+    redisReply *reply = reply_ptr;
+    kvg_list_unlink(&op->link);
+    c->npending--;
+    kvg_redis_client *cl = c->client;
+    if (op->kind == OP_HANDSHAKE) {
+        hs_reply(op, reply);
+        op_free(op);
+        return;
+    }
+    if (op->kind == OP_IGNORED) {
+        op_free(op);
+        return;
+    }
+    if (!reply) {
+        atomic_fetch_add_explicit(&cl->r->dropped[REDIS_DROP_CONNECTION_LOST], 1,
+                                  memory_order_relaxed);
+        if (!cl->freeing)
+            op_finish(op, c->drop_status ? c->drop_status : -ECONNRESET, NULL);
+        op_free(op);
+        return;
+    }
+    if (reply->type == REDIS_REPLY_ERROR && !cl->freeing) {
+        /* A server that lost its scripts (a restart, a new primary, SCRIPT FLUSH): load it and
+         * send the command again behind it, once. */
+        if (reply->len >= 8 && memcmp(reply->str, "NOSCRIPT", 8) == 0 && !op->script_reloaded &&
+            c->state == REDIS_CONN_READY) {
+            op->script_reloaded = true;
+            const char *body = op->script->body;
+            kvg_redis_op *load = calloc(1, sizeof(*load));
+            if (load) {
+                load->kind = OP_IGNORED;
+                load->sent_ns = kvg_now_ns();
+                if (redisAsyncCommand(c->ac, op_reply, load, "SCRIPT LOAD %s", body) == REDIS_OK) {
+                    track(c, load);
+                    if (op_send(c, op, false) == 0)
+                        return;
+                } else {
+                    free(load);
+                }
+            }
+        }
+        bool ask;
+        redis_conn *to = op->redirects < REDIRECTS_MAX ? redirect_target(cl, reply, &ask) : NULL;
+        if (reply->len > 4 && (memcmp(reply->str, "MOVED", 5) == 0)) {
+            atomic_fetch_add_explicit(&cl->r->redirects[0], 1, memory_order_relaxed);
+            kvg_redis_refresh_topology(cl->r);
+        } else if (reply->len > 3 && memcmp(reply->str, "ASK", 3) == 0) {
+            atomic_fetch_add_explicit(&cl->r->redirects[1], 1, memory_order_relaxed);
+        }
+        if (to && to->state == REDIS_CONN_READY) {
+            op->redirects++;
+            if (op_send(to, op, ask) == 0)
+                return;
+        }
+    }
+    if (!cl->freeing)
+        op_finish(op, 0, reply);
+    op_free(op);
+}
+
+/* ---- topology ------------------------------------------------------------------------------ */
+
+/* Make the connections match the current topology: keep those whose node stays, connect to
+ * new nodes, close those whose node left. Runs from its own event, never inside a hiredis
+ * callback, since closing a connection frees hiredis state. */
+static void reconcile(kvg_redis_client *cl)
+{
+    redis_topology *t = (redis_topology *)(void *)kvg_snapshot_cache_get(&cl->topo);
+    if (t == cl->conns_topo)
+        return;
+    size_t n = t->nnodes;
+    redis_conn **next = calloc(n ? n : 1, sizeof(*next));
+    bool *kept = calloc(cl->nconns ? cl->nconns : 1, sizeof(*kept));
+    if (!next || !kept)
+        goto fail; /* retried at the next command */
+    for (size_t i = 0; i < n; i++) {
+        for (size_t j = 0; j < cl->nconns && !next[i]; j++) {
+            if (!kept[j] && strcmp(cl->conns[j]->node.name, t->nodes[i].name) == 0) {
+                next[i] = cl->conns[j];
+                kept[j] = true;
+            }
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (next[i])
+            continue;
+        if (!(next[i] = conn_new(cl, &t->nodes[i]))) {
+            for (size_t k = 0; k < i; k++) { /* undo: close only the new ones */
+                bool old = false;
+                for (size_t j = 0; j < cl->nconns && !old; j++)
+                    old = cl->conns[j] == next[k];
+                if (!old)
+                    conn_free(next[k]);
+            }
+            goto fail;
+        }
+    }
+    for (size_t j = 0; j < cl->nconns; j++)
+        if (!kept[j])
+            conn_free(cl->conns[j]); /* a node that is no longer a primary */
+    free(cl->conns);
+    free(kept);
+    cl->conns = next;
+    cl->nconns = n;
+    if (cl->conns_topo)
+        kvg_snapshot_unref(&cl->conns_topo->snap);
+    cl->conns_topo = (redis_topology *)(void *)kvg_snapshot_ref(&t->snap);
+    return;
+fail:
+    free(next);
+    free(kept);
+}
+
+static void reconcile_cb(evutil_socket_t fd, short what, void *arg)
+{
+    kvg_redis_client *cl = arg;
+    cl->reconcile_pending = false;
+    kvg_snapshot_cache_refresh(&cl->topo);
+    reconcile(cl);
+}
+
+/* The connection for slot key (ready or not); NULL when the topology has none. Notices a new
+ * topology and has it applied from the loop (not here: a caller may be inside a callback). */
+static redis_conn *conn_for(kvg_redis_client *cl, const char *key, size_t key_len)
+{
+    if (kvg_snapshot_slot_generation(&cl->r->topology) != cl->topo.generation &&
+        !cl->reconcile_pending) {
+        cl->reconcile_pending = true;
+        event_active(&cl->reconcile, EV_TIMEOUT, 0);
+    }
+    redis_topology *t = cl->conns_topo;
+    if (!t || cl->nconns == 0)
+        return NULL;
+    size_t i = 0;
+    if (t->mode == KVG_REDIS_CLUSTER) {
+        uint16_t n = t->slots ? t->slots[redis_key_slot(key, key_len)] : REDIS_NO_NODE;
+        if (n == REDIS_NO_NODE || n >= cl->nconns)
+            return NULL;
+        i = n;
+    }
+    return cl->conns[i];
+}
+
+int kvg_redis_client_new(kvg_redis *r, struct event_base *base, kvg_redis_client **out)
+{
+    kvg_redis_client *cl = calloc(1, sizeof(*cl));
+    if (!cl)
+        return -ENOMEM;
+    cl->r = r;
+    cl->base = base;
+    cl->rng = (uint64_t)(uintptr_t)cl ^ kvg_now_ns();
+    if (!cl->rng)
+        cl->rng = 1;
+    event_assign(&cl->reconcile, base, -1, 0, reconcile_cb, cl);
+    kvg_snapshot_cache_init(&cl->topo, &r->topology);
+    kvg_snapshot_cache_refresh(&cl->topo);
+    reconcile(cl);
+    *out = cl;
+    return 0;
+}
+
+void kvg_redis_client_free(kvg_redis_client *cl)
+{
+    if (!cl)
+        return;
+    cl->freeing = true;
+    event_del(&cl->reconcile);
+    for (size_t i = 0; i < cl->nconns; i++)
+        conn_free(cl->conns[i]);
+    free(cl->conns);
+    if (cl->conns_topo)
+        kvg_snapshot_unref(&cl->conns_topo->snap);
+    kvg_snapshot_cache_done(&cl->topo);
+    free(cl);
+}
+
+/* ---- the prefix map's operations ---------------------------------------------------------------
+ */
+
+/* Count a command that was not sent. */
+static int refuse(kvg_redis_client *cl, int rc, _Atomic uint64_t *outcomes)
+{
+    redis_drop_reason d = rc == -EBUSY ? REDIS_DROP_BUSY : REDIS_DROP_NOT_CONNECTED;
+    atomic_fetch_add_explicit(&cl->r->dropped[d], 1, memory_order_relaxed);
+    redis_map_outcome o = rc == -EBUSY      ? REDIS_MAP_BUSY
+                          : rc == -ENOTCONN ? REDIS_MAP_UNAVAILABLE
+                                            : REDIS_MAP_ERROR;
+    atomic_fetch_add_explicit(&outcomes[o], 1, memory_order_relaxed);
+    return rc;
+}
+
+/* Format EVALSHA sha numkeys keys... args... into a new op for c. */
+static kvg_redis_op *op_new(kvg_redis_client *cl, op_kind kind, const redis_script *script,
+                            int nkeys, int argc, const char **argv, size_t *lens)
+{
+    kvg_redis_op *op = calloc(1, sizeof(*op));
+    if (!op)
+        return NULL;
+    char numkeys[16];
+    argv[0] = "EVALSHA";
+    lens[0] = 7;
+    argv[1] = cl->sha[kind == OP_RECORD];
+    lens[1] = 40;
+    lens[2] = (size_t)snprintf(numkeys, sizeof(numkeys), "%d", nkeys);
+    argv[2] = numkeys;
+    char *cmd;
+    int len = redisFormatCommandArgv(&cmd, argc, argv, lens);
+    if (len < 0) {
+        free(op);
+        return NULL;
+    }
+    op->cmd = cmd;
+    op->cmd_len = (size_t)len;
+    op->kind = kind;
+    op->script = script;
+    return op;
+}
+
+/* Send op on c: ready, under the bound. 0, or -ENOTCONN / -EBUSY (op freed). */
+static int submit(redis_conn *c, kvg_redis_op *op)
+{
+    int rc = -ENOTCONN;
+    if (c && c->state == REDIS_CONN_READY && c->ac) {
+        rc = c->npending >= c->client->r->cfg.max_inflight ? -EBUSY : 0;
+        if (rc == 0) {
+            op->sent_ns = kvg_now_ns();
+            rc = op_send(c, op, false);
+        }
+    }
+    if (rc < 0)
+        op_free(op);
+    return rc;
+}
+
+int kvg_map_lookup(kvg_redis_client *cl, uint64_t root, const uint64_t *keys, size_t nkeys,
+                   const uint64_t *map_ids, size_t nworkers, kvg_map_lookup_cb *cb, void *ud,
+                   kvg_redis_op **out)
+{
+    if (nworkers == 0 || nworkers > INT32_MAX / 2 || nkeys > SIZE_MAX / 8)
+        return -EINVAL;
+    redis_topology *t = cl->conns_topo;
+    kvg_redis_mode mode = t ? t->mode : KVG_REDIS_STANDALONE;
+    const char *prefix = cl->r->prefix;
+    /* Arguments: EVALSHA sha numkeys key... chain. */
+    size_t argc = nworkers + 4;
+    const char *stack_argv[STACK_WORKERS + 4];
+    size_t stack_lens[STACK_WORKERS + 4];
+    char stack_names[STACK_WORKERS][REDIS_MAP_KEY_MAX];
+    const char **argv = stack_argv;
+    size_t *lens = stack_lens;
+    char(*names)[REDIS_MAP_KEY_MAX] = stack_names;
+    unsigned char *chain = malloc(nkeys ? nkeys * 8 : 1);
+    int rc = -ENOMEM;
+    if (nworkers > STACK_WORKERS) {
+        argv = malloc(argc * sizeof(*argv));
+        lens = malloc(argc * sizeof(*lens));
+        names = malloc(nworkers * sizeof(*names));
+    }
+    kvg_redis_op *op = NULL;
+    if (chain && argv && lens && names) {
+        for (size_t i = 0; i < nworkers; i++) {
+            lens[3 + i] = redis_map_key(names[i], prefix, mode, root, map_ids[i]);
+            argv[3 + i] = names[i];
+        }
+        redis_map_pack_keys(keys, nkeys, chain);
+        argv[argc - 1] = (const char *)chain;
+        lens[argc - 1] = nkeys * 8;
+        op = op_new(cl, OP_LOOKUP, &redis_map_lookup_script, (int)nworkers, (int)argc, argv, lens);
+    }
+    redis_conn *c = op ? conn_for(cl, names[0], lens[3]) : NULL;
+    if (nworkers > STACK_WORKERS) {
+        free(argv);
+        free(lens);
+        free(names);
+    }
+    free(chain);
+    if (!op)
+        return refuse(cl, rc, cl->r->lookups);
+    op->cb = cb;
+    op->ud = ud;
+    op->nworkers = (uint32_t)nworkers;
+    if ((rc = submit(c, op)) < 0)
+        return refuse(cl, rc, cl->r->lookups);
+    *out = op;
+    return 0;
+}
+
+void kvg_redis_op_cancel(kvg_redis_op *op)
+{
+    if (op)
+        op->cancelled = true;
+}
+
+void redis_lookup_timed_out(kvg_redis_op *op)
+{
+    if (!op || op->cancelled)
+        return;
+    op->cancelled = true;
+    atomic_fetch_add_explicit(&op->conn->client->r->lookups[REDIS_MAP_TIMEOUT], 1,
+                              memory_order_relaxed);
+}
+
+int kvg_map_record(kvg_redis_client *cl, uint64_t root, uint64_t map_id, uint32_t capacity,
+                   const uint64_t *keys, size_t nkeys)
+{
+    if (nkeys == 0)
+        return 0;
+    if (capacity == 0 || nkeys > SIZE_MAX / 8)
+        return -EINVAL;
+    redis_topology *t = cl->conns_topo;
+    kvg_redis_mode mode = t ? t->mode : KVG_REDIS_STANDALONE;
+    char name[REDIS_MAP_KEY_MAX];
+    size_t name_len = redis_map_key(name, cl->r->prefix, mode, root, map_id);
+    char cap[16], ttl[24];
+    unsigned char *chain = malloc(nkeys * 8);
+    if (!chain)
+        return refuse(cl, -ENOMEM, cl->r->records);
+    redis_map_pack_keys(keys, nkeys, chain);
+    const char *argv[7] = {NULL, NULL, NULL, name, cap, ttl, (const char *)chain};
+    size_t lens[7] = {
+        0,
+        0,
+        0,
+        name_len,
+        (size_t)snprintf(cap, sizeof(cap), "%u", capacity),
+        (size_t)snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)cl->r->cfg.entry_ttl_ms),
+        nkeys * 8};
+    kvg_redis_op *op = op_new(cl, OP_RECORD, &redis_map_record_script, 1, 7, argv, lens);
+    free(chain);
+    if (!op)
+        return refuse(cl, -ENOMEM, cl->r->records);
+    int rc = submit(conn_for(cl, name, name_len), op);
+    return rc < 0 ? refuse(cl, rc, cl->r->records) : 0;
+}
