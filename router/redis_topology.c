@@ -244,12 +244,13 @@ static void check(kvg_redis *r)
         t = with_error(cur, msg[0] ? msg : kvg_strerror(rc));
         kvg_snapshot_unref(&cur->snap);
     }
+    kvg_redis_mode mode = t ? t->mode : r->url.mode;
     if (t)
-        publish(r, t);
+        publish(r, t); /* takes t */
     pthread_mutex_lock(&r->lock);
     if (rc == 0) {
         r->reached = true;
-        r->found_mode = t ? t->mode : r->found_mode;
+        r->found_mode = mode;
         r->last_error[0] = '\0';
     } else {
         snprintf(r->last_error, sizeof(r->last_error), "%s", msg[0] ? msg : kvg_strerror(rc));

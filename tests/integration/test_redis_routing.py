@@ -1,0 +1,240 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Replicated gateways sharing the prefix map in Redis (docs/redis.md): what one replica learns
+routes the next turn on another; Redis killed, restarted or paused costs no request and no
+wait past redis.lookup_timeout_ms; the gateway comes back to Redis by itself; /readyz and
+/metrics say what is happening. Real redis-server processes, real simulated workers."""
+
+import signal
+import threading
+import time
+
+import pytest
+
+from gwhelpers import CHAT, http, wait_for
+from test_routing import chat, text
+
+LOOKUP_TIMEOUT_MS = 20
+
+
+class RedisServer:
+    """A redis-server on a free loopback port, persistence off (provisional: the shared
+    fixtures in redisprocs.py replace it)."""
+
+    def __init__(self, workdir):
+        import socket
+        workdir.mkdir(parents=True, exist_ok=True)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.workdir = workdir
+        self.url = f"redis://127.0.0.1:{self.port}"
+        self.proc = None
+        self.restart()
+
+    def restart(self):
+        import subprocess
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.workdir)],
+            stdout=open(self.workdir / "redis.log", "ab"), stderr=subprocess.STDOUT)
+        import redis
+        client = redis.Redis(port=self.port)
+        assert wait_for(lambda: self._ping(client), 5), "redis-server did not start"
+
+    @staticmethod
+    def _ping(client):
+        try:
+            return client.ping()
+        except Exception:
+            return False
+
+    def signal(self, sig):
+        self.proc.send_signal(sig)
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    servers = []
+
+    def start(**kw):
+        s = RedisServer(tmp_path / f"redis{len(servers)}", **kw)
+        servers.append(s)
+        return s
+
+    yield start
+    for s in servers:
+        s.stop()
+
+
+def replicas(kvgate, redis, workers, n=2, **kw):
+    cfg = {"redis": {"url": redis.url, "lookup_timeout_ms": LOOKUP_TIMEOUT_MS}}
+    cfg["redis"].update(kw.pop("redis", {}))
+    return [kvgate(*workers, config=cfg, **kw) for _ in range(n)]
+
+
+def send(gw, body):
+    r = http.post(gw.url + CHAT, json=body)
+    assert r.status_code == 200, r.text
+    return r.headers["x-kvgate-worker"], r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def explain_choice(gw, body):
+    r = gw.admin.post("/admin/v1/route/explain", json={"request": body})
+    assert r.status_code == 200, r.text
+    return r.json()["chosen"], r.json()["reason"]
+
+
+def worker_listing(gw, name):
+    r = gw.admin.get("/admin/v1/workers")
+    assert r.status_code == 200, r.text
+    return next(w for w in r.json()["workers"] if w["name"] == name)
+
+
+def test_a_prefix_learned_on_one_replica_routes_the_next_turn_on_another(
+        simworker, kvgate, redis_server):
+    redis = redis_server()
+    ws = [simworker(time_scale=0, kv_blocks=4096) for _ in range(4)]
+    urls = {w.name: w.url for w in ws}
+    a, b = replicas(kvgate, redis, ws)
+    for doc, (learner, follower) in enumerate([(a, b), (b, a)]):
+        system = text(700 + doc, 2000)
+        first = chat(ws[0].model, system, "first question")
+        # Where the follower alone would send the conversation: the cold placement every
+        # replica agrees on. Draining that worker on the learner sends the first turn
+        # elsewhere, so only the shared map can tell the follower where the prefix is.
+        cold, reason = explain_choice(follower, first)
+        assert reason == "cold"
+        assert learner.admin.post(f"/admin/v1/workers/{cold}/drain").status_code == 200
+        holder, cached = send(learner, first)
+        assert holder != cold and cached == 0
+        assert learner.admin.put(f"/admin/v1/workers/{cold}",
+                                 json={"url": urls[cold]}).status_code in (200, 201)
+        for gw in (a, b):
+            assert wait_for(lambda: not worker_listing(gw, cold)["draining"], 3)
+        # The follower's own index has never seen the prefix...
+        assert explain_choice(follower, chat(ws[0].model, system, "next turn")) == (cold, "cold")
+        # ...but the shared map has: the next turn goes where its prefix is cached.
+        worker, cached = send(follower, chat(ws[0].model, system, "next turn"))
+        assert worker == holder, f"doc {doc}: the next turn went to {worker}, not {holder}"
+        assert cached > 0
+    for gw in (a, b):
+        m = gw.scrape()
+        assert gw.metric("kvgate_redis_lookups_total", m, outcome="ok") >= 1
+        assert gw.metric("kvgate_redis_records_total", m, outcome="ok") >= 1
+        assert gw.metric("kvgate_redis_connections", m, state="ready") == 2  # one per thread
+
+
+class Load:
+    """Chat requests in a loop from a few threads (a handful of conversations, so that the
+    map is used), each request's status and duration kept."""
+
+    def __init__(self, gw, model, threads=4):
+        self.gw, self.model = gw, model
+        self.results = []  # (status, seconds, monotonic start)
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._run, args=(i,)) for i in range(threads)]
+
+    def _run(self, i):
+        n = 0
+        with http_client() as c:
+            while not self.stop.is_set():
+                body = chat(self.model, text(900 + (i * 7 + n) % 12, 1500), f"turn {n}")
+                t0 = time.monotonic()
+                try:
+                    status = c.post(self.gw.url + CHAT, json=body).status_code
+                except Exception as e:  # a failed request is what the test looks for
+                    status = repr(e)
+                with self.lock:
+                    self.results.append((status, time.monotonic() - t0, t0))
+                n += 1
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+
+    def count(self):
+        with self.lock:
+            return len(self.results)
+
+    def failures(self):
+        with self.lock:
+            return [r for r in self.results if r[0] != 200]
+
+
+def http_client():
+    import httpx
+    return httpx.Client(timeout=10)
+
+
+def test_redis_killed_during_load_fails_nothing_and_is_used_again_once_back(
+        simworker, kvgate, redis_server):
+    redis = redis_server()
+    ws = [simworker(time_scale=0, kv_blocks=4096) for _ in range(4)]
+    (gw,) = replicas(kvgate, redis, ws, n=1)
+    with Load(gw, ws[0].model) as load:
+        assert wait_for(lambda: load.count() >= 50, 10)
+        redis.kill()
+        down_at = load.count()
+        assert wait_for(lambda: load.count() >= down_at + 100, 15)
+        # Degraded, not unready: decisions fall back to the embedded index.
+        r = http.get(gw.admin_url + "/readyz")
+        assert r.status_code == 200 and "redis degraded" in r.json()["degraded"][0], r.text
+        assert gw.metric("kvgate_redis_connections", state="ready") == 0
+        redis.restart()
+        ok_before = gw.metric("kvgate_redis_lookups_total", outcome="ok")
+        assert wait_for(lambda: gw.metric("kvgate_redis_connections", state="ready") == 2, 10)
+        assert wait_for(lambda: gw.metric("kvgate_redis_lookups_total", outcome="ok")
+                        > ok_before + 20, 10)
+    assert load.failures() == []
+    m = gw.scrape()
+    fallbacks = sum(gw.metric("kvgate_redis_lookups_total", m, outcome=o)
+                    for o in ("unavailable", "lost", "timeout"))
+    assert fallbacks > 0
+    assert gw.metric("kvgate_redis_reconnects_total", m) >= 1
+    r = http.get(gw.admin_url + "/readyz")
+    assert r.status_code == 200 and "degraded" not in r.json(), r.text
+
+
+def test_a_paused_redis_delays_no_request_past_the_lookup_timeout(
+        simworker, kvgate, redis_server):
+    redis = redis_server()
+    ws = [simworker(time_scale=0, kv_blocks=4096) for _ in range(4)]
+    (gw,) = replicas(kvgate, redis, ws, n=1)
+    with Load(gw, ws[0].model) as load:
+        assert wait_for(lambda: load.count() >= 100, 10)
+        with load.lock:
+            normal = sorted(d for _, d, _ in load.results)
+        redis.signal(signal.SIGSTOP)
+        paused_at = time.monotonic()
+        time.sleep(5)
+        redis.signal(signal.SIGCONT)
+        resumed_at = time.monotonic()
+        ok_before = gw.metric("kvgate_redis_lookups_total", outcome="ok")
+        assert wait_for(lambda: gw.metric("kvgate_redis_lookups_total", outcome="ok")
+                        > ok_before + 20, 10)
+    assert load.failures() == []
+    during = [d for s, d, t0 in load.results if paused_at <= t0 <= resumed_at]
+    assert len(during) > 50
+    # Each request's own service time is what it takes with Redis answering (the slowest of
+    # those, on this loaded machine); the pause may add the lookup timeout and no more.
+    bound = normal[-1] + LOOKUP_TIMEOUT_MS / 1000 + 0.25
+    assert max(during) < bound, (max(during), bound)
+    m = gw.scrape()
+    assert gw.metric("kvgate_redis_lookups_total", m, outcome="timeout") > 0
