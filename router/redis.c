@@ -208,6 +208,7 @@ void kvg_redis_refresh_topology(kvg_redis *r)
     r->refresh = true;
     pthread_cond_broadcast(&r->cond);
     pthread_mutex_unlock(&r->lock);
+    redis_topology_wake(r);
 }
 
 kvg_redis_mode kvg_redis_mode_of(kvg_redis *r)

@@ -93,6 +93,7 @@ struct kvg_redis {
     bool reached;              /* a check has succeeded once */
     char last_error[256];      /* of the last check; "" when it succeeded */
     kvg_redis_mode found_mode; /* as the last successful check found it */
+    struct redis_topo *topo;   /* the thread's own state (redis_topology_int.h) */
 
     /* Metrics, written by every client (atomics). */
     _Atomic int64_t conns[REDIS_CONN_STATE_COUNT];
@@ -113,8 +114,11 @@ extern const kvg_prom_buckets redis_rtt_buckets;
 /* ---- redis_topology.c ---- */
 /** Start the topology thread (kvg_redis_new). 0 or -errno. */
 int redis_topology_start(kvg_redis *r);
-/** Stop and join it (kvg_redis_free). */
+/** Stop and join it (kvg_redis_free): returns at once even while the thread waits on a
+ *  stalled server (its sockets are shut down), or within the connect timeout while it connects. */
 void redis_topology_stop(kvg_redis *r);
+/** Wake the thread to look at r->stop and r->refresh now. Any thread. */
+void redis_topology_wake(kvg_redis *r);
 /** A topology's free function (one allocation: nodes and slots follow the struct). */
 void redis_topology_free(kvg_snapshot *snap);
 /** The current topology, referenced (kvg_snapshot_unref when done). Never NULL. */

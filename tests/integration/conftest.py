@@ -11,6 +11,8 @@ Extending: `start_process` starts any binary that understands `--listen HOST:POR
 `kvgate` starts the gateway (its port file has front= and admin= lines), `tls_cert` makes a
 self-signed certificate, `fake_upstream` runs a scripted worker (gwhelpers.FakeUpstream) for
 behaviour the simulated worker cannot produce. Clients and fakes live in gwhelpers.py.
+Redis servers, Sentinel sets and clusters (`redis_procs`, `redis_server`, `redis_sentinel`,
+`redis_cluster`) live in redisprocs.py.
 """
 import json
 import os
@@ -21,6 +23,8 @@ import subprocess
 import time
 
 import pytest
+
+from redisprocs import redis_cluster, redis_procs, redis_sentinel, redis_server  # noqa: F401
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = float(os.environ.get("KVGATE_START_TIMEOUT", "10"))
@@ -335,12 +339,15 @@ def tls_cert(tmp_path_factory):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """When a test fails, its report shows the tail of each gateway's log (stderr and stdout,
-    with any sanitizer report) next to the assertion."""
+    with any sanitizer report) and of each Redis process's next to the assertion."""
     outcome = yield
     report = outcome.get_result()
     if report.failed and report.when in ("call", "setup"):
         for gw in getattr(item, "kvgate_started", []):
             report.sections.append((f"{gw.name} log ({gw.log_path})", gw.log()[-6000:]))
+        procs = getattr(item, "redis_procs", None)
+        for p in procs.processes if procs else []:
+            report.sections.append((f"{p.name} log ({p.log_path})", p.log()[-3000:]))
 
 
 @pytest.fixture
