@@ -193,6 +193,25 @@ static int find_sections(const kvg_json *root, sections *s, char *msg, size_t ms
     return kvg_fields_decode(&section_table, s, root, "", &c);
 }
 
+/* Put back the tenants kvg_tenants_to_json wrote before a document that was then refused. What
+ * that function wrote, it reads; only memory can fail here, and then the error log says so. */
+static void restore_tenants(kvg_admin *admin, const kvg_buf *old)
+{
+    kvg_arena arena;
+    kvg_arena_init(&arena, 0);
+    kvg_json *root;
+    kvg_json_error jerr = {0};
+    kvg_json_limits lim = {.max_depth = STATE_DEPTH_MAX};
+    char why[256] = "";
+    int rc = kvg_json_parse(old->data, old->len, &arena, &lim, &root, &jerr);
+    if (rc == 0)
+        rc = kvg_tenants_from_json(admin->tenants, root, why, sizeof(why));
+    if (rc < 0)
+        kvg_log_error("admin: the tenants could not be put back after a refused document: %s",
+                      why[0] ? why : kvg_strerror(rc));
+    kvg_arena_done(&arena);
+}
+
 /* Apply the sections; the policy is checked first (on a copy) since it is the cheapest. A
  * replacement (a document from Redis) starts the policy from its defaults and counts an absent
  * section as an empty one, so that what the document lacks is gone here too. */
@@ -218,20 +237,39 @@ static int apply(kvg_admin *admin, const sections *s, bool replace, char *msg, s
             return rc;
         }
     }
+    /* Each section replaces its store all or nothing, but the document must too: the tenants
+     * as they were are kept, to be put back when the workers are refused after them. */
+    kvg_buf old_tenants;
+    kvg_buf_init(&old_tenants);
+    bool tenants_done = false;
     if (tenants && admin->tenants) {
+        if (workers) {
+            kvg_tenants_to_json(admin->tenants, &old_tenants);
+            if (old_tenants.failed) {
+                kvg_buf_done(&old_tenants);
+                snprintf(msg, msg_len, "tenants: %s", kvg_strerror(-ENOMEM));
+                return -ENOMEM;
+            }
+        }
         rc = kvg_tenants_from_json(admin->tenants, tenants, why, sizeof(why));
         if (rc < 0) {
+            kvg_buf_done(&old_tenants);
             snprintf(msg, msg_len, "tenants: %s", rc == -ENOMEM ? kvg_strerror(rc) : why);
             return rc;
         }
+        tenants_done = true;
     }
     if (workers) {
         rc = kvg_registry_admin_from_json(admin->reg, workers, why, sizeof(why));
         if (rc < 0) {
             snprintf(msg, msg_len, "workers: %s", rc == -ENOMEM ? kvg_strerror(rc) : why);
+            if (tenants_done)
+                restore_tenants(admin, &old_tenants);
+            kvg_buf_done(&old_tenants);
             return rc;
         }
     }
+    kvg_buf_done(&old_tenants);
     if ((s->policy || replace) && admin->policy) {
         rc = kvg_policy_state_set(admin->policy, &cfg);
         if (rc < 0) {
