@@ -120,6 +120,8 @@ int kvg_admin_new(const kvg_admin_config *cfg, kvg_registry *reg, kvg_admin **ou
     admin->router = cfg->router;
     admin->redis = cfg->redis;
     admin->engine_load_max_age_ns = cfg->engine_load_max_age_ns;
+    admin->redis_sync_interval_ms = cfg->redis_sync_interval_ms ? cfg->redis_sync_interval_ms : 1000;
+    admin->redis_timeout_ms = cfg->redis_timeout_ms ? cfg->redis_timeout_ms : 1000;
     if (cfg->secret_len)
         memcpy(admin->secret, cfg->secret, cfg->secret_len);
     admin->secret_len = cfg->secret_len;
@@ -165,6 +167,7 @@ void kvg_admin_free(kvg_admin *admin)
 {
     if (!admin)
         return;
+    kvg_admin_shared_free(admin->shared); /* its thread applies changes: first */
     OPENSSL_cleanse(admin->secret, sizeof(admin->secret));
     kvg_admin_free_digests(admin->digests, admin->ndigests);
     pthread_mutex_destroy(&admin->change_lock);
@@ -466,6 +469,44 @@ static bool check_request(admin_ctx *c, const admin_route *r, const seg *params,
     }
 }
 
+/* A change to a shared state: made on the latest state Redis has, and made again on top of
+ * whatever another replica committed in between (each attempt's handler starts from the
+ * state in memory, which the conflict replaced), so that no replica's edit is lost. A key
+ * creation thus answers with the key that was finally committed. */
+static void run_shared_change(admin_ctx *c, const admin_route *r)
+{
+    char why[320], target[ADMIN_TARGET_MAX];
+    kvg_admin *admin = c->admin;
+    if (kvg_admin_shared_refresh(admin, why, sizeof(why)) < 0) {
+        kvg_log_error("admin: %s not applied: %s", c->action, why);
+        kvg_admin_fail(c, 503, "the change was not applied: %s", why);
+        return;
+    }
+    memcpy(target, c->target, sizeof(target));
+    for (unsigned attempt = 1;; attempt++) {
+        c->again = false;
+        r->handler(c);
+        if (!c->again)
+            return;
+        if (attempt == ADMIN_CHANGE_ATTEMPTS) {
+            kvg_log_warn("admin: %s not applied: the shared state changed under it %u times",
+                         c->action, attempt);
+            kvg_admin_fail(c, 503,
+                           "the change was not applied: other replicas kept changing the shared "
+                           "state (%u attempts); try again",
+                           attempt);
+            return;
+        }
+        memcpy(c->target, target, sizeof(target));
+        c->detail[0] = '\0';
+        kvg_admin_json(c->resp, 500);
+        /* Two replicas that collided would collide again in step: part them a little. */
+        uint32_t jitter = 0;
+        kvg_random_bytes(&jitter, sizeof(jitter));
+        usleep((useconds_t)(jitter % (500u * KVG_MIN(attempt, 8u))));
+    }
+}
+
 static void handle(admin_ctx *c)
 {
     const kvg_admin_request *req = c->req;
@@ -508,8 +549,12 @@ static void handle(admin_ctx *c)
     set_target(c, r, params, nparams);
     if (c->action)
         pthread_mutex_lock(&admin->change_lock);
-    if (check_request(c, r, params, nparams))
-        r->handler(c);
+    if (check_request(c, r, params, nparams)) {
+        if (c->action && admin->shared)
+            run_shared_change(c, r);
+        else
+            r->handler(c);
+    }
     if (r->needs & NEED_TENANTS)
         resp->cache_control = "no-store";
 }

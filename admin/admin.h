@@ -44,8 +44,16 @@ typedef struct kvg_admin_config {
     uint64_t engine_load_max_age_ns;
     /* Redis (borrowed; must outlive the admin), when the gateway shares its state and prefix
      * map with other replicas: its series join /metrics, and /readyz names what is degraded
-     * (a degraded Redis does not make the gateway unready: decisions fall back). NULL: none. */
+     * (a degraded Redis does not make the gateway unready: decisions fall back). Once
+     * kvg_admin_share_state has run, tenants, key digests, admin workers and the policy live
+     * in Redis (docs/redis.md#shared-state). NULL: none. */
     kvg_redis *redis;
+    /* With redis: the shared state's version is checked this often besides pub/sub
+     * (redis.sync_interval_ms); 0 = 1000. */
+    uint32_t redis_sync_interval_ms;
+    /* With redis: connect and command timeout of the shared state's blocking connections
+     * (redis.command_timeout_ms); 0 = 1000. */
+    uint32_t redis_timeout_ms;
     /* The server secret (borrowed), for the scope salt of an explained request. */
     const uint8_t *secret;
     size_t secret_len;
@@ -89,6 +97,19 @@ void kvg_admin_free(kvg_admin *admin);
  *  section and the field), -ENOMEM, -EFBIG or -errno (msg says which file); on error what was
  *  restored before the bad section stays, and the gateway is expected to refuse to start. */
 int kvg_admin_load_state(kvg_admin *admin, char *msg, size_t msg_len);
+/** With a Redis (cfg.redis), share the state with the other replicas from now on; without
+ *  one, returns 0 at once. For the gateway to call once at start-up, after
+ *  kvg_admin_load_state and before serving: checks that this gateway's server secret is the
+ *  one the replicas sharing the Redis use (a verifier, an HMAC of a fixed label, is kept
+ *  there; set when absent), then replaces the state with the document Redis holds or, when
+ *  it holds none (a fresh or wiped Redis), stores this gateway's state there (of several
+ *  replicas starting at once exactly one does); then starts the sync thread that applies the
+ *  other replicas' changes (stopped by kvg_admin_free). Blocks for a few round trips (each
+ *  bounded by redis_timeout_ms). Returns 0; KVG_ECONFIG when the secret differs (msg says what
+ *  to do; neither the secret nor the verifier is ever written anywhere); KVG_EPARSE when the
+ *  document in Redis cannot be applied (msg names the section and the field); -ETIMEDOUT,
+ *  -ECONNREFUSED, -ENOTCONN, KVG_EPROTO (Redis: msg says which); -ENOMEM or -errno. */
+int kvg_admin_share_state(kvg_admin *admin, char *msg, size_t msg_len);
 /** Replace the accepted tokens (config reload). 0, -EINVAL or -ENOMEM (old tokens kept).
  *  Tokens must be non-empty, without spaces or control characters; at most 64. Only their
  *  SHA-256 digests are kept. */
@@ -103,8 +124,10 @@ void kvg_admin_set_ready(kvg_admin *admin, kvg_admin_ready_fn fn, void *ud);
 /** Handle one admin request. Always fills resp (status, content type, body, extra headers);
  *  the caller sends it and then calls kvg_admin_response_done. Reads never block. A change
  *  (PUT, POST, DELETE) is serialised with every other change, and writes the state file (with
- *  fsync) and its audit line before it returns: call it from a thread that may block for a few
- *  milliseconds, not from one serving traffic. Thread-safe: requests may be handled on several
+ *  fsync) and its audit line before it returns; with a shared state it first commits to Redis
+ *  (a few round trips, each bounded by redis_timeout_ms; on a conflict with another replica
+ *  the change is made again on top of the newer state): call it from a thread that may block
+ *  for a few milliseconds, not from one serving traffic. Thread-safe: requests may be handled on several
  *  threads at once, and concurrently with kvg_admin_set_tokens, kvg_admin_add_metrics and
  *  kvg_admin_set_ready. Request bodies over KVG_ADMIN_BODY_MAX get 413. */
 void kvg_admin_handle(kvg_admin *admin, const kvg_admin_request *req, kvg_admin_response *resp);

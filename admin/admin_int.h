@@ -17,6 +17,8 @@
 #define CT_JSON "application/json"
 #define CT_METRICS "text/plain; version=0.0.4; charset=utf-8"
 
+typedef struct admin_shared admin_shared;
+
 typedef struct admin_writer {
     kvg_admin_metrics_fn fn;
     void *ud;
@@ -45,6 +47,11 @@ struct kvg_admin {
     size_t nwriters;
     kvg_admin_ready_fn ready;
     void *ready_ud;
+    /* The state shared through Redis (shared.c), NULL without one or before
+     * kvg_admin_share_state. What it holds of the state is guarded by change_lock. */
+    admin_shared *shared;
+    uint32_t redis_sync_interval_ms;
+    uint32_t redis_timeout_ms;
 };
 
 #define ADMIN_DETAIL_MAX 256
@@ -69,6 +76,9 @@ typedef struct admin_ctx {
      * work (bounded by ADMIN_BODY_ARENA_MAX). */
     const kvg_json *body;
     kvg_arena arena;
+    /* Set by kvg_admin_commit when another replica changed the shared state first: the newer
+     * state is in memory, and the change is to be made again on top of it. */
+    bool again;
 } admin_ctx;
 
 /* A request body parsed into a tree (from the arena, which the caller frees). */
@@ -111,13 +121,61 @@ bool kvg_admin_c_string(const kvg_json *v, const char *field, char *msg, size_t 
 /** True when key (of length len, from a parsed object) is exactly lit. */
 bool kvg_admin_key_is(const char *key, size_t len, const char *lit);
 
-/** Write the whole state (tenants, admin workers, policy) to the state file; the caller holds
- *  change_lock. 0 when there is no state file; otherwise 0 or a negative code, with the reason
- *  in why. */
+/** Append the whole state (tenants, admin workers, policy) as the state file has it: the
+ *  document the file and Redis hold. The caller holds change_lock. */
+void kvg_admin_state_doc(kvg_admin *admin, kvg_buf *out);
+/** Apply a document of kvg_admin_state_doc's format; the caller holds change_lock. replace
+ *  false (the state file at start-up): the sections present are restored. replace true (a
+ *  document from Redis): the state becomes exactly the document's (the policy starts from the
+ *  defaults; an absent section is an empty one), keeping the runtime state of tenants and
+ *  workers that stay; applying the same document twice changes nothing. Sections are checked
+ *  and applied one at a time (policy, tenants, workers): on an error the ones before stay.
+ *  0, KVG_EPARSE (msg names the section and the field), KVG_ELIMIT or -ENOMEM. */
+int kvg_admin_apply_doc(kvg_admin *admin, const char *text, size_t len, bool replace, char *msg,
+                        size_t msg_len);
+/** Write a document to the state file (atomically, fsync); 0 when there is no state file,
+ *  otherwise 0 or a negative code with the reason in why. */
+int kvg_admin_write_state_file(kvg_admin *admin, const char *doc, size_t len, char *why,
+                               size_t why_len);
+/** Write the whole state to the state file; the caller holds change_lock. 0 when there is no
+ *  state file; otherwise 0 or a negative code, with the reason in why. */
 int kvg_admin_save_state(kvg_admin *admin, char *why, size_t why_len);
-/** Save after a change that was applied: on failure answer 500 ("the change is applied but
- *  could not be saved: ...") and log an error. True when saved (or nothing to save). */
+/** Store the state after a change was applied in memory; the caller holds change_lock. With a
+ *  shared state, kvg_admin_shared_commit; otherwise kvg_admin_save_state. 0; -EAGAIN (shared:
+ *  another replica changed the state first, which is now in memory: make the change again);
+ *  another negative code with why, *undone telling whether the change was taken back (shared:
+ *  memory is the last state Redis had) or stays applied in memory (the state file). */
+int kvg_admin_store(kvg_admin *admin, bool *undone, char *why, size_t why_len);
+/** Store after a change that was applied (kvg_admin_store): -EAGAIN sets c->again; a change
+ *  taken back answers 503 ("the change was not applied: ..."), one kept but not saved 500
+ *  ("the change is applied but could not be saved: ..."), and logs an error. True when
+ *  stored (or nothing to store). */
 bool kvg_admin_commit(admin_ctx *c);
+
+/* ---- the shared state in Redis (shared.c) ---- */
+
+/* Attempts of one change against a shared state that other replicas keep changing. */
+#define ADMIN_CHANGE_ATTEMPTS 16
+
+/** Commit the state in memory to Redis: a compare-and-set against the version this replica
+ *  last had (which also publishes the new version), then the state file as a local backup
+ *  (its failure only logged). 0; -EAGAIN with the newer document applied (a conflict); another
+ *  negative code with why and the change taken back (*undone true: memory is the last state
+ *  Redis had). The caller holds change_lock. */
+int kvg_admin_shared_commit(kvg_admin *admin, bool *undone, char *why, size_t why_len);
+/** Before a change: bring the state up to the version Redis has (one round trip when it is
+ *  current), so that a change sees what other replicas committed. 0, or a negative code with
+ *  why. The caller holds change_lock. */
+int kvg_admin_shared_refresh(kvg_admin *admin, char *why, size_t why_len);
+/** Stop the sync thread and free the shared state; NULL is a no-op. */
+void kvg_admin_shared_free(admin_shared *s);
+/** Append the shared state's series (kvgate_state_*). */
+void kvg_admin_shared_write_metrics(admin_shared *s, kvg_buf *out);
+/** False when the shared state is degraded, with one line saying why. */
+bool kvg_admin_shared_healthy(admin_shared *s, char *why, size_t len);
+/** The verifier of a server secret: HMAC-SHA256(secret, "kvgate server secret verifier v1")
+ *  in lowercase hex, into out (65 bytes). 0 or KVG_ETLS. */
+int kvg_admin_secret_verifier(const uint8_t *secret, size_t len, char out[65]);
 /** The tail of a put: rc and msg are the module's answer. A refusal answers 400 with msg (409
  *  for KVG_ELIMIT: a limit is full; 500 for -ENOMEM); success is saved (kvg_admin_commit). True
  *  when the caller is to set the audit detail and write the answer. */

@@ -39,20 +39,25 @@ void kvg_admin_readyz(admin_ctx *c)
             reason = "no worker is up and accepting requests";
     }
     /* What works less well than it should without stopping the gateway from serving. */
-    char why[300] = "";
-    char degraded[400] = "";
+    char why[400] = "";
+    char degraded[2][440];
+    size_t ndegraded = 0;
     if (admin->redis && !kvg_redis_healthy(admin->redis, why, sizeof(why)))
-        snprintf(degraded, sizeof(degraded), "redis degraded: %s", why);
+        snprintf(degraded[ndegraded++], sizeof(degraded[0]), "redis degraded: %s", why);
+    /* shared is set once at start-up, before the admin listener serves */
+    if (admin->shared && !kvg_admin_shared_healthy(admin->shared, why, sizeof(why)))
+        snprintf(degraded[ndegraded++], sizeof(degraded[0]), "state sync degraded: %s", why);
     kvg_buf *b = &c->resp->body;
     kvg_admin_json(c->resp, reason ? 503 : 200);
     kvg_buf_puts(b, reason ? "{\"status\":\"not ready\",\"reason\":" : "{\"status\":\"ready\"");
     if (reason)
         kvg_buf_json_string(b, reason, strlen(reason));
-    if (degraded[0]) {
-        kvg_buf_puts(b, ",\"degraded\":[");
-        kvg_buf_json_string(b, degraded, strlen(degraded));
-        kvg_buf_putc(b, ']');
+    for (size_t i = 0; i < ndegraded; i++) {
+        kvg_buf_puts(b, i ? "," : ",\"degraded\":[");
+        kvg_buf_json_string(b, degraded[i], strlen(degraded[i]));
     }
+    if (ndegraded)
+        kvg_buf_putc(b, ']');
     kvg_buf_putc(b, '}');
 }
 
@@ -77,6 +82,8 @@ void kvg_admin_metrics(admin_ctx *c)
         kvg_router_write_metrics(admin->router, &resp->body);
     if (admin->redis)
         kvg_redis_write_metrics(admin->redis, &resp->body);
+    if (admin->shared)
+        kvg_admin_shared_write_metrics(admin->shared, &resp->body);
     if (admin->policy) {
         kvg_policy_config pc;
         kvg_policy_state_get(admin->policy, &pc);

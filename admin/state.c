@@ -14,39 +14,77 @@
 #define STATE_FILE_MAX (1024u * 1024 * 1024)
 #define STATE_DEPTH_MAX 32
 
+void kvg_admin_state_doc(kvg_admin *admin, kvg_buf *b)
+{
+    kvg_buf_printf(b, "{\"version\":%d", STATE_VERSION);
+    if (admin->tenants) {
+        kvg_buf_puts(b, ",\"tenants\":");
+        kvg_tenants_to_json(admin->tenants, b);
+    }
+    kvg_buf_puts(b, ",\"workers\":");
+    kvg_registry_admin_to_json(admin->reg, b);
+    if (admin->policy) {
+        kvg_policy_config cfg;
+        kvg_policy_state_get(admin->policy, &cfg);
+        kvg_buf_puts(b, ",\"policy\":");
+        kvg_policy_config_to_json(&cfg, b);
+    }
+    kvg_buf_puts(b, "}\n");
+}
+
+int kvg_admin_write_state_file(kvg_admin *admin, const char *doc, size_t len, char *why,
+                               size_t why_len)
+{
+    if (!admin->state_path)
+        return 0;
+    int rc = kvg_state_write_file(admin->state_path, doc, len, 0600);
+    if (rc < 0)
+        snprintf(why, why_len, "%s: %s", admin->state_path, kvg_strerror(rc));
+    return rc;
+}
+
 int kvg_admin_save_state(kvg_admin *admin, char *why, size_t why_len)
 {
     if (!admin->state_path)
         return 0;
     kvg_buf b;
     kvg_buf_init(&b);
-    kvg_buf_printf(&b, "{\"version\":%d", STATE_VERSION);
-    if (admin->tenants) {
-        kvg_buf_puts(&b, ",\"tenants\":");
-        kvg_tenants_to_json(admin->tenants, &b);
-    }
-    kvg_buf_puts(&b, ",\"workers\":");
-    kvg_registry_admin_to_json(admin->reg, &b);
-    if (admin->policy) {
-        kvg_policy_config cfg;
-        kvg_policy_state_get(admin->policy, &cfg);
-        kvg_buf_puts(&b, ",\"policy\":");
-        kvg_policy_config_to_json(&cfg, &b);
-    }
-    kvg_buf_puts(&b, "}\n");
-    int rc = b.failed ? -ENOMEM : kvg_state_write_file(admin->state_path, b.data, b.len, 0600);
-    if (rc < 0)
+    kvg_admin_state_doc(admin, &b);
+    int rc = b.failed ? -ENOMEM : kvg_admin_write_state_file(admin, b.data, b.len, why, why_len);
+    if (rc == -ENOMEM)
         snprintf(why, why_len, "%s: %s", admin->state_path, kvg_strerror(rc));
     kvg_buf_done(&b);
     return rc;
 }
 
+int kvg_admin_store(kvg_admin *admin, bool *undone, char *why, size_t why_len)
+{
+    *undone = false;
+    if (admin->shared)
+        return kvg_admin_shared_commit(admin, undone, why, why_len);
+    return kvg_admin_save_state(admin, why, why_len);
+}
+
 bool kvg_admin_commit(admin_ctx *c)
 {
-    char why[256];
-    if (kvg_admin_save_state(c->admin, why, sizeof(why)) == 0)
+    char why[320];
+    bool undone;
+    int rc = kvg_admin_store(c->admin, &undone, why, sizeof(why));
+    if (rc == 0)
         return true;
-    kvg_log_error("admin: %s applied but not saved: %s", c->action ? c->action : "change", why);
+    if (rc == -EAGAIN) {
+        /* Another replica changed the shared state first: it is in memory now, and
+         * kvg_admin_handle runs the change again on top of it. */
+        c->again = true;
+        return false;
+    }
+    const char *what = c->action ? c->action : "change";
+    if (undone) {
+        kvg_log_error("admin: %s not applied: %s", what, why);
+        kvg_admin_fail(c, 503, "the change was not applied: %s", why);
+        return false;
+    }
+    kvg_log_error("admin: %s applied but not saved: %s", what, why);
     kvg_admin_fail(c, 500, "the change is applied but could not be saved: %s", why);
     return false;
 }
@@ -155,35 +193,84 @@ static int find_sections(const kvg_json *root, sections *s, char *msg, size_t ms
     return kvg_fields_decode(&section_table, s, root, "", &c);
 }
 
-/* Apply the sections; the policy is checked first (on a copy) since it is the cheapest. */
-static int apply(kvg_admin *admin, const sections *s, char *msg, size_t msg_len)
+/* Put back the tenants kvg_tenants_to_json wrote before a document that was then refused. What
+ * that function wrote, it reads; only memory can fail here, and then the error log says so. */
+static void restore_tenants(kvg_admin *admin, const kvg_buf *old)
 {
+    kvg_arena arena;
+    kvg_arena_init(&arena, 0);
+    kvg_json *root;
+    kvg_json_error jerr = {0};
+    kvg_json_limits lim = {.max_depth = STATE_DEPTH_MAX};
+    char why[256] = "";
+    int rc = kvg_json_parse(old->data, old->len, &arena, &lim, &root, &jerr);
+    if (rc == 0)
+        rc = kvg_tenants_from_json(admin->tenants, root, why, sizeof(why));
+    if (rc < 0)
+        kvg_log_error("admin: the tenants could not be put back after a refused document: %s",
+                      why[0] ? why : kvg_strerror(rc));
+    kvg_arena_done(&arena);
+}
+
+/* Apply the sections; the policy is checked first (on a copy) since it is the cheapest. A
+ * replacement (a document from Redis) starts the policy from its defaults and counts an absent
+ * section as an empty one, so that what the document lacks is gone here too. */
+static int apply(kvg_admin *admin, const sections *s, bool replace, char *msg, size_t msg_len)
+{
+    static const kvg_json empty = {.type = KVG_JSON_ARRAY};
     char why[256] = "";
     int rc;
     kvg_policy_config cfg;
-    if (s->policy && admin->policy) {
-        kvg_policy_state_get(admin->policy, &cfg);
-        rc = kvg_policy_config_apply_json(&cfg, s->policy, why, sizeof(why));
+    const kvg_json *tenants = s->tenants, *workers = s->workers;
+    if (replace) {
+        tenants = tenants ? tenants : &empty;
+        workers = workers ? workers : &empty;
+    }
+    if ((s->policy || replace) && admin->policy) {
+        if (replace)
+            kvg_policy_config_init(&cfg);
+        else
+            kvg_policy_state_get(admin->policy, &cfg);
+        rc = s->policy ? kvg_policy_config_apply_json(&cfg, s->policy, why, sizeof(why)) : 0;
         if (rc < 0) {
             snprintf(msg, msg_len, "policy: %s", why);
             return rc;
         }
     }
-    if (s->tenants && admin->tenants) {
-        rc = kvg_tenants_from_json(admin->tenants, s->tenants, why, sizeof(why));
+    /* Each section replaces its store all or nothing, but the document must too: the tenants
+     * as they were are kept, to be put back when the workers are refused after them. */
+    kvg_buf old_tenants;
+    kvg_buf_init(&old_tenants);
+    bool tenants_done = false;
+    if (tenants && admin->tenants) {
+        if (workers) {
+            kvg_tenants_to_json(admin->tenants, &old_tenants);
+            if (old_tenants.failed) {
+                kvg_buf_done(&old_tenants);
+                snprintf(msg, msg_len, "tenants: %s", kvg_strerror(-ENOMEM));
+                return -ENOMEM;
+            }
+        }
+        rc = kvg_tenants_from_json(admin->tenants, tenants, why, sizeof(why));
         if (rc < 0) {
+            kvg_buf_done(&old_tenants);
             snprintf(msg, msg_len, "tenants: %s", rc == -ENOMEM ? kvg_strerror(rc) : why);
             return rc;
         }
+        tenants_done = true;
     }
-    if (s->workers) {
-        rc = kvg_registry_admin_from_json(admin->reg, s->workers, why, sizeof(why));
+    if (workers) {
+        rc = kvg_registry_admin_from_json(admin->reg, workers, why, sizeof(why));
         if (rc < 0) {
             snprintf(msg, msg_len, "workers: %s", rc == -ENOMEM ? kvg_strerror(rc) : why);
+            if (tenants_done)
+                restore_tenants(admin, &old_tenants);
+            kvg_buf_done(&old_tenants);
             return rc;
         }
     }
-    if (s->policy && admin->policy) {
+    kvg_buf_done(&old_tenants);
+    if ((s->policy || replace) && admin->policy) {
         rc = kvg_policy_state_set(admin->policy, &cfg);
         if (rc < 0) {
             snprintf(msg, msg_len, "policy: %s", kvg_strerror(rc));
@@ -191,6 +278,30 @@ static int apply(kvg_admin *admin, const sections *s, char *msg, size_t msg_len)
         }
     }
     return 0;
+}
+
+int kvg_admin_apply_doc(kvg_admin *admin, const char *text, size_t len, bool replace, char *msg,
+                        size_t msg_len)
+{
+    kvg_arena arena;
+    kvg_arena_init(&arena, 0);
+    kvg_json *root;
+    kvg_json_error jerr = {0};
+    kvg_json_limits lim = {.max_depth = STATE_DEPTH_MAX, .reject_duplicate_keys = true};
+    int rc = kvg_json_parse(len ? text : "", len, &arena, &lim, &root, &jerr);
+    if (rc == -ENOMEM) {
+        snprintf(msg, msg_len, "%s", kvg_strerror(rc));
+    } else if (rc < 0) {
+        rc = KVG_EPARSE;
+        snprintf(msg, msg_len, "invalid JSON at byte %zu: %s", jerr.offset, jerr.message);
+    } else {
+        sections s;
+        rc = find_sections(root, &s, msg, msg_len);
+        if (rc == 0)
+            rc = apply(admin, &s, replace, msg, msg_len);
+    }
+    kvg_arena_done(&arena);
+    return rc;
 }
 
 int kvg_admin_load_state(kvg_admin *admin, char *msg, size_t msg_len)
@@ -201,36 +312,13 @@ int kvg_admin_load_state(kvg_admin *admin, char *msg, size_t msg_len)
     pthread_mutex_lock(&admin->change_lock);
     kvg_buf text;
     kvg_buf_init(&text);
-    kvg_arena arena;
-    kvg_arena_init(&arena, 0);
     int rc = kvg_state_read_file(admin->state_path, STATE_FILE_MAX, &text);
-    if (rc == -ENOENT) {
+    if (rc == -ENOENT)
         rc = 0; /* first start */
-        goto out;
-    }
-    if (rc < 0) {
+    else if (rc < 0)
         snprintf(why, sizeof(why), "cannot read it: %s", kvg_strerror(rc));
-        goto out;
-    }
-    kvg_json *root;
-    kvg_json_error jerr = {0};
-    kvg_json_limits lim = {.max_depth = STATE_DEPTH_MAX, .reject_duplicate_keys = true};
-    rc = kvg_json_parse(text.len ? text.data : "", text.len, &arena, &lim, &root, &jerr);
-    if (rc == -ENOMEM) {
-        snprintf(why, sizeof(why), "%s", kvg_strerror(rc));
-        goto out;
-    }
-    if (rc < 0) {
-        rc = KVG_EPARSE;
-        snprintf(why, sizeof(why), "invalid JSON at byte %zu: %s", jerr.offset, jerr.message);
-        goto out;
-    }
-    sections s;
-    rc = find_sections(root, &s, why, sizeof(why));
-    if (rc == 0)
-        rc = apply(admin, &s, why, sizeof(why));
-
-out:
+    else
+        rc = kvg_admin_apply_doc(admin, text.data, text.len, false, why, sizeof(why));
     pthread_mutex_unlock(&admin->change_lock);
     if (rc < 0)
         snprintf(msg, msg_len, "state file %s: %s", admin->state_path, why);
@@ -240,6 +328,5 @@ out:
     if (text.data)
         OPENSSL_cleanse(text.data, text.cap);
     kvg_buf_done(&text);
-    kvg_arena_done(&arena);
     return rc;
 }

@@ -4,6 +4,7 @@
  * its digest. Every change is saved before the answer. */
 #include "admin_int.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,8 +158,22 @@ void kvg_admin_key_create(admin_ctx *c)
 
     /* A key that is not saved would stop working at the next restart, and its creator could
      * not know: take it back and say so rather than hand it out. */
-    char why[256];
-    rc = kvg_admin_save_state(c->admin, why, sizeof(why));
+    char why[320];
+    bool undone;
+    rc = kvg_admin_store(c->admin, &undone, why, sizeof(why));
+    if (rc == -EAGAIN) {
+        /* Another replica changed the shared state first; this key is gone with the state it
+         * was made on, and kvg_admin_handle makes a new one on top of the newer state. */
+        OPENSSL_cleanse(key, sizeof(key));
+        c->again = true;
+        return;
+    }
+    if (rc < 0 && undone) {
+        OPENSSL_cleanse(key, sizeof(key));
+        kvg_log_error("admin: key.create %s/%s not applied: %s", id, key_id, why);
+        kvg_admin_fail(c, 503, "the key was not created: %s", why);
+        return;
+    }
     if (rc < 0) {
         int undo = kvg_tenants_key_delete(ts, id, key_id);
         OPENSSL_cleanse(key, sizeof(key));

@@ -398,6 +398,8 @@ static int build_state(kvg_gateway *gw, char *token)
         .tenant_label_cap = gw->cfg.tenant_metrics_max,
         .router = gw->router,
         .redis = gw->redis,
+        .redis_sync_interval_ms = gw->cfg.redis.sync_interval_ms,
+        .redis_timeout_ms = gw->cfg.redis.command_timeout_ms,
         .engine_load_max_age_ns = kvg_scrape_max_age_ns(gw),
         .secret = gw->secret,
         .secret_len = gw->secret_len,
@@ -411,6 +413,13 @@ static int build_state(kvg_gateway *gw, char *token)
     rc = kvg_admin_load_state(gw->admin, msg, sizeof(msg));
     if (rc < 0) {
         kvg_log_error("cannot restore the state file %s: %s", acfg.state_path, msg);
+        return rc;
+    }
+    /* With Redis the replicas share it: from there, or stored there from the file's. */
+    char smsg[1024] = "";
+    rc = kvg_admin_share_state(gw->admin, smsg, sizeof(smsg));
+    if (rc < 0) {
+        kvg_log_error("shared state: %s", smsg[0] ? smsg : kvg_strerror(rc));
         return rc;
     }
     if (gw->auth_open) {

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* What the unit tests of the admin API (test_admin.c, test_probes.c, test_auth.c, test_workers.c,
- * test_tenants.c, test_policy.c, test_audit.c, test_state.c) share: an admin over fresh objects
- * in a scratch directory, calls and their replies, the error shape, a quiet error log. */
+ * test_tenants.c, test_policy.c, test_audit.c, test_state.c, test_shared.c) share: an admin over
+ * fresh objects in a scratch directory, calls and their replies, the error shape, a quiet error
+ * log. */
 #ifndef KVG_TEST_ADMIN_HELPERS_H
 #define KVG_TEST_ADMIN_HELPERS_H
 
@@ -101,5 +102,6 @@ TEST_PART_DECLARE(tenants_tests);
 TEST_PART_DECLARE(policy_tests);
 TEST_PART_DECLARE(audit_tests);
 TEST_PART_DECLARE(state_tests);
+TEST_PART_DECLARE(shared_tests);
 
 #endif

@@ -358,6 +358,7 @@ int main(void)
         {auth_tests, auth_tests_count},       {workers_tests, workers_tests_count},
         {tenants_tests, tenants_tests_count}, {policy_tests, policy_tests_count},
         {audit_tests, audit_tests_count},     {state_tests, state_tests_count},
+        {shared_tests, shared_tests_count},
     };
     return run_test_parts(parts, KVG_ARRAY_LEN(parts));
 }
