@@ -14,10 +14,12 @@
 -- recent keys of the recency order after the call (an LRU cache always holds the top of its
 -- recency stack), which one ZADD of every key and one ZPOPMIN of the excess reproduce. The
 -- eviction count can be larger than that ZPOPMIN: a key the worker held near the LRU end can be
--- evicted for one of the chain's new keys and then come back as a new key itself. So when the
--- call evicts, the count is found by replaying the embedded index's steps on the chain and the
--- bottom of the old recency order (at most n entries of it can matter: each eviction and each
--- key found held consumes one), in Lua, without touching the set.
+-- evicted for one of the chain's new keys and then come back as a new key itself. That needs a
+-- held key of the chain among the oldest entries, which one look at the score of the last entry
+-- the ZPOPMIN would take rules out in the common case (a conversation's next turn: its held
+-- keys are recent). Otherwise the count comes from replaying the embedded index's steps on the
+-- chain and the bottom of the old recency order (at most n entries of it can matter: each
+-- eviction and each key found held consumes one), in Lua, without touching the set.
 local set = KEYS[1]
 local cap = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[2])
@@ -32,21 +34,73 @@ local n = #chain / 8
 if n == 0 then
     return 0
 end
-local call, sub, fmt = redis.call, string.sub, string.format
+local call, sub, fmt, min = redis.call, string.sub, string.format, math.min
 -- Lua's unpack and Redis's argument vector: a few thousand values per call at most.
 local CHUNK = 2000
+
+-- Counts and indices go to Redis as integers (a Lua number goes out as %.17g, or as the
+-- shortest form, 1e+06, in some versions).
+local function int(x)
+    return fmt('%d', x)
+end
 
 local keys = {}
 for i = 1, n do
     keys[i] = sub(chain, 8 * i - 7, 8 * i)
 end
 
+-- The evictions of kvg_index_record on this chain, step by step: keys from last to first; a
+-- key not cached is added, after evicting the least recent entry when the set is full. The
+-- least recent is the oldest entry the replay has not touched (from the bottom of the old
+-- order), or once none is left, the earliest touched key (a queue of touches, an entry of
+-- which is stale when its key was touched again since). held: member -> cached (the chain's
+-- keys); card: entries before the call.
+local function replay(held, card)
+    local bottom = call('ZRANGE', set, 0, int(min(n, card) - 1))
+    local bi, nb = 1, #bottom
+    local touched = {} -- member -> step of its latest touch
+    local queue, qhead = {}, 1
+    local size, count = card, 0
+    for step = 1, n do
+        local k = keys[n - step + 1]
+        if not held[k] then
+            if size >= cap then
+                local done = false
+                while bi <= nb do
+                    local x = bottom[bi]
+                    bi = bi + 1
+                    if not touched[x] then
+                        held[x] = false
+                        done = true
+                        break
+                    end
+                end
+                -- (qhead < step always holds here: cap >= 1, so something was touched.)
+                while not done and qhead < step do
+                    local x = queue[qhead]
+                    if touched[x] == qhead and held[x] then
+                        held[x] = false
+                        done = true
+                    end
+                    qhead = qhead + 1
+                end
+                size = size - 1
+                count = count + 1
+            end
+            held[k] = true
+            size = size + 1
+        end
+        queue[step] = k
+        touched[k] = step
+    end
+    return count
+end
+
 local evicted = 0
 local card = call('ZCARD', set)
 if card > cap then
     -- A lowered capacity: the embedded index evicts down to it when the worker changes.
-    local popped = call('ZPOPMIN', set, card - cap)
-    evicted = #popped / 2
+    evicted = #call('ZPOPMIN', set, int(card - cap)) / 2
     card = cap
 end
 local top = 0
@@ -56,72 +110,47 @@ end
 
 -- Only a call that adds more than the room left can evict.
 if card + n > cap then
-    local held = {} -- member -> still cached, as the replay goes
+    local held = {} -- member -> held before the call
     local fresh = 0 -- distinct keys not held
+    local min_held -- the oldest score among the held keys of the chain
     for a = 1, n, CHUNK do
-        local b = math.min(a + CHUNK - 1, n)
+        local b = min(a + CHUNK - 1, n)
         local scores = call('ZMSCORE', set, unpack(keys, a, b))
         for i = a, b do
-            local k = keys[i]
+            local k, sc = keys[i], scores[i - a + 1]
             if held[k] == nil then
-                held[k] = scores[i - a + 1] ~= false
-                if not held[k] then
+                held[k] = sc ~= false
+                if sc then
+                    sc = tonumber(sc)
+                    if not min_held or sc < min_held then
+                        min_held = sc
+                    end
+                else
                     fresh = fresh + 1
                 end
             end
         end
     end
-    if card + fresh > cap then
-        -- The replay. Old entries leave from the bottom of the old order (skipping those the
-        -- chain has touched meanwhile); once none is left, the chain's own keys in the order
-        -- they were touched (an entry of that queue is stale when its key was touched again).
-        local bottom = call('ZRANGE', set, 0, math.min(n, card) - 1)
-        local bi, nb = 1, #bottom
-        local touched = {} -- member -> step of its latest touch
-        local queue, qhead = {}, 1
-        local size = card
-        for i = n, 1, -1 do
-            local step = n - i + 1
-            local k = keys[i]
-            if not held[k] then
-                if size >= cap then
-                    local done = false
-                    while bi <= nb do
-                        local x = bottom[bi]
-                        bi = bi + 1
-                        if not touched[x] then
-                            held[x] = false
-                            done = true
-                            break
-                        end
-                    end
-                    -- (qhead <= n always holds here: there is a key to evict, as cap >= 1.)
-                    while not done and qhead <= n do
-                        local x = queue[qhead]
-                        if touched[x] == qhead and held[x] then
-                            held[x] = false
-                            done = true
-                        end
-                        qhead = qhead + 1
-                    end
-                    size = size - 1
-                    evicted = evicted + 1
-                end
-                held[k] = true
-                size = size + 1
-            end
-            queue[step] = k
-            touched[k] = step
+    local over = card + fresh - cap -- what the ZPOPMIN below takes
+    if over > 0 then
+        -- The chain's new keys evict exactly the `over` oldest entries when none of those is a
+        -- key of the chain (then nothing is evicted and touched again): one probe of the score
+        -- of the last of them decides it.
+        local fast = over <= card
+        if fast and min_held then
+            fast = tonumber(call('ZRANGE', set, int(over - 1), int(over - 1), 'WITHSCORES')[2]) <
+                       min_held
         end
+        evicted = evicted + (fast and over or replay(held, card))
     end
 end
 
--- Scores: tail first, so that a key listed twice keeps the score of its first position.
--- Formatted as integers (a Lua number would go out as %.14g).
+-- Scores: tail first, so that a key listed twice keeps the score of its first position. Passed
+-- as Lua numbers: exact integers below 2^53 in both of Redis's conversions.
 local args, m = {}, 0
 local added = 0
 for i = n, 1, -1 do
-    args[m + 1] = fmt('%d', top + (n - i + 1))
+    args[m + 1] = top + (n - i + 1)
     args[m + 2] = keys[i]
     m = m + 2
     if m == 2 * CHUNK or i == 1 then
@@ -129,12 +158,11 @@ for i = n, 1, -1 do
         m = 0
     end
 end
-local over = card + added - cap
-if over > 0 then
-    call('ZPOPMIN', set, over)
+if card + added > cap then
+    call('ZPOPMIN', set, int(card + added - cap))
 end
 if ttl > 0 then
-    call('PEXPIRE', set, ttl)
+    call('PEXPIRE', set, ARGV[2])
 else
     call('PERSIST', set)
 end
