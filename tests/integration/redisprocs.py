@@ -110,6 +110,11 @@ class RedisProcess:
     def addr(self) -> str:
         return f"{HOST}:{self.port}"
 
+    @property
+    def url(self) -> str:
+        """The gateway's redis.url for this server."""
+        return f"redis://{self.addr}"
+
     def __repr__(self):
         return f"<{self.name} {self.addr}>"
 

@@ -4,7 +4,6 @@ routes the next turn on another; Redis killed, restarted or paused costs no requ
 wait past redis.lookup_timeout_ms; the gateway comes back to Redis by itself; /readyz and
 /metrics say what is happening. Real redis-server processes, real simulated workers."""
 
-import signal
 import threading
 import time
 
@@ -14,66 +13,6 @@ from gwhelpers import CHAT, http, wait_for
 from test_routing import chat, text
 
 LOOKUP_TIMEOUT_MS = 20
-
-
-class RedisServer:
-    """A redis-server on a free loopback port, persistence off (provisional: the shared
-    fixtures in redisprocs.py replace it)."""
-
-    def __init__(self, workdir):
-        import socket
-        workdir.mkdir(parents=True, exist_ok=True)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.workdir = workdir
-        self.url = f"redis://127.0.0.1:{self.port}"
-        self.proc = None
-        self.restart()
-
-    def restart(self):
-        import subprocess
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir)],
-            stdout=open(self.workdir / "redis.log", "ab"), stderr=subprocess.STDOUT)
-        import redis
-        client = redis.Redis(port=self.port)
-        assert wait_for(lambda: self._ping(client), 5), "redis-server did not start"
-
-    @staticmethod
-    def _ping(client):
-        try:
-            return client.ping()
-        except Exception:
-            return False
-
-    def signal(self, sig):
-        self.proc.send_signal(sig)
-
-    def kill(self):
-        self.proc.kill()
-        self.proc.wait()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait()
-
-
-@pytest.fixture
-def redis_server(tmp_path):
-    servers = []
-
-    def start(**kw):
-        s = RedisServer(tmp_path / f"redis{len(servers)}", **kw)
-        servers.append(s)
-        return s
-
-    yield start
-    for s in servers:
-        s.stop()
 
 
 def replicas(kvgate, redis, workers, n=2, **kw):
@@ -102,7 +41,7 @@ def worker_listing(gw, name):
 
 def test_a_prefix_learned_on_one_replica_routes_the_next_turn_on_another(
         simworker, kvgate, redis_server):
-    redis = redis_server()
+    redis = redis_server
     ws = [simworker(time_scale=0, kv_blocks=4096) for _ in range(4)]
     urls = {w.name: w.url for w in ws}
     a, b = replicas(kvgate, redis, ws)
@@ -185,7 +124,7 @@ def http_client():
 
 def test_redis_killed_during_load_fails_nothing_and_is_used_again_once_back(
         simworker, kvgate, redis_server):
-    redis = redis_server()
+    redis = redis_server
     ws = [simworker(time_scale=0, kv_blocks=4096) for _ in range(4)]
     (gw,) = replicas(kvgate, redis, ws, n=1)
     with Load(gw, ws[0].model) as load:
@@ -208,23 +147,24 @@ def test_redis_killed_during_load_fails_nothing_and_is_used_again_once_back(
                     for o in ("unavailable", "lost", "timeout"))
     assert fallbacks > 0
     assert gw.metric("kvgate_redis_reconnects_total", m) >= 1
-    r = http.get(gw.admin_url + "/readyz")
-    assert r.status_code == 200 and "degraded" not in r.json(), r.text
+    # The topology thread and the state sync see Redis again at their next check.
+    assert wait_for(lambda: "degraded" not in http.get(gw.admin_url + "/readyz").json(), 10), \
+        http.get(gw.admin_url + "/readyz").text
 
 
 def test_a_paused_redis_delays_no_request_past_the_lookup_timeout(
         simworker, kvgate, redis_server):
-    redis = redis_server()
+    redis = redis_server
     ws = [simworker(time_scale=0, kv_blocks=4096) for _ in range(4)]
     (gw,) = replicas(kvgate, redis, ws, n=1)
     with Load(gw, ws[0].model) as load:
         assert wait_for(lambda: load.count() >= 100, 10)
         with load.lock:
             normal = sorted(d for _, d, _ in load.results)
-        redis.signal(signal.SIGSTOP)
+        redis.pause()
         paused_at = time.monotonic()
         time.sleep(5)
-        redis.signal(signal.SIGCONT)
+        redis.resume()
         resumed_at = time.monotonic()
         ok_before = gw.metric("kvgate_redis_lookups_total", outcome="ok")
         assert wait_for(lambda: gw.metric("kvgate_redis_lookups_total", outcome="ok")

@@ -12,7 +12,6 @@ import hmac
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import threading
 import time
@@ -21,6 +20,7 @@ import pytest
 
 from conftest import ADMIN_TOKEN, TEST_SECRET, binary, child_env
 from gwhelpers import COMPL, http
+from redisprocs import free_port
 
 redis = pytest.importorskip("redis")
 
@@ -28,62 +28,6 @@ PROPAGATION_S = 1.0  # the issue's bound: a change is in force on every replica 
 SYNC_INTERVAL_MS = 300
 VERIFIER_LABEL = b"kvgate server secret verifier v1"
 STATE_KEY = "kvg:{state}"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RedisServer:
-    """A redis-server without persistence on a free loopback port; .restart() starts it again
-    empty on the same port."""
-
-    def __init__(self, workdir: pathlib.Path):
-        self.workdir = workdir
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}"
-        self.proc = None
-        self.start()
-
-    def start(self):
-        log = open(self.workdir / f"redis-{self.port}.log", "ab")
-        try:
-            self.proc = subprocess.Popen(
-                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "no", "--dir", str(self.workdir)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        finally:
-            log.close()
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                self.client().ping()
-                return
-            except redis.exceptions.ConnectionError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"redis-server on {self.port} did not start")
-                time.sleep(0.02)
-
-    def client(self):
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
-
-    def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-
-    def restart(self):
-        self.stop()
-        self.start()
-
-
-@pytest.fixture
-def redis_server(tmp_path):
-    r = RedisServer(tmp_path)
-    yield r
-    r.stop()
 
 
 def gateway(kvgate, rs, *workers, sync_interval_ms=SYNC_INTERVAL_MS, **kw):
@@ -321,7 +265,7 @@ def test_redis_restarted_empty_is_seeded_again(simworker, kvgate, redis_server):
     within(lambda: rc.hget(STATE_KEY, "doc") is not None, limit=5)
     doc = json.loads(rc.hget(STATE_KEY, "doc"))
     assert [t["id"] for t in doc["tenants"]] == ["acme"]
-    assert rc.hget(STATE_KEY, "verifier").decode() == verifier(TEST_SECRET)
+    assert rc.hget(STATE_KEY, "verifier") == verifier(TEST_SECRET)
     for g in (g1, g2):  # nothing lost locally
         assert call(g, key, sw.model) == 200
     assert "stored this gateway's" in g1.log() + g2.log()
@@ -358,7 +302,7 @@ def test_a_replica_with_another_secret_refuses_to_start(kvgate, redis_server, tm
         assert secret not in log
         assert verifier(secret) not in log
     # it changed nothing, and the first replica goes on
-    assert redis_server.client().hget(STATE_KEY, "verifier").decode() == verifier(TEST_SECRET)
+    assert redis_server.client().hget(STATE_KEY, "verifier") == verifier(TEST_SECRET)
     assert status(g1, "GET", "/admin/v1/tenants/acme") == 200
     assert g1.admin.put("/admin/v1/tenants/beta", json={}).status_code == 201
 
