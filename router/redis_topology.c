@@ -118,7 +118,7 @@ int redis_connect_handshake(const kvg_redis_url *url, const char *host, uint16_t
 {
     char where[300];
     name_of(host, port, where, sizeof(where));
-    redisContext *c;
+    redisContext *c = NULL;
     int rc = connect_tcp(host, port, timeout_ms, &c, where, msg, msg_len);
     if (rc < 0)
         return rc;
@@ -192,7 +192,7 @@ int topo_connect(kvg_redis *r, topo_conn slot, const redis_node *node, bool auth
         snprintf(msg, msg_len, "%s: shutting down", node->name);
         return -ECANCELED;
     }
-    redisContext *c;
+    redisContext *c = NULL;
     int rc = connect_tcp(node->host, node->port, r->cfg.connect_timeout_ms, &c, node->name, msg,
                          msg_len);
     if (rc < 0)
