@@ -1,8 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The prefix map in Redis: the scripts' latency and Redis CPU per call against a naive
  * pipelined read of every key in the same run (default), the memory per entry of each key layout
- * (--memory), and how far the cluster layout's per-(worker, root) LRUs drift from one LRU per
- * worker (--lru-model, no Redis). Run by bench/redis, which starts the redis-server. */
+ * (--memory). Run by bench/redis, which starts the redis-server. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
