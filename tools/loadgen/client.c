@@ -13,6 +13,10 @@
  * the server. What it lacks is HTTP/2: this tool measures the HTTP/1.1 front that the OpenAI
  * SDKs and curl use; h2load covers h2.
  *
+ * With several --url, connection i goes to URL i mod n for the whole run: what a plain L4
+ * (TCP) balancer in front of gateway replicas does, spreading connections and leaving each
+ * connection's requests on the replica it reached.
+ *
  * Lifetimes follow libevent's rules: evhttp owns and frees each request after its completion
  * callback, so a slot never keeps the pointer past that; the next request of a slot is started
  * from a deferred event, never from inside evhttp's callbacks. */
@@ -57,11 +61,20 @@ static const char *slot_state_str(slot_state s)
 
 typedef struct runner runner;
 
+/* Where one --url's connections go: resolved once, so reconnects never block on DNS. */
+typedef struct target {
+    char addr[NI_MAXHOST]; /* numeric */
+    uint16_t port;
+    char host_header[HOST_MAX + 16];
+    char path[PATH_MAX_LEN];
+} target;
+
 /* One connection of the pool and the request on it. */
 typedef struct slot {
     runner *r;
     size_t id;
     slot_state state;
+    size_t url; /* index of its target: every request of the slot goes there */
     struct evhttp_connection *evcon;
     struct evhttp_request *req; /* owned by evhttp; valid only while BUSY */
     struct event deadline;      /* --timeout-ms for the whole request */
@@ -101,10 +114,8 @@ struct runner {
     uint64_t t_begin, t_last;
     struct timeval timeout;
     lg_body_opts body_opts;
-    char addr[NI_MAXHOST]; /* numeric: resolved once, so reconnects never block on DNS */
-    uint16_t port;
-    char host_header[HOST_MAX + 16];
-    char path[PATH_MAX_LEN];
+    target *targets; /* one per --url */
+    size_t n_targets;
     char **authorization; /* "Bearer KEY" per API key */
     size_t n_authorization;
 };
@@ -129,7 +140,7 @@ static int build_path(const char *upath, char *out, size_t cap)
     return w < 0 || (size_t)w >= cap ? KVG_ECONFIG : 0;
 }
 
-static int parse_url(runner *r, const char *url)
+static int parse_url(target *t, const char *url)
 {
     int rc = KVG_ECONFIG;
     struct evhttp_uri *u = evhttp_uri_parse_with_flags(url, 0);
@@ -155,7 +166,7 @@ static int parse_url(runner *r, const char *url)
         fprintf(stderr, "kvgate-loadgen: --url %s: bad port\n", url);
         goto out;
     }
-    r->port = (uint16_t)(port < 0 ? 80 : port);
+    t->port = (uint16_t)(port < 0 ? 80 : port);
     /* evhttp keeps an IPv6 literal's brackets on some versions and not on others. */
     char bare[HOST_MAX + 1];
     size_t hl = strlen(host);
@@ -165,10 +176,10 @@ static int parse_url(runner *r, const char *url)
         snprintf(bare, sizeof(bare), "%s", host);
     bool v6 = strchr(bare, ':') != NULL;
     if (port < 0)
-        snprintf(r->host_header, sizeof(r->host_header), v6 ? "[%s]" : "%s", bare);
+        snprintf(t->host_header, sizeof(t->host_header), v6 ? "[%s]" : "%s", bare);
     else
-        snprintf(r->host_header, sizeof(r->host_header), v6 ? "[%s]:%d" : "%s:%d", bare, port);
-    if (build_path(evhttp_uri_get_path(u), r->path, sizeof(r->path)) < 0) {
+        snprintf(t->host_header, sizeof(t->host_header), v6 ? "[%s]:%d" : "%s:%d", bare, port);
+    if (build_path(evhttp_uri_get_path(u), t->path, sizeof(t->path)) < 0) {
         fprintf(stderr, "kvgate-loadgen: --url %s: path too long\n", url);
         goto out;
     }
@@ -176,14 +187,14 @@ static int parse_url(runner *r, const char *url)
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
     struct addrinfo *res = NULL;
     char service[8];
-    snprintf(service, sizeof(service), "%u", (unsigned)r->port);
+    snprintf(service, sizeof(service), "%u", (unsigned)t->port);
     int gai = getaddrinfo(bare, service, &hints, &res);
     if (gai != 0 || !res) {
         fprintf(stderr, "kvgate-loadgen: --url %s: cannot resolve %s: %s\n", url, bare,
                 gai_strerror(gai));
         goto out;
     }
-    gai = getnameinfo(res->ai_addr, res->ai_addrlen, r->addr, sizeof(r->addr), NULL, 0,
+    gai = getnameinfo(res->ai_addr, res->ai_addrlen, t->addr, sizeof(t->addr), NULL, 0,
                       NI_NUMERICHOST);
     freeaddrinfo(res);
     if (gai != 0) {
@@ -235,6 +246,7 @@ static void finish(slot *s, lg_outcome outcome, const char *detail, size_t detai
         .usage = r->cfg->stream ? s->stream.usage : s->usage,
         .detail = detail,
         .detail_len = detail_len,
+        .url = s->url,
     };
     memcpy(res.worker, s->worker, sizeof(res.worker));
     lg_stats_add(r->stats, &res);
@@ -456,8 +468,9 @@ static void start(slot *s, uint64_t index)
     evhttp_request_set_header_cb(req, on_headers);
     evhttp_request_set_chunked_cb(req, on_chunk);
     evhttp_request_set_error_cb(req, on_error);
+    const target *t = &r->targets[s->url];
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    rc = evhttp_add_header(h, "Host", r->host_header);
+    rc = evhttp_add_header(h, "Host", t->host_header);
     rc |= evhttp_add_header(h, "Content-Type", "application/json");
     rc |= evhttp_add_header(h, "Accept", r->cfg->stream ? "text/event-stream" : "application/json");
     rc |= evhttp_add_header(h, "User-Agent", "kvgate-loadgen/" KVG_VERSION);
@@ -473,7 +486,7 @@ static void start(slot *s, uint64_t index)
     }
     s->req = req;
     evtimer_add(&s->deadline, &r->timeout);
-    if (evhttp_make_request(s->evcon, req, EVHTTP_REQ_POST, r->path) < 0) {
+    if (evhttp_make_request(s->evcon, req, EVHTTP_REQ_POST, t->path) < 0) {
         /* Only a socket that cannot be created (descriptors exhausted) or a failed strdup
          * gets here; libevent has freed the request in the second case and not in the first,
          * so it is left alone: a rare leak beats a double free. */
@@ -552,6 +565,7 @@ static int slots_init(runner *r)
         slot *s = &r->slots[i];
         s->r = r;
         s->id = i;
+        s->url = i % r->n_targets; /* connections round robin over the URLs, as an L4 balancer */
         kvg_arena_init(&s->arena, 0);
         kvg_buf_init(&s->request_body);
         kvg_buf_init(&s->body);
@@ -559,7 +573,8 @@ static int slots_init(runner *r)
         evtimer_assign(&s->deadline, r->base, on_deadline, s);
         event_assign(&s->kick, r->base, -1, 0, on_kick, s);
         r->n_slots = i + 1;
-        s->evcon = evhttp_connection_base_new(r->base, NULL, r->addr, r->port);
+        const target *t = &r->targets[s->url];
+        s->evcon = evhttp_connection_base_new(r->base, NULL, t->addr, t->port);
         if (!s->evcon)
             return -ENOMEM;
         evhttp_connection_set_timeout_tv(s->evcon, &r->timeout);
@@ -598,13 +613,25 @@ int lg_run(const lg_config *cfg, const lg_workload *wl, lg_stats *stats, uint64_
         (lg_body_opts){.model = cfg->model, .max_tokens = cfg->max_tokens, .stream = cfg->stream};
     r.timeout.tv_sec = cfg->timeout_ms / 1000;
     r.timeout.tv_usec = (long)(cfg->timeout_ms % 1000) * 1000;
-    int rc = parse_url(&r, cfg->url);
+    if (cfg->n_urls == 0 || cfg->n_urls > LG_MAX_URLS) {
+        fprintf(stderr, "kvgate-loadgen: give 1 to %d --url\n", LG_MAX_URLS);
+        return KVG_ECONFIG;
+    }
+    r.targets = calloc(cfg->n_urls, sizeof(*r.targets));
+    if (!r.targets)
+        return -ENOMEM;
+    r.n_targets = cfg->n_urls;
+    int rc = 0;
+    for (size_t i = 0; i < cfg->n_urls && rc == 0; i++)
+        rc = parse_url(&r.targets[i], cfg->urls[i]);
     if (rc < 0)
-        return rc;
+        goto fail_base;
     if (cfg->n_api_keys) {
         r.authorization = calloc(cfg->n_api_keys, sizeof(*r.authorization));
-        if (!r.authorization)
-            return -ENOMEM;
+        if (!r.authorization) {
+            rc = -ENOMEM;
+            goto fail_base;
+        }
         r.n_authorization = cfg->n_api_keys;
         for (size_t i = 0; i < cfg->n_api_keys; i++) {
             size_t n = strlen(cfg->api_keys[i]) + 8;
@@ -661,5 +688,6 @@ fail_base:
     for (size_t i = 0; i < r.n_authorization; i++)
         free(r.authorization[i]);
     free(r.authorization);
+    free(r.targets);
     return rc;
 }

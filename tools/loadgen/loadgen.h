@@ -14,6 +14,7 @@
 #define LG_MAX_WORKERS 64         /* distinct worker names tracked; the rest are "(other)" */
 #define LG_MAX_SAMPLES (4u << 20) /* latency samples kept per series (32 MiB each) */
 #define LG_ERROR_SAMPLE_MAX 160   /* bytes of the first error kept for the report */
+#define LG_MAX_URLS 64            /* --url may be given this many times */
 
 /* ---- wire format (proto.c) ------------------------------------------------------------------ */
 
@@ -111,6 +112,7 @@ typedef struct lg_result {
     uint64_t ttft_us;    /* request sent to first generated text (streams) */
     bool has_ttft;
     char worker[LG_WORKER_NAME_MAX + 1]; /* "" when the response named none */
+    size_t url;                          /* index of the --url its connection goes to */
     lg_usage usage;
     const char *detail; /* borrowed, may be NULL: error text for the report */
     size_t detail_len;
@@ -145,6 +147,8 @@ typedef struct lg_stats {
     uint64_t usage_missing;  /* successes that reported no usage */
     uint64_t cached_missing; /* usage without prompt_tokens_details.cached_tokens */
     char first_error[LG_ERROR_SAMPLE_MAX + 1];
+    uint64_t url_requests[LG_MAX_URLS]; /* finished requests by --url index */
+    uint64_t url_ok[LG_MAX_URLS];
 } lg_stats;
 
 /** Initialise empty statistics (allocates nothing until samples arrive). */
@@ -164,7 +168,9 @@ uint64_t lg_percentile(const uint64_t *sorted, size_t n, double p);
 /* ---- reports (report.c) --------------------------------------------------------------------- */
 
 typedef struct lg_report_meta {
-    const char *url;
+    const char *url;         /* the first --url */
+    const char *const *urls; /* every --url in order; NULL (n_urls 0): just url */
+    size_t n_urls;
     const char *model;
     const char *workload;
     uint64_t seed;
@@ -187,7 +193,10 @@ void lg_report_json(kvg_buf *out, const lg_stats *s, const lg_report_meta *m);
 /* ---- the runner (client.c) ------------------------------------------------------------------ */
 
 typedef struct lg_config {
-    const char *url;
+    /* Base URLs (1 to LG_MAX_URLS): connection i goes to urls[i % n_urls] and keeps all its
+     * requests there, as behind an L4 balancer that spreads connections round robin. */
+    const char *const *urls;
+    size_t n_urls;
     uint64_t requests; /* 0 = no count limit (then duration_s is set) */
     double duration_s; /* 0 = no time limit */
     uint32_t concurrency;
@@ -202,10 +211,14 @@ typedef struct lg_config {
     size_t max_response_bytes;
 } lg_config;
 
-/** Run the load described by cfg with requests from wl against cfg->url, accounting every
+/** Connections of a run that go to --url index i of n_urls, when it opens `slots` connections
+ *  (min(concurrency, requests) or concurrency): slot j goes to URL j mod n_urls. */
+uint32_t lg_url_connections(size_t i, size_t n_urls, uint64_t slots);
+
+/** Run the load described by cfg with requests from wl against cfg->urls, accounting every
  *  finished request in stats. Blocks until done, the duration passed, or SIGINT/SIGTERM (then
  *  requests in flight are cancelled and *interrupted is set). Returns 0 (whatever the
- *  requests' outcomes), KVG_ECONFIG for a URL it cannot use, -ENOMEM, or another negative
+ *  requests' outcomes), KVG_ECONFIG for a URL it cannot use (or none), -ENOMEM, or another negative
  *  code when the event loop cannot be set up; *elapsed_ns is written on success. */
 int lg_run(const lg_config *cfg, const lg_workload *wl, lg_stats *stats, uint64_t *elapsed_ns,
            bool *interrupted);

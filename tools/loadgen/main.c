@@ -25,13 +25,15 @@
 #define MAX_KEY_FILE_BYTES (1u << 20)
 
 static const char usage_head[] =
-    "Usage: kvgate-loadgen --url http://HOST:PORT [OPTIONS]\n"
+    "Usage: kvgate-loadgen --url http://HOST:PORT [--url ...] [OPTIONS]\n"
     "Send OpenAI chat-completions requests from a deterministic workload over a pool of\n"
     "keep-alive HTTP/1.1 connections and summarise status, latency, per-worker counts and the\n"
     "cached tokens the workers report (see docs/loadgen.md).\n"
     "\n"
     "  --url URL                 gateway base URL, e.g. http://127.0.0.1:8080 (required);\n"
-    "                            requests go to its path + /v1/chat/completions\n"
+    "                            requests go to its path + /v1/chat/completions; give it\n"
+    "                            up to 64 times to spread the connections round robin over\n"
+    "                            the URLs (each connection keeps its URL, like an L4 balancer)\n"
     "  --requests N              requests to send (default 100 unless --duration is given)\n"
     "  --duration S              send for S seconds (with --requests: whichever ends first)\n"
     "  --concurrency N           connections, one request in flight on each (default 8)\n"
@@ -112,6 +114,8 @@ typedef struct cli {
     bool json;
     bool requests_given;
     uint32_t tenants;
+    const char *urls[LG_MAX_URLS]; /* borrowed from argv */
+    size_t n_urls;
     char **keys; /* owned copies */
     size_t n_keys;
     int key_sources; /* how many of --api-key, --api-keys, --api-key-list were given */
@@ -261,7 +265,10 @@ static int parse_args(int argc, char **argv, cli *c)
         uint64_t u64;
         switch (opt) {
         case OPT_URL:
-            cfg->url = optarg;
+            if (c->n_urls == LG_MAX_URLS)
+                rc = bad_flag(name, optarg, "given more than 64 times");
+            else
+                c->urls[c->n_urls++] = optarg;
             break;
         case OPT_REQUESTS:
             rc = parse_u64(name, optarg, 1, UINT64_MAX / 2, &cfg->requests);
@@ -359,14 +366,24 @@ static int parse_args(int argc, char **argv, cli *c)
                         "and --api-key-list\n");
         rc = KVG_ECONFIG;
     }
-    if (rc == 0 && !cfg->url) {
+    if (rc == 0 && c->n_urls == 0) {
         fprintf(stderr, "kvgate-loadgen: --url is required (see --help)\n");
+        rc = KVG_ECONFIG;
+    }
+    /* Each URL needs a connection of its own, or a replica would silently get nothing. */
+    if (rc == 0 && cfg->concurrency < c->n_urls) {
+        fprintf(stderr,
+                "kvgate-loadgen: --concurrency %u is below the number of --url (%zu): "
+                "every URL needs a connection\n",
+                cfg->concurrency, c->n_urls);
         rc = KVG_ECONFIG;
     }
     if (rc < 0)
         return rc;
     if (!c->requests_given && cfg->duration_s <= 0)
         cfg->requests = DEFAULT_REQUESTS;
+    cfg->urls = c->urls;
+    cfg->n_urls = c->n_urls;
     cfg->api_keys = (const char *const *)c->keys;
     cfg->n_api_keys = c->n_keys;
     return 0;
@@ -429,7 +446,9 @@ int main(int argc, char **argv)
     }
     lg_stats_finish(&stats);
     lg_report_meta meta = {
-        .url = c.cfg.url,
+        .url = c.urls[0],
+        .urls = c.urls,
+        .n_urls = c.n_urls,
         .model = c.cfg.model,
         .workload = lg_workload_name(wl),
         .seed = c.seed,

@@ -26,6 +26,26 @@ static double elapsed_s(const lg_report_meta *m)
     return (double)m->elapsed_ns / 1e9;
 }
 
+/* The URLs of the run: meta's list, or its one url when it gives none. */
+static size_t n_urls(const lg_report_meta *m)
+{
+    return m->urls && m->n_urls ? KVG_MIN(m->n_urls, (size_t)LG_MAX_URLS) : 1;
+}
+
+static const char *url_at(const lg_report_meta *m, size_t i)
+{
+    return m->urls && m->n_urls ? m->urls[i] : m->url;
+}
+
+/* Connections the runner opened: one per request when there are fewer requests than
+ * --concurrency (the runner's rule), else --concurrency. */
+static uint64_t connections(const lg_report_meta *m)
+{
+    if (m->requests_planned && m->requests_planned < m->concurrency)
+        return m->requests_planned;
+    return m->concurrency;
+}
+
 static double per_second(uint64_t n, const lg_report_meta *m)
 {
     double e = elapsed_s(m);
@@ -86,10 +106,25 @@ static void text_worker(kvg_buf *out, const lg_worker_stat *w, uint64_t total)
                    100.0 * ratio(w->cached_tokens, w->prompt_tokens));
 }
 
+static void text_urls(kvg_buf *out, const lg_stats *s, const lg_report_meta *m)
+{
+    size_t n = n_urls(m);
+    kvg_buf_printf(out, "  %-12s %-32s %11s %9s %7s %9s\n", "urls", "url", "connections",
+                   "requests", "share", "ok");
+    for (size_t i = 0; i < n; i++)
+        kvg_buf_printf(
+            out, "  %-12s %-32s %11u %9llu %6.1f%% %9llu\n", "", url_at(m, i),
+            lg_url_connections(i, n, connections(m)), (unsigned long long)s->url_requests[i],
+            100.0 * ratio(s->url_requests[i], s->requests), (unsigned long long)s->url_ok[i]);
+}
+
 void lg_report_text(kvg_buf *out, const lg_stats *s, const lg_report_meta *m)
 {
-    kvg_buf_printf(out, "kvgate-loadgen %s: %s  model %s  workload %s  seed %llu\n", KVG_VERSION,
-                   m->url, m->model, m->workload, (unsigned long long)m->seed);
+    kvg_buf_printf(out, "kvgate-loadgen %s: %s", KVG_VERSION, url_at(m, 0));
+    if (n_urls(m) > 1)
+        kvg_buf_printf(out, " and %zu more URLs", n_urls(m) - 1);
+    kvg_buf_printf(out, "  model %s  workload %s  seed %llu\n", m->model, m->workload,
+                   (unsigned long long)m->seed);
     kvg_buf_printf(out, "  %-12s", "load");
     if (m->requests_planned)
         kvg_buf_printf(out, " %llu requests", (unsigned long long)m->requests_planned);
@@ -106,6 +141,8 @@ void lg_report_text(kvg_buf *out, const lg_stats *s, const lg_report_meta *m)
                    "requests", (unsigned long long)s->requests,
                    (unsigned long long)s->by_outcome[LG_OK], (unsigned long long)failed(s),
                    elapsed_s(m), per_second(s->requests, m));
+    if (n_urls(m) > 1)
+        text_urls(out, s, m);
     text_errors(out, s);
     text_percentiles(out, "latency ms", &s->latency);
     if (m->stream)
@@ -178,7 +215,16 @@ void lg_report_json(kvg_buf *out, const lg_stats *s, const lg_report_meta *m)
     kvg_buf_puts(out, "{\"tool\":\"kvgate-loadgen\",\"version\":");
     json_str(out, KVG_VERSION);
     kvg_buf_puts(out, ",\"url\":");
-    json_str(out, m->url);
+    json_str(out, url_at(m, 0));
+    kvg_buf_puts(out, ",\"urls\":[");
+    for (size_t i = 0; i < n_urls(m); i++) {
+        kvg_buf_puts(out, i ? ",{\"url\":" : "{\"url\":");
+        json_str(out, url_at(m, i));
+        kvg_buf_printf(out, ",\"connections\":%u,\"requests\":%llu,\"ok\":%llu}",
+                       lg_url_connections(i, n_urls(m), connections(m)),
+                       (unsigned long long)s->url_requests[i], (unsigned long long)s->url_ok[i]);
+    }
+    kvg_buf_putc(out, ']');
     kvg_buf_puts(out, ",\"model\":");
     json_str(out, m->model);
     kvg_buf_puts(out, ",\"workload\":");

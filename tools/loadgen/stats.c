@@ -122,9 +122,21 @@ static void keep_first_error(lg_stats *s, const lg_result *r)
     out[len] = '\0';
 }
 
+uint32_t lg_url_connections(size_t i, size_t n_urls, uint64_t slots)
+{
+    if (n_urls == 0 || i >= n_urls)
+        return 0;
+    return (uint32_t)(slots / n_urls + (i < slots % n_urls ? 1 : 0));
+}
+
 void lg_stats_add(lg_stats *s, const lg_result *r)
 {
     s->requests++;
+    if (r->url < LG_MAX_URLS) {
+        s->url_requests[r->url]++;
+        if (r->outcome == LG_OK)
+            s->url_ok[r->url]++;
+    }
     s->by_outcome[r->outcome < LG_OUTCOME_COUNT ? r->outcome : LG_LOCAL_ERROR]++;
     if (r->status > 0 && r->status < (int)KVG_ARRAY_LEN(s->by_status))
         s->by_status[r->status]++;

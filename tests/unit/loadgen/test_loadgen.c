@@ -904,6 +904,127 @@ static void test_reports(void **state)
     lg_stats_done(&s);
 }
 
+/* Several --url: connections round robin over them, requests counted by URL, both reports
+ * list every URL with its connections. */
+static void test_urls(void **state)
+{
+    (void)state;
+    /* 10 connections over 4 URLs: 3, 3, 2, 2 (slot j goes to URL j mod 4). */
+    assert_int_equal(lg_url_connections(0, 4, 10), 3);
+    assert_int_equal(lg_url_connections(1, 4, 10), 3);
+    assert_int_equal(lg_url_connections(2, 4, 10), 2);
+    assert_int_equal(lg_url_connections(3, 4, 10), 2);
+    assert_int_equal(lg_url_connections(4, 4, 10), 0);
+    assert_int_equal(lg_url_connections(0, 1, 7), 7);
+    assert_int_equal(lg_url_connections(1, 2, 1), 0);
+    assert_int_equal(lg_url_connections(0, 0, 8), 0);
+
+    lg_stats s;
+    lg_stats_init(&s);
+    for (size_t i = 0; i < 30; i++) {
+        lg_result r = result(i % 10 == 9 ? LG_HTTP_STATUS : LG_OK, i % 10 == 9 ? 503 : 200, "w",
+                             1000, 100, 50);
+        r.url = i % 3 == 2 ? 2 : 0; /* URL 1 answers nothing */
+        lg_stats_add(&s, &r);
+    }
+    lg_result far = result(LG_OK, 200, "w", 1000, 100, 50);
+    far.url = LG_MAX_URLS; /* out of range: counted as a request, in no URL */
+    lg_stats_add(&s, &far);
+    lg_stats_finish(&s);
+    assert_int_equal(s.requests, 31);
+    assert_int_equal(s.url_requests[0], 20);
+    assert_int_equal(s.url_requests[1], 0);
+    assert_int_equal(s.url_requests[2], 10);
+    assert_int_equal(s.url_ok[0], 18);
+    assert_int_equal(s.url_ok[2], 9);
+
+    const char *urls[] = {"http://127.0.0.1:8080", "http://127.0.0.1:8081",
+                          "http://127.0.0.1:8082"};
+    lg_report_meta m = {.url = urls[0],
+                        .urls = urls,
+                        .n_urls = 3,
+                        .model = "demo-model",
+                        .workload = "shared-prefix",
+                        .seed = 1,
+                        .concurrency = 8,
+                        .max_tokens = 16,
+                        .requests_planned = 31,
+                        .elapsed_ns = 1000000000ull};
+    kvg_buf b;
+    kvg_buf_init(&b);
+    lg_report_text(&b, &s, &m);
+    assert_false(b.failed);
+    assert_non_null(strstr(b.data, "http://127.0.0.1:8080 and 2 more URLs"));
+    assert_non_null(strstr(b.data, "connections"));
+    assert_non_null(strstr(b.data, "http://127.0.0.1:8081"));
+    const char *row = strstr(b.data, "\n               http://127.0.0.1:8082 ");
+    assert_non_null(row);
+    unsigned conn = 0, req = 0, ok = 0;
+    double share = 0;
+    assert_int_equal(sscanf(row, " http://127.0.0.1:8082 %u %u %lf%% %u", &conn, &req, &share, &ok),
+                     4);
+    assert_int_equal(conn, 2);
+    assert_int_equal(req, 10);
+    assert_int_equal(ok, 9);
+    assert_true(share > 32.25 && share < 32.35);
+
+    kvg_buf_reset(&b);
+    lg_report_json(&b, &s, &m);
+    assert_false(b.failed);
+    kvg_arena a;
+    kvg_arena_init(&a, 0);
+    kvg_json *v;
+    kvg_json_limits strict = {.reject_duplicate_keys = true};
+    assert_int_equal(kvg_json_parse(b.data, b.len, &a, &strict, &v, NULL), 0);
+    const kvg_json *list = kvg_json_get(v, "urls");
+    assert_int_equal(list->u.arr.count, 3);
+    uint64_t conns[] = {3, 3, 2}, reqs[] = {20, 0, 10}, oks[] = {18, 0, 9};
+    for (size_t i = 0; i < 3; i++) {
+        const kvg_json *u = list->u.arr.items[i];
+        assert_string_equal(kvg_json_get(u, "url")->u.str.ptr, urls[i]);
+        assert_int_equal(kvg_json_get(u, "connections")->u.num.ival, conns[i]);
+        assert_int_equal(kvg_json_get(u, "requests")->u.num.ival, reqs[i]);
+        assert_int_equal(kvg_json_get(u, "ok")->u.num.ival, oks[i]);
+    }
+    assert_string_equal(kvg_json_get(v, "url")->u.str.ptr, urls[0]);
+    kvg_arena_done(&a);
+
+    /* Fewer requests than connections: one connection per request (the runner's rule). */
+    m.requests_planned = 2;
+    kvg_buf_reset(&b);
+    lg_report_json(&b, &s, &m);
+    kvg_arena_init(&a, 0);
+    assert_int_equal(kvg_json_parse(b.data, b.len, &a, &strict, &v, NULL), 0);
+    list = kvg_json_get(v, "urls");
+    assert_int_equal(kvg_json_get(list->u.arr.items[0], "connections")->u.num.ival, 1);
+    assert_int_equal(kvg_json_get(list->u.arr.items[1], "connections")->u.num.ival, 1);
+    assert_int_equal(kvg_json_get(list->u.arr.items[2], "connections")->u.num.ival, 0);
+    kvg_arena_done(&a);
+
+    /* One URL (the meta of older callers: no list): no urls table in the text, a list of one
+     * in JSON holding every request. */
+    m = (lg_report_meta){.url = urls[1],
+                         .model = "demo-model",
+                         .workload = "shared-prefix",
+                         .concurrency = 8,
+                         .requests_planned = 31};
+    kvg_buf_reset(&b);
+    lg_report_text(&b, &s, &m);
+    assert_null(strstr(b.data, "more URLs"));
+    assert_null(strstr(b.data, "connections"));
+    kvg_buf_reset(&b);
+    lg_report_json(&b, &s, &m);
+    kvg_arena_init(&a, 0);
+    assert_int_equal(kvg_json_parse(b.data, b.len, &a, &strict, &v, NULL), 0);
+    list = kvg_json_get(v, "urls");
+    assert_int_equal(list->u.arr.count, 1);
+    assert_string_equal(kvg_json_get(list->u.arr.items[0], "url")->u.str.ptr, urls[1]);
+    assert_int_equal(kvg_json_get(list->u.arr.items[0], "connections")->u.num.ival, 8);
+    kvg_arena_done(&a);
+    kvg_buf_done(&b);
+    lg_stats_done(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -925,6 +1046,7 @@ int main(void)
         cmocka_unit_test(test_response_parse),
         cmocka_unit_test(test_stats),
         cmocka_unit_test(test_reports),
+        cmocka_unit_test(test_urls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
