@@ -120,7 +120,8 @@ int kvg_admin_new(const kvg_admin_config *cfg, kvg_registry *reg, kvg_admin **ou
     admin->router = cfg->router;
     admin->redis = cfg->redis;
     admin->engine_load_max_age_ns = cfg->engine_load_max_age_ns;
-    admin->redis_sync_interval_ms = cfg->redis_sync_interval_ms ? cfg->redis_sync_interval_ms : 1000;
+    admin->redis_sync_interval_ms =
+        cfg->redis_sync_interval_ms ? cfg->redis_sync_interval_ms : 1000;
     admin->redis_timeout_ms = cfg->redis_timeout_ms ? cfg->redis_timeout_ms : 1000;
     if (cfg->secret_len)
         memcpy(admin->secret, cfg->secret, cfg->secret_len);

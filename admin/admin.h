@@ -127,8 +127,8 @@ void kvg_admin_set_ready(kvg_admin *admin, kvg_admin_ready_fn fn, void *ud);
  *  fsync) and its audit line before it returns; with a shared state it first commits to Redis
  *  (a few round trips, each bounded by redis_timeout_ms; on a conflict with another replica
  *  the change is made again on top of the newer state): call it from a thread that may block
- *  for a few milliseconds, not from one serving traffic. Thread-safe: requests may be handled on several
- *  threads at once, and concurrently with kvg_admin_set_tokens, kvg_admin_add_metrics and
+ *  for a few milliseconds, not from one serving traffic. Thread-safe: requests may be handled on
+ * several threads at once, and concurrently with kvg_admin_set_tokens, kvg_admin_add_metrics and
  *  kvg_admin_set_ready. Request bodies over KVG_ADMIN_BODY_MAX get 413. */
 void kvg_admin_handle(kvg_admin *admin, const kvg_admin_request *req, kvg_admin_response *resp);
 /** Check req's credentials before its body is read: true when kvg_admin_handle would go past

@@ -25,8 +25,8 @@
 #define VERIFIER_LABEL "kvgate server secret verifier v1"
 #define VERIFIER_HEX 64
 #define KEY_MAX 320
-#define EPOCH_MAX 32  /* what this code writes: 16 hex digits; longer ones from Redis refused */
-#define ID_MAX 64     /* "<epoch>:<version>", as published */
+#define EPOCH_MAX 32 /* what this code writes: 16 hex digits; longer ones from Redis refused */
+#define ID_MAX 64    /* "<epoch>:<version>", as published */
 #define WHY_MAX 320
 
 /* What a check of the shared state came to, for kvgate_state_sync_total{outcome}. */
@@ -170,8 +170,9 @@ bool kvg_admin_shared_healthy(admin_shared *s, char *why, size_t len)
     if (s->degraded[0])
         snprintf(why, len, "%s", s->degraded);
     else if (s->sub_degraded)
-        snprintf(why, len, "no pub/sub subscription: changes of other replicas arrive by the "
-                           "periodic check only");
+        snprintf(why, len,
+                 "no pub/sub subscription: changes of other replicas arrive by the "
+                 "periodic check only");
     else if (len)
         why[0] = '\0';
     bool ok = !s->degraded[0] && !s->sub_degraded;
@@ -218,8 +219,7 @@ static int command(admin_shared *s, int argc, const char **argv, const size_t *l
             return timeout ? -ETIMEDOUT : -ECONNRESET;
         }
         if (r->type == REDIS_REPLY_ERROR) {
-            snprintf(why, len, "Redis answered: %.*s", (int)KVG_MIN(r->len, (size_t)200),
-                     r->str);
+            snprintf(why, len, "Redis answered: %.*s", (int)KVG_MIN(r->len, (size_t)200), r->str);
             /* A slot that moved, a primary that became a replica: ask for the topology again
              * and connect afresh next time. */
             if (strncmp(r->str, "MOVED", 5) == 0 || strncmp(r->str, "ASK", 3) == 0 ||
@@ -349,8 +349,8 @@ static int cas(admin_shared *s, bool seed, const kvg_buf *doc, cas_result *res, 
     snprintf(epoch, sizeof(epoch), "%016llx", (unsigned long long)raw);
     snprintf(version, sizeof(version), "%llu", (unsigned long long)s->version);
     const char *expect = seed ? "" : s->epoch;
-    const char *argv[] = {"EVAL", cas_script, "1",         s->key,   expect,
-                          version, epoch,     doc->data,   s->verifier, s->channel};
+    const char *argv[] = {"EVAL",  cas_script, "1",       s->key,      expect,
+                          version, epoch,      doc->data, s->verifier, s->channel};
     size_t lens[] = {4,
                      sizeof(cas_script) - 1,
                      1,
@@ -784,7 +784,8 @@ static void *sync_main(void *arg)
     return NULL;
 }
 
-/* ---- start and stop --------------------------------------------------------------------------- */
+/* ---- start and stop ---------------------------------------------------------------------------
+ */
 
 static int start_locked(admin_shared *s, char *msg, size_t msg_len)
 {
@@ -808,8 +809,8 @@ static int start_locked(admin_shared *s, char *msg, size_t msg_len)
         rc = adopt(s, epoch, version, str_at(r, 3)->str, str_at(r, 3)->len, why, sizeof(why));
         if (rc < 0)
             snprintf(msg, msg_len,
-                     "the shared state in Redis (%s, version %llu) cannot be applied: %s",
-                     s->key, (unsigned long long)version, why);
+                     "the shared state in Redis (%s, version %llu) cannot be applied: %s", s->key,
+                     (unsigned long long)version, why);
         else
             kvg_log_info("admin: started from the shared state in Redis (version %llu); the "
                          "state file is its local copy from now on",
