@@ -82,9 +82,10 @@ void topo_sentinel_read(kvg_redis *r);
 /** The primary's address in a SENTINEL get-master-addr-by-name reply (an array of two strings:
  *  address, port), host copied (host_len bytes with the NUL). who names the Sentinel and master
  *  the name asked about, for msg. 0, or -ENOENT (NIL: the Sentinel does not know master) /
- *  KVG_EPROTO (an error reply, another shape, an empty or overlong address, a port that is not
- *  1..65535 in decimal) with msg. host and port are written on success only. Peer input: any
- *  reply tree is safe (tests/fuzz/fuzz_redis_reply.c). */
+ *  KVG_EPROTO (an error reply, another shape, an address that is empty, overlong or holds bytes
+ *  no address or name has, a port that is not 1..65535 in decimal digits) with msg. host and port
+ * are written on success only. Peer input: any reply tree is safe (tests/fuzz/fuzz_redis_reply.c).
+ */
 int redis_sentinel_parse_addr(const struct redisReply *reply, const char *who, const char *master,
                               char *host, size_t host_len, uint16_t *port, char *msg,
                               size_t msg_len);

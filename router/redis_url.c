@@ -70,6 +70,16 @@ static bool host_char(char c)
            c == '.' || c == '_';
 }
 
+bool redis_host_valid(const char *s, size_t len)
+{
+    if (len == 0)
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if (!host_char(s[i]) && s[i] != ':')
+            return false;
+    return true;
+}
+
 /* A host name (or IPv4 address) of host_char bytes in [s, end): dot-separated labels, none
  * empty, none longer than 63 bytes, none starting or ending with '-', one trailing dot allowed
  * (an absolute name). Without this, "redis://..:6379" or "redis://-:6379" got through and
