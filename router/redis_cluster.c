@@ -63,6 +63,14 @@ static int node_of(const redisReply *info, const redis_node *asked, redis_topolo
     const redisReply *ep = info->element[0];
     const char *endpoint = ep->type == REDIS_REPLY_STRING ? ep->str : "";
     uint16_t port = (uint16_t)info->element[1]->integer;
+    /* Found by fuzz_redis_reply: the endpoint was read as a C string, so "10.0.0.1\0junk" was
+     * 10.0.0.1 (and "?\0x" the unknown node); and any byte went on to getaddrinfo and into
+     * messages. The string is now read whole and must look like an address or a name. */
+    if (ep->type == REDIS_REPLY_STRING && ep->len && !(ep->len == 1 && ep->str[0] == '?') &&
+        !redis_host_valid(ep->str, ep->len)) {
+        snprintf(msg, msg_len, "CLUSTER SLOTS: an endpoint is not an address or a host name");
+        return KVG_EPROTO;
+    }
     if (strcmp(endpoint, "?") == 0) {
         *idx = REDIS_NO_NODE; /* announced hostnames on, but no hostname set */
         return 0;

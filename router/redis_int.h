@@ -111,6 +111,12 @@ struct kvg_redis {
  * few hundred; the top ones catch a stalled server. */
 extern const kvg_prom_buckets redis_rtt_buckets;
 
+/* ---- redis_url.c ---- */
+/** Whether [s, s + len) can be a host a server names (Sentinel, CLUSTER SLOTS): not empty, and
+ *  only what addresses and host names hold ([A-Za-z0-9._:-]), so no NUL that would cut it short
+ *  and no control byte or space that would reach getaddrinfo and the logs. */
+bool redis_host_valid(const char *s, size_t len);
+
 /* ---- redis_topology.c ---- */
 /** Start the topology thread (kvg_redis_new). 0 or -errno. */
 int redis_topology_start(kvg_redis *r);

@@ -22,17 +22,23 @@ static void append_error(char *msg, size_t msg_len, const char *part)
 }
 
 /* The message of a +switch-master: "<master> <old ip> <old port> <new ip> <new port>". */
-static void on_message(kvg_redis *r, const redisReply *m)
+bool redis_sentinel_is_switch(const redisReply *m, const char *master)
 {
     if (m->type != REDIS_REPLY_ARRAY || m->elements != 3 ||
         m->element[0]->type != REDIS_REPLY_STRING || strcmp(m->element[0]->str, "message") != 0 ||
         m->element[2]->type != REDIS_REPLY_STRING)
-        return; /* subscribe confirmations, pongs */
+        return false; /* subscribe confirmations, pongs */
     const char *text = m->element[2]->str;
     size_t name_len = strcspn(text, " ");
-    if (name_len != strlen(r->url.master) || memcmp(text, r->url.master, name_len) != 0)
-        return; /* another master the same Sentinels watch */
-    kvg_log_info("redis %s: Sentinel: +switch-master %.200s", r->url_redacted, text);
+    /* Another master the same Sentinels watch, or not our name at all. */
+    return name_len == strlen(master) && memcmp(text, master, name_len) == 0;
+}
+
+static void on_message(kvg_redis *r, const redisReply *m)
+{
+    if (!redis_sentinel_is_switch(m, r->url.master))
+        return;
+    kvg_log_info("redis %s: Sentinel: +switch-master %.200s", r->url_redacted, m->element[2]->str);
     r->topo->check_now = true;
 }
 
@@ -102,6 +108,42 @@ static bool subscribe(kvg_redis *r, const kvg_redis_seed *seed)
     return true;
 }
 
+int redis_sentinel_parse_addr(const redisReply *reply, const char *who, const char *master,
+                              char *host, size_t host_len, uint16_t *port, char *msg,
+                              size_t msg_len)
+{
+    if (reply->type == REDIS_REPLY_NIL) {
+        snprintf(msg, msg_len, "%s does not know master '%s'", who, master);
+        return -ENOENT;
+    }
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
+        reply->element[0]->type != REDIS_REPLY_STRING ||
+        reply->element[1]->type != REDIS_REPLY_STRING) {
+        char what[120];
+        snprintf(what, sizeof(what), "%s: SENTINEL get-master-addr-by-name", who);
+        topo_reply_error(reply, what, msg, msg_len);
+        return KVG_EPROTO;
+    }
+    const redisReply *h = reply->element[0], *p = reply->element[1];
+    /* Found by fuzz_redis_reply: the strings were read as C strings, so "10.0.0.1\0junk" came
+     * out as 10.0.0.1, and strtoul took " 6379" and "+6379". Both strings are now read whole:
+     * the port in decimal digits alone, the address an address or a name (it goes into
+     * getaddrinfo and, when that fails, into log lines: no control bytes or spaces). */
+    bool ok = h->len < host_len && redis_host_valid(h->str, h->len) && p->len > 0 && p->len <= 5;
+    unsigned n = 0;
+    for (size_t i = 0; ok && i < p->len; i++) {
+        ok = p->str[i] >= '0' && p->str[i] <= '9';
+        n = n * 10 + (unsigned)(p->str[i] - '0');
+    }
+    if (!ok || n == 0 || n > 65535) {
+        snprintf(msg, msg_len, "%s: SENTINEL get-master-addr-by-name: bad address", who);
+        return KVG_EPROTO;
+    }
+    memcpy(host, h->str, h->len + 1);
+    *port = (uint16_t)n;
+    return 0;
+}
+
 /* SENTINEL get-master-addr-by-name on the Sentinel seed: 0 and host, port; or a negative code
  * with msg. The connection is kept for the next check when the seed answered. */
 static int ask_one(kvg_redis *r, const kvg_redis_seed *seed, char *host, size_t host_len,
@@ -123,29 +165,8 @@ static int ask_one(kvg_redis *r, const kvg_redis_seed *seed, char *host, size_t 
     }
     if (!reply)
         return -EIO;
-    int rc = 0;
-    if (reply->type == REDIS_REPLY_NIL) {
-        snprintf(msg, msg_len, "%s does not know master '%s'", node.name, r->url.master);
-        rc = -ENOENT;
-    } else if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
-               reply->element[0]->type != REDIS_REPLY_STRING ||
-               reply->element[1]->type != REDIS_REPLY_STRING) {
-        char what[120];
-        snprintf(what, sizeof(what), "%s: SENTINEL get-master-addr-by-name", node.name);
-        topo_reply_error(reply, what, msg, msg_len);
-        rc = KVG_EPROTO;
-    } else {
-        char *end;
-        unsigned long p = strtoul(reply->element[1]->str, &end, 10);
-        if (*end || p == 0 || p > 65535 || reply->element[0]->len == 0 ||
-            reply->element[0]->len >= host_len) {
-            snprintf(msg, msg_len, "%s: SENTINEL get-master-addr-by-name: bad address", node.name);
-            rc = KVG_EPROTO;
-        } else {
-            memcpy(host, reply->element[0]->str, reply->element[0]->len + 1);
-            *port = (uint16_t)p;
-        }
-    }
+    int rc = redis_sentinel_parse_addr(reply, node.name, r->url.master, host, host_len, port, msg,
+                                       msg_len);
     freeReplyObject(reply);
     if (rc < 0)
         topo_close(r, TOPO_SENTINEL); /* ask the next one on a connection of its own */

@@ -79,6 +79,19 @@ int topo_check_sentinel(kvg_redis *r, redis_topology **out, char *msg, size_t ms
 /** Read what the subscription has (it polled readable): +switch-master for our master sets
  *  check_now; so does losing the subscription. */
 void topo_sentinel_read(kvg_redis *r);
+/** The primary's address in a SENTINEL get-master-addr-by-name reply (an array of two strings:
+ *  address, port), host copied (host_len bytes with the NUL). who names the Sentinel and master
+ *  the name asked about, for msg. 0, or -ENOENT (NIL: the Sentinel does not know master) /
+ *  KVG_EPROTO (an error reply, another shape, an address that is empty, overlong or holds bytes
+ *  no address or name has, a port that is not 1..65535 in decimal digits) with msg. host and port
+ * are written on success only. Peer input: any reply tree is safe (tests/fuzz/fuzz_redis_reply.c).
+ */
+int redis_sentinel_parse_addr(const struct redisReply *reply, const char *who, const char *master,
+                              char *host, size_t host_len, uint16_t *port, char *msg,
+                              size_t msg_len);
+/** Whether a message on the subscription is a +switch-master for master (["message", channel,
+ *  "<master> <old ip> <old port> <new ip> <new port>"]); false for any other reply tree. */
+bool redis_sentinel_is_switch(const struct redisReply *m, const char *master);
 
 /* ---- redis_cluster.c ---- */
 

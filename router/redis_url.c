@@ -3,14 +3,17 @@
  * Sentinels name; parsed once at start-up, written back (redacted) for logs. */
 #include "redis_int.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #define PORT_REDIS 6379
 #define PORT_SENTINEL 26379
 #define DB_MAX 65535
+#define LABEL_MAX 63 /* RFC 1035: the longest label of a domain name */
 
 static const char *const mode_names[KVG_REDIS_MODE_COUNT] = {
     [KVG_REDIS_STANDALONE] = "standalone",
@@ -67,6 +70,42 @@ static bool host_char(char c)
            c == '.' || c == '_';
 }
 
+bool redis_host_valid(const char *s, size_t len)
+{
+    if (len == 0)
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if (!host_char(s[i]) && s[i] != ':')
+            return false;
+    return true;
+}
+
+/* A host name (or IPv4 address) of host_char bytes in [s, end): dot-separated labels, none
+ * empty, none longer than 63 bytes, none starting or ending with '-', one trailing dot allowed
+ * (an absolute name). Without this, "redis://..:6379" or "redis://-:6379" got through and
+ * failed only at connect time, with a resolver message that does not point at the URL. NULL,
+ * or what is wrong. */
+static const char *name_problem(const char *s, const char *end)
+{
+    if (end - s == 1 && *s == '.')
+        return "the host '.' is not a name";
+    const char *label = s;
+    for (const char *p = s;; p++) {
+        if (p == end || *p == '.') {
+            size_t n = (size_t)(p - label);
+            if (n == 0 && !(p == end && label > s))
+                return "empty label in the host name (\"..\", or a leading '.')";
+            if (n > LABEL_MAX)
+                return "a label of the host name is longer than 63 bytes";
+            if (n && (label[0] == '-' || p[-1] == '-'))
+                return "a label of the host name starts or ends with '-'";
+            if (p == end)
+                return NULL;
+            label = p + 1;
+        }
+    }
+}
+
 /* One host[:port] in [s, end): a name, an IPv4 address or a bracketed IPv6 address. */
 static int parse_seed(const char *s, const char *end, uint16_t default_port, kvg_redis_seed *out,
                       char *msg, size_t msg_len)
@@ -78,9 +117,18 @@ static int parse_seed(const char *s, const char *end, uint16_t default_port, kvg
         host_end = memchr(host, ']', (size_t)(end - host));
         if (!host_end || host_end == host)
             return bad(msg, msg_len, "unterminated or empty IPv6 address");
-        for (const char *q = host; q < host_end; q++)
-            if (kvg_hex_digit(*q) < 0 && *q != ':' && *q != '.')
-                return bad(msg, msg_len, "bad character in IPv6 address");
+        /* inet_pton rather than a character check: "[1]", "[:]" or "[1.2.3.4]" passed that
+         * one, and the last came out of kvg_redis_url_format without brackets. Zone ids
+         * ("%25eth0") are not supported: a link-local Redis is no deployment we know of. */
+        char addr[INET6_ADDRSTRLEN];
+        struct in6_addr a6;
+        size_t alen = (size_t)(host_end - host);
+        if (alen >= sizeof(addr))
+            return bad(msg, msg_len, "bad IPv6 address");
+        memcpy(addr, host, alen);
+        addr[alen] = '\0';
+        if (inet_pton(AF_INET6, addr, &a6) != 1)
+            return bad(msg, msg_len, "bad IPv6 address '%s'", addr);
         p = host_end + 1;
     } else {
         p = s;
@@ -89,6 +137,11 @@ static int parse_seed(const char *s, const char *end, uint16_t default_port, kvg
         host_end = p;
         if (host_end == host)
             return bad(msg, msg_len, "missing host");
+        if ((size_t)(host_end - host) < sizeof(out->host)) {
+            const char *why = name_problem(host, host_end);
+            if (why)
+                return bad(msg, msg_len, "%s", why);
+        }
     }
     if ((size_t)(host_end - host) >= sizeof(out->host))
         return bad(msg, msg_len, "host is longer than %zu bytes", sizeof(out->host) - 1);
@@ -126,15 +179,16 @@ int kvg_redis_url_parse(const char *url, kvg_redis_url *out, char *msg, size_t m
     memset(&u, 0, sizeof(u));
     const char *p;
     uint16_t default_port;
-    if (strncmp(url, "redis://", 8) == 0) {
+    /* Schemes are case-insensitive (RFC 3986, 3.1): REDIS:// is the same URL. */
+    if (strncasecmp(url, "redis://", 8) == 0) {
         u.mode = KVG_REDIS_STANDALONE;
         p = url + 8;
         default_port = PORT_REDIS;
-    } else if (strncmp(url, "redis-sentinel://", 17) == 0) {
+    } else if (strncasecmp(url, "redis-sentinel://", 17) == 0) {
         u.mode = KVG_REDIS_SENTINEL;
         p = url + 17;
         default_port = PORT_SENTINEL;
-    } else if (strncmp(url, "rediss://", 9) == 0) {
+    } else if (strncasecmp(url, "rediss://", 9) == 0) {
         return bad(msg, msg_len,
                    "rediss:// (TLS) is not supported: Debian 12's hiredis 0.14 "
                    "has no TLS");
@@ -179,8 +233,14 @@ int kvg_redis_url_parse(const char *url, kvg_redis_url *out, char *msg, size_t m
     while (p < auth_end) {
         const char *comma = memchr(p, ',', (size_t)(auth_end - p));
         const char *seed_end = comma ? comma : auth_end;
+        /* Checked here, not after the loop: redis:// with 17 hosts said "more than 16 hosts",
+         * as if 16 were allowed. */
+        if (u.mode == KVG_REDIS_STANDALONE && u.nseeds == 1)
+            return bad(msg, msg_len,
+                       "redis:// takes one host (a Sentinel list is "
+                       "redis-sentinel://h1,h2/master)");
         if (u.nseeds == KVG_REDIS_SEEDS_MAX)
-            return bad(msg, msg_len, "more than %d hosts", KVG_REDIS_SEEDS_MAX);
+            return bad(msg, msg_len, "more than %d Sentinels", KVG_REDIS_SEEDS_MAX);
         int rc = parse_seed(p, seed_end, default_port, &u.seeds[u.nseeds], msg, msg_len);
         if (rc < 0)
             return rc;
@@ -191,10 +251,6 @@ int kvg_redis_url_parse(const char *url, kvg_redis_url *out, char *msg, size_t m
     }
     if (u.nseeds == 0)
         return bad(msg, msg_len, "missing host");
-    if (u.mode == KVG_REDIS_STANDALONE && u.nseeds > 1)
-        return bad(msg, msg_len,
-                   "redis:// takes one host (a Sentinel list is "
-                   "redis-sentinel://h1,h2/master)");
     /* The path: /db for redis://, /master-name for redis-sentinel://. */
     const char *path = *auth_end == '/' ? auth_end + 1 : NULL;
     if (u.mode == KVG_REDIS_SENTINEL) {
