@@ -24,8 +24,9 @@
 typedef enum op_kind {
     OP_LOOKUP = 0,
     OP_RECORD,
-    OP_HANDSHAKE, /* AUTH, SELECT, SCRIPT LOAD, PING of a new connection */
-    OP_IGNORED,   /* a reply nobody reads: ASKING, a SCRIPT LOAD after NOSCRIPT */
+    OP_LOOKUP_PART, /* one worker's key of a lookup split after TRYAGAIN (lookup_split) */
+    OP_HANDSHAKE,   /* AUTH, SELECT, SCRIPT LOAD, PING of a new connection */
+    OP_IGNORED,     /* a reply nobody reads: ASKING, a SCRIPT LOAD after NOSCRIPT */
     OP_KIND_COUNT,
 } op_kind;
 
@@ -43,8 +44,9 @@ typedef struct redis_conn redis_conn;
 /* A command in flight. Owned by the client: freed when its reply (or the connection's end)
  * arrives, whether or not the requester cancelled it meanwhile. */
 struct kvg_redis_op {
-    kvg_link link; /* in conn->pending, oldest first (replies come in order) */
-    redis_conn *conn;
+    kvg_link link;    /* in conn->pending, oldest first (replies come in order) */
+    redis_conn *conn; /* where it was sent last (NULL: a split lookup, see parts) */
+    kvg_redis_client *client;
     op_kind kind;
     bool cancelled;
     bool script_reloaded; /* NOSCRIPT recovered once already */
@@ -58,6 +60,13 @@ struct kvg_redis_op {
     kvg_map_lookup_cb *cb;
     void *ud;
     uint32_t nworkers;
+    /* A lookup split into one part per worker (lookup_split): the parts' answers, how many are
+     * still out, the first failure among them. A part: its lookup and its worker's place. */
+    uint32_t *parts;
+    uint32_t parts_left;
+    int parts_status;
+    kvg_redis_op *parent;
+    uint32_t index;
 };
 
 struct redis_conn {
@@ -92,6 +101,7 @@ struct kvg_redis_client {
 static void conn_connect(redis_conn *c);
 static void conn_drop(redis_conn *c, int status, bool in_callback);
 static void op_reply(redisAsyncContext *ac, void *reply, void *privdata);
+static bool lookup_split(kvg_redis_op *op);
 
 /* ---- states and counters --------------------------------------------------------------------- */
 
@@ -143,17 +153,50 @@ static void track(redis_conn *c, kvg_redis_op *op)
 
 static void op_free(kvg_redis_op *op)
 {
+    free(op->parts);
     free(op->cmd);
     free(op);
+}
+
+static void op_finish(kvg_redis_op *op, int status, const redisReply *reply);
+
+/* A part of a split lookup has its answer (status 0 and m) or failed: the lookup ends with the
+ * last part, failed if any part did (a fallback, as an unsplit lookup's failure). Also while the
+ * client is being freed, to free the lookup then without calling anyone. */
+static void part_done(kvg_redis_op *part, int status, uint32_t m)
+{
+    kvg_redis_op *op = part->parent;
+    if (status == 0)
+        op->parts[part->index] = m;
+    else if (op->parts_status == 0)
+        op->parts_status = status;
+    if (--op->parts_left)
+        return;
+    if (!op->client->freeing)
+        op_finish(op, op->parts_status, NULL);
+    op_free(op);
 }
 
 /* Map a finished lookup or record to its outcome counter and its caller. */
 static void op_finish(kvg_redis_op *op, int status, const redisReply *reply)
 {
-    kvg_redis *r = op->conn->client->r;
+    kvg_redis *r = op->client->r;
+    if (op->kind == OP_LOOKUP_PART) {
+        uint32_t m = 0;
+        if (status == 0 && (status = redis_map_parse_lookup(reply, 1, &m)) < 0 && reply &&
+            reply->type == REDIS_REPLY_ERROR)
+            kvg_log_debug("redis %s: lookup part: %.*s", op->conn->node.name,
+                          (int)KVG_MIN(reply->len, 200), reply->str);
+        part_done(op, status, m);
+        return;
+    }
     redis_map_outcome out = REDIS_MAP_OK;
     if (status == -ETIMEDOUT || status == -ECONNRESET)
         out = REDIS_MAP_LOST;
+    else if (status == -ENOTCONN) /* a part of a split lookup was not sent */
+        out = REDIS_MAP_UNAVAILABLE;
+    else if (status == -EBUSY)
+        out = REDIS_MAP_BUSY;
     else if (status < 0)
         out = REDIS_MAP_ERROR;
     uint64_t rtt = kvg_now_ns() - op->sent_ns;
@@ -171,7 +214,9 @@ static void op_finish(kvg_redis_op *op, int status, const redisReply *reply)
     /* A lookup. */
     uint32_t stack[STACK_WORKERS];
     uint32_t *matched = NULL;
-    if (status == 0) {
+    if (status == 0 && op->parts) {
+        matched = op->parts; /* a split lookup: its parts answered */
+    } else if (status == 0) {
         matched = op->nworkers <= STACK_WORKERS ? stack : malloc(op->nworkers * sizeof(*matched));
         if (!matched) {
             status = -ENOMEM;
@@ -190,7 +235,7 @@ static void op_finish(kvg_redis_op *op, int status, const redisReply *reply)
         atomic_fetch_add_explicit(&r->lookups[out], 1, memory_order_relaxed);
         op->cb(op->ud, status, status == 0 ? matched : NULL, op->nworkers);
     }
-    if (matched && matched != stack)
+    if (matched && matched != stack && matched != op->parts)
         free(matched);
 }
 
@@ -457,7 +502,12 @@ static redis_conn *redirect_target(kvg_redis_client *cl, const redisReply *reply
     *ask = len > 4 && memcmp(s, "ASK ", 4) == 0;
     if (!*ask && !(len > 6 && memcmp(s, "MOVED ", 6) == 0))
         return NULL;
-    const char *addr = memchr(s + 4, ' ', len - 4);
+    /* "<slot> <host>:<port>" follows the word. (The address used to be looked for after the
+     * first space from s + 4, which for MOVED is the one after the word itself: the "address"
+     * was "3999 127.0.0.1:6381", no connection matched, and every MOVED failed its command
+     * instead of being followed.) */
+    size_t word = *ask ? 4 : 6;
+    const char *addr = memchr(s + word, ' ', len - word);
     const char *end = s + len;
     if (!addr)
         return NULL;
@@ -501,6 +551,8 @@ static void op_reply(redisAsyncContext *ac, void *reply_ptr, void *privdata)
                                   memory_order_relaxed);
         if (!cl->freeing)
             op_finish(op, c->drop_status ? c->drop_status : -ECONNRESET, NULL);
+        else if (op->kind == OP_LOOKUP_PART)
+            part_done(op, -ECONNRESET, 0); /* frees its lookup with the last part */
         op_free(op);
         return;
     }
@@ -537,9 +589,14 @@ static void op_reply(redisAsyncContext *ac, void *reply_ptr, void *privdata)
             if (op_send(to, op, ask) == 0)
                 return;
         }
+        if (op->kind == OP_LOOKUP && op->nworkers > 1 && !op->cancelled && reply->len >= 8 &&
+            memcmp(reply->str, "TRYAGAIN", 8) == 0 && lookup_split(op))
+            return;
     }
     if (!cl->freeing)
         op_finish(op, 0, reply);
+    else if (op->kind == OP_LOOKUP_PART)
+        part_done(op, -ECONNRESET, 0);
     op_free(op);
 }
 
@@ -696,6 +753,7 @@ static kvg_redis_op *op_new(kvg_redis_client *cl, op_kind kind, const redis_scri
     }
     op->cmd = cmd;
     op->cmd_len = (size_t)len;
+    op->client = cl;
     op->kind = kind;
     op->script = script;
     return op;
@@ -770,6 +828,92 @@ int kvg_map_lookup(kvg_redis_client *cl, uint64_t root, const uint64_t *keys, si
     return 0;
 }
 
+/* The keys and the chain of a lookup's command as redisFormatCommandArgv wrote it ("*argc", then
+ * "$len" and the bytes of each argument: EVALSHA sha numkeys key... chain), pointing into cmd.
+ * 0, or -EINVAL when it is not a lookup of n keys. */
+static int lookup_args(const char *cmd, size_t len, size_t n, const char **keys, size_t *key_lens,
+                       const char **chain, size_t *chain_len)
+{
+    const char *end = cmd + len;
+    char *next;
+    if (len < 4 || cmd[0] != '*' || strtoul(cmd + 1, &next, 10) != n + 4)
+        return -EINVAL;
+    const char *p = next + 2;
+    for (size_t i = 0; i < n + 4; i++) {
+        if (p >= end || *p != '$')
+            return -EINVAL;
+        unsigned long alen = strtoul(p + 1, &next, 10);
+        const char *arg = next + 2;
+        if (arg > end || alen + 2 > (size_t)(end - arg))
+            return -EINVAL;
+        if (i >= 3 && i < 3 + n) {
+            keys[i - 3] = arg;
+            key_lens[i - 3] = alen;
+        } else if (i == 3 + n) {
+            *chain = arg;
+            *chain_len = alen;
+        }
+        p = arg + alen + 2;
+    }
+    return 0;
+}
+
+/* A lookup was answered TRYAGAIN: its slot is being migrated, and Redis serves a command of
+ * several keys during a migration only on a node that holds all of them. A lookup names every
+ * candidate's key, some of which do not exist (workers that never held the chain), so it got
+ * TRYAGAIN (after ASK) for as long as the migration lasted and every decision of the slot's
+ * tenants fell back. Instead it is sent again as one lookup per key: the source serves a key it
+ * still has, or redirects it (ASK) to the target, which serves a single key whether it exists
+ * or not. The lookup ends with its last part (part_done). true: the parts own op now (it may
+ * have ended already, when none could be sent); false: nothing was done. */
+static bool lookup_split(kvg_redis_op *op)
+{
+    kvg_redis_client *cl = op->client;
+    size_t n = op->nworkers;
+    const char **keys = malloc(n * sizeof(*keys));
+    size_t *key_lens = malloc(n * sizeof(*key_lens));
+    const char *chain = NULL;
+    size_t chain_len = 0;
+    op->parts = calloc(n, sizeof(*op->parts));
+    if (!keys || !key_lens || !op->parts ||
+        lookup_args(op->cmd, op->cmd_len, n, keys, key_lens, &chain, &chain_len) < 0) {
+        free(keys);
+        free(key_lens);
+        free(op->parts);
+        op->parts = NULL;
+        return false;
+    }
+    op->conn = NULL; /* its parts go where their keys are */
+    op->parts_status = 0;
+    op->parts_left = (uint32_t)n + 1; /* one more until every part is sent */
+    for (size_t i = 0; i < n; i++) {
+        const char *argv[5] = {NULL, NULL, NULL, keys[i], chain};
+        size_t lens[5] = {0, 0, 0, key_lens[i], chain_len};
+        kvg_redis_op *part = op_new(cl, OP_LOOKUP_PART, &redis_map_lookup_script, 1, 5, argv, lens);
+        int rc = -ENOMEM;
+        if (part) {
+            part->parent = op;
+            part->index = (uint32_t)i;
+            part->nworkers = 1;
+            rc = submit(conn_for(cl, keys[i], key_lens[i]), part); /* frees part on failure */
+        }
+        if (rc < 0) {
+            redis_drop_reason d = rc == -EBUSY ? REDIS_DROP_BUSY : REDIS_DROP_NOT_CONNECTED;
+            atomic_fetch_add_explicit(&cl->r->dropped[d], 1, memory_order_relaxed);
+            if (op->parts_status == 0)
+                op->parts_status = rc;
+            op->parts_left--;
+        }
+    }
+    free(keys);
+    free(key_lens);
+    if (--op->parts_left == 0) { /* nothing was sent */
+        op_finish(op, op->parts_status, NULL);
+        op_free(op);
+    }
+    return true;
+}
+
 void kvg_redis_op_cancel(kvg_redis_op *op)
 {
     if (op)
@@ -781,8 +925,7 @@ void redis_lookup_timed_out(kvg_redis_op *op)
     if (!op || op->cancelled)
         return;
     op->cancelled = true;
-    atomic_fetch_add_explicit(&op->conn->client->r->lookups[REDIS_MAP_TIMEOUT], 1,
-                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&op->client->r->lookups[REDIS_MAP_TIMEOUT], 1, memory_order_relaxed);
 }
 
 int kvg_map_record(kvg_redis_client *cl, uint64_t root, uint64_t map_id, uint32_t capacity,
