@@ -11,8 +11,11 @@ whose scopes root their chains in different hash slots)."""
 
 import re
 
+import pytest
+
 from gwhelpers import http, wait_for
 from test_redis_routing import Load, learned_on_one_routes_on_other, replicas, send
+from redisprocs import wait_until
 from test_routing import chat, text
 
 # Generous: the assertions below want lookups answered, on a loaded 2-core machine; a late
@@ -70,8 +73,22 @@ def wait_ready(gw, primaries, timeout=20):
 # ---- Sentinel -------------------------------------------------------------------------------------
 
 
+def demote(s, timeout=30):
+    """A failover with the primary alive (SENTINEL FAILOVER, as for maintenance): the replica is
+    promoted and the old primary made its replica, with its clients disconnected. Swaps
+    s.primary and s.replica like SentinelSet.failover; returns the new primary."""
+    old, new = s.primary, s.replica
+    s.sentinels[0].client().execute_command("SENTINEL", "FAILOVER", s.master_name)
+    wait_until(lambda: all(a == new.addr for a in s.named_primaries())
+               and new.role() == "master" and old.role() == "slave", timeout,
+               f"the Sentinels to promote {new.addr} and demote {old.addr}")
+    s.primary, s.replica = new, old
+    return new
+
+
+@pytest.mark.parametrize("how", ["killed", "demoted"])
 def test_sentinel_failover_during_load_fails_nothing_and_gateways_follow_the_new_primary(
-        simworker, kvgate, redis_sentinel):
+        simworker, kvgate, redis_sentinel, how):
     s = redis_sentinel
     ws = [simworker(time_scale=0, kv_blocks=4096) for _ in range(4)]
     gws = replicas(kvgate, s, ws, redis={"lookup_timeout_ms": LOOKUP_TIMEOUT_MS})
@@ -83,7 +100,8 @@ def test_sentinel_failover_during_load_fails_nothing_and_gateways_follow_the_new
         for gw in gws:
             assert wait_for(lambda: ok_lookups(gw) >= 20, 20), f"{gw.name}: no lookups answered"
         changes = {gw.name: gw.metric("kvgate_redis_topology_changes_total") for gw in gws}
-        new = s.failover()  # SIGKILL; returns once every Sentinel names the replica
+        # SIGKILL, or SENTINEL FAILOVER; returns once every Sentinel names the replica
+        new = s.failover() if how == "killed" else demote(s)
         failed_over = {gw.name: ok_lookups(gw) for gw in gws}
         for gw in gws:
             wait_ready(gw, 1, timeout=30)
@@ -93,12 +111,13 @@ def test_sentinel_failover_during_load_fails_nothing_and_gateways_follow_the_new
         assert wait_for(lambda: evalsha_calls(new) > 0, 10)
         load.grow(50)
     assert load.failures() == [], load.failures()[:5]
-    assert not old.alive()
+    assert old.alive() == (how == "demoted")
     for gw in gws:
         m = gw.scrape()
         # The failover did reach the gateway (lookups refused or lost while there was no
         # primary), and the topology changed to the new primary.
-        assert fell_back(gw, m) > 0, f"{gw.name}: the failover went unnoticed?"
+        if how == "killed":
+            assert fell_back(gw, m) > 0, f"{gw.name}: the failover went unnoticed?"
         assert gw.metric("kvgate_redis_topology_changes_total", m) > changes[gw.name]
         assert gw.metric("kvgate_redis_lookups_total", m, outcome="error") == 0
         assert gw.metric("kvgate_redis_records_total", m, outcome="error") == 0
