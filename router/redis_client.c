@@ -20,6 +20,8 @@
 #define REDIRECTS_MAX 2
 /* Lookups up to this many workers build their arguments on the stack. */
 #define STACK_WORKERS 64
+/* How often an idle client looks for a new topology (see tick_cb). */
+#define TICK_MS 200
 
 typedef enum op_kind {
     OP_LOOKUP = 0,
@@ -92,6 +94,7 @@ struct kvg_redis_client {
     redis_conn **conns;         /* one per node of conns_topo */
     size_t nconns;
     struct event reconcile; /* takes a new topology outside any hiredis callback */
+    struct event tick;      /* takes it on a loop without commands too */
     bool reconcile_pending;
     bool freeing;
     uint64_t rng;
@@ -661,6 +664,19 @@ static void reconcile_cb(evutil_socket_t fd, short what, void *arg)
     reconcile(cl);
 }
 
+/* A new topology used to be noticed only by the next command (conn_for): a loop that carried
+ * none kept its connection to a primary that had been demoted (a Sentinel failover with the old
+ * primary alive), counted ready, reconnected to it when the Sentinel closed it, and its first
+ * command after the change went there (stale reads on a replica). Now every loop looks. */
+static void tick_cb(evutil_socket_t fd, short what, void *arg)
+{
+    kvg_redis_client *cl = arg;
+    if (!cl->reconcile_pending &&
+        (kvg_snapshot_slot_generation(&cl->r->topology) != cl->topo.generation || !cl->conns_topo ||
+         kvg_snapshot_cache_get(&cl->topo) != &cl->conns_topo->snap))
+        reconcile_cb(fd, what, cl);
+}
+
 /* The connection for slot key (ready or not); NULL when the topology has none. Notices a new
  * topology and has it applied from the loop (not here: a caller may be inside a callback). */
 static redis_conn *conn_for(kvg_redis_client *cl, const char *key, size_t key_len)
@@ -673,14 +689,27 @@ static redis_conn *conn_for(kvg_redis_client *cl, const char *key, size_t key_le
     redis_topology *t = cl->conns_topo;
     if (!t || cl->nconns == 0)
         return NULL;
+    /* Until the reconcile runs, answer by the newest topology: the key's primary there, if this
+     * client is connected to it already, else none (the command falls back) rather than the
+     * connection to a server that is no longer the primary (a demoted one answers lookups
+     * from stale data and refuses records). */
+    kvg_snapshot_cache_refresh(&cl->topo);
+    redis_topology *nt = (redis_topology *)(void *)kvg_snapshot_cache_get(&cl->topo);
+    if (!nt || nt->nnodes == 0)
+        return NULL;
     size_t i = 0;
-    if (t->mode == KVG_REDIS_CLUSTER) {
-        uint16_t n = t->slots ? t->slots[redis_key_slot(key, key_len)] : REDIS_NO_NODE;
-        if (n == REDIS_NO_NODE || n >= cl->nconns)
+    if (nt->mode == KVG_REDIS_CLUSTER) {
+        uint16_t n = nt->slots ? nt->slots[redis_key_slot(key, key_len)] : REDIS_NO_NODE;
+        if (n == REDIS_NO_NODE || n >= nt->nnodes)
             return NULL;
         i = n;
     }
-    return cl->conns[i];
+    if (nt == t)
+        return i < cl->nconns ? cl->conns[i] : NULL;
+    for (size_t j = 0; j < cl->nconns; j++)
+        if (strcmp(cl->conns[j]->node.name, nt->nodes[i].name) == 0)
+            return cl->conns[j];
+    return NULL;
 }
 
 int kvg_redis_client_new(kvg_redis *r, struct event_base *base, kvg_redis_client **out)
@@ -694,6 +723,9 @@ int kvg_redis_client_new(kvg_redis *r, struct event_base *base, kvg_redis_client
     if (!cl->rng)
         cl->rng = 1;
     event_assign(&cl->reconcile, base, -1, 0, reconcile_cb, cl);
+    event_assign(&cl->tick, base, -1, EV_PERSIST, tick_cb, cl);
+    struct timeval tick = {.tv_sec = 0, .tv_usec = TICK_MS * 1000};
+    event_add(&cl->tick, &tick);
     kvg_snapshot_cache_init(&cl->topo, &r->topology);
     kvg_snapshot_cache_refresh(&cl->topo);
     reconcile(cl);
@@ -707,6 +739,7 @@ void kvg_redis_client_free(kvg_redis_client *cl)
         return;
     cl->freeing = true;
     event_del(&cl->reconcile);
+    event_del(&cl->tick);
     for (size_t i = 0; i < cl->nconns; i++)
         conn_free(cl->conns[i]);
     free(cl->conns);
