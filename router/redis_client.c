@@ -20,12 +20,15 @@
 #define REDIRECTS_MAX 2
 /* Lookups up to this many workers build their arguments on the stack. */
 #define STACK_WORKERS 64
+/* How often an idle client looks for a new topology (see tick_cb). */
+#define TICK_MS 200
 
 typedef enum op_kind {
     OP_LOOKUP = 0,
     OP_RECORD,
-    OP_HANDSHAKE, /* AUTH, SELECT, SCRIPT LOAD, PING of a new connection */
-    OP_IGNORED,   /* a reply nobody reads: ASKING, a SCRIPT LOAD after NOSCRIPT */
+    OP_LOOKUP_PART, /* one worker's key of a lookup split after TRYAGAIN (lookup_split) */
+    OP_HANDSHAKE,   /* AUTH, SELECT, SCRIPT LOAD, PING of a new connection */
+    OP_IGNORED,     /* a reply nobody reads: ASKING, a SCRIPT LOAD after NOSCRIPT */
     OP_KIND_COUNT,
 } op_kind;
 
@@ -43,8 +46,9 @@ typedef struct redis_conn redis_conn;
 /* A command in flight. Owned by the client: freed when its reply (or the connection's end)
  * arrives, whether or not the requester cancelled it meanwhile. */
 struct kvg_redis_op {
-    kvg_link link; /* in conn->pending, oldest first (replies come in order) */
-    redis_conn *conn;
+    kvg_link link;    /* in conn->pending, oldest first (replies come in order) */
+    redis_conn *conn; /* where it was sent last (NULL: a split lookup, see parts) */
+    kvg_redis_client *client;
     op_kind kind;
     bool cancelled;
     bool script_reloaded; /* NOSCRIPT recovered once already */
@@ -58,6 +62,13 @@ struct kvg_redis_op {
     kvg_map_lookup_cb *cb;
     void *ud;
     uint32_t nworkers;
+    /* A lookup split into one part per worker (lookup_split): the parts' answers, how many are
+     * still out, the first failure among them. A part: its lookup and its worker's place. */
+    uint32_t *parts;
+    uint32_t parts_left;
+    int parts_status;
+    kvg_redis_op *parent;
+    uint32_t index;
 };
 
 struct redis_conn {
@@ -83,6 +94,7 @@ struct kvg_redis_client {
     redis_conn **conns;         /* one per node of conns_topo */
     size_t nconns;
     struct event reconcile; /* takes a new topology outside any hiredis callback */
+    struct event tick;      /* takes it on a loop without commands too */
     bool reconcile_pending;
     bool freeing;
     uint64_t rng;
@@ -92,6 +104,7 @@ struct kvg_redis_client {
 static void conn_connect(redis_conn *c);
 static void conn_drop(redis_conn *c, int status, bool in_callback);
 static void op_reply(redisAsyncContext *ac, void *reply, void *privdata);
+static bool lookup_split(kvg_redis_op *op);
 
 /* ---- states and counters --------------------------------------------------------------------- */
 
@@ -143,17 +156,50 @@ static void track(redis_conn *c, kvg_redis_op *op)
 
 static void op_free(kvg_redis_op *op)
 {
+    free(op->parts);
     free(op->cmd);
     free(op);
+}
+
+static void op_finish(kvg_redis_op *op, int status, const redisReply *reply);
+
+/* A part of a split lookup has its answer (status 0 and m) or failed: the lookup ends with the
+ * last part, failed if any part did (a fallback, as an unsplit lookup's failure). Also while the
+ * client is being freed, to free the lookup then without calling anyone. */
+static void part_done(kvg_redis_op *part, int status, uint32_t m)
+{
+    kvg_redis_op *op = part->parent;
+    if (status == 0)
+        op->parts[part->index] = m;
+    else if (op->parts_status == 0)
+        op->parts_status = status;
+    if (--op->parts_left)
+        return;
+    if (!op->client->freeing)
+        op_finish(op, op->parts_status, NULL);
+    op_free(op);
 }
 
 /* Map a finished lookup or record to its outcome counter and its caller. */
 static void op_finish(kvg_redis_op *op, int status, const redisReply *reply)
 {
-    kvg_redis *r = op->conn->client->r;
+    kvg_redis *r = op->client->r;
+    if (op->kind == OP_LOOKUP_PART) {
+        uint32_t m = 0;
+        if (status == 0 && (status = redis_map_parse_lookup(reply, 1, &m)) < 0 && reply &&
+            reply->type == REDIS_REPLY_ERROR)
+            kvg_log_debug("redis %s: lookup part: %.*s", op->conn->node.name,
+                          (int)KVG_MIN(reply->len, 200), reply->str);
+        part_done(op, status, m);
+        return;
+    }
     redis_map_outcome out = REDIS_MAP_OK;
     if (status == -ETIMEDOUT || status == -ECONNRESET)
         out = REDIS_MAP_LOST;
+    else if (status == -ENOTCONN) /* a part of a split lookup was not sent */
+        out = REDIS_MAP_UNAVAILABLE;
+    else if (status == -EBUSY)
+        out = REDIS_MAP_BUSY;
     else if (status < 0)
         out = REDIS_MAP_ERROR;
     uint64_t rtt = kvg_now_ns() - op->sent_ns;
@@ -171,7 +217,9 @@ static void op_finish(kvg_redis_op *op, int status, const redisReply *reply)
     /* A lookup. */
     uint32_t stack[STACK_WORKERS];
     uint32_t *matched = NULL;
-    if (status == 0) {
+    if (status == 0 && op->parts) {
+        matched = op->parts; /* a split lookup: its parts answered */
+    } else if (status == 0) {
         matched = op->nworkers <= STACK_WORKERS ? stack : malloc(op->nworkers * sizeof(*matched));
         if (!matched) {
             status = -ENOMEM;
@@ -190,7 +238,7 @@ static void op_finish(kvg_redis_op *op, int status, const redisReply *reply)
         atomic_fetch_add_explicit(&r->lookups[out], 1, memory_order_relaxed);
         op->cb(op->ud, status, status == 0 ? matched : NULL, op->nworkers);
     }
-    if (matched && matched != stack)
+    if (matched && matched != stack && matched != op->parts)
         free(matched);
 }
 
@@ -457,7 +505,12 @@ static redis_conn *redirect_target(kvg_redis_client *cl, const redisReply *reply
     *ask = len > 4 && memcmp(s, "ASK ", 4) == 0;
     if (!*ask && !(len > 6 && memcmp(s, "MOVED ", 6) == 0))
         return NULL;
-    const char *addr = memchr(s + 4, ' ', len - 4);
+    /* "<slot> <host>:<port>" follows the word. (The address used to be looked for after the
+     * first space from s + 4, which for MOVED is the one after the word itself: the "address"
+     * was "3999 127.0.0.1:6381", no connection matched, and every MOVED failed its command
+     * instead of being followed.) */
+    size_t word = *ask ? 4 : 6;
+    const char *addr = memchr(s + word, ' ', len - word);
     const char *end = s + len;
     if (!addr)
         return NULL;
@@ -501,6 +554,8 @@ static void op_reply(redisAsyncContext *ac, void *reply_ptr, void *privdata)
                                   memory_order_relaxed);
         if (!cl->freeing)
             op_finish(op, c->drop_status ? c->drop_status : -ECONNRESET, NULL);
+        else if (op->kind == OP_LOOKUP_PART)
+            part_done(op, -ECONNRESET, 0); /* frees its lookup with the last part */
         op_free(op);
         return;
     }
@@ -537,9 +592,14 @@ static void op_reply(redisAsyncContext *ac, void *reply_ptr, void *privdata)
             if (op_send(to, op, ask) == 0)
                 return;
         }
+        if (op->kind == OP_LOOKUP && op->nworkers > 1 && !op->cancelled && reply->len >= 8 &&
+            memcmp(reply->str, "TRYAGAIN", 8) == 0 && lookup_split(op))
+            return;
     }
     if (!cl->freeing)
         op_finish(op, 0, reply);
+    else if (op->kind == OP_LOOKUP_PART)
+        part_done(op, -ECONNRESET, 0);
     op_free(op);
 }
 
@@ -604,6 +664,19 @@ static void reconcile_cb(evutil_socket_t fd, short what, void *arg)
     reconcile(cl);
 }
 
+/* A new topology used to be noticed only by the next command (conn_for): a loop that carried
+ * none kept its connection to a primary that had been demoted (a Sentinel failover with the old
+ * primary alive), counted ready, reconnected to it when the Sentinel closed it, and its first
+ * command after the change went there (stale reads on a replica). Now every loop looks. */
+static void tick_cb(evutil_socket_t fd, short what, void *arg)
+{
+    kvg_redis_client *cl = arg;
+    if (!cl->reconcile_pending &&
+        (kvg_snapshot_slot_generation(&cl->r->topology) != cl->topo.generation || !cl->conns_topo ||
+         kvg_snapshot_cache_get(&cl->topo) != &cl->conns_topo->snap))
+        reconcile_cb(fd, what, cl);
+}
+
 /* The connection for slot key (ready or not); NULL when the topology has none. Notices a new
  * topology and has it applied from the loop (not here: a caller may be inside a callback). */
 static redis_conn *conn_for(kvg_redis_client *cl, const char *key, size_t key_len)
@@ -616,14 +689,27 @@ static redis_conn *conn_for(kvg_redis_client *cl, const char *key, size_t key_le
     redis_topology *t = cl->conns_topo;
     if (!t || cl->nconns == 0)
         return NULL;
+    /* Until the reconcile runs, answer by the newest topology: the key's primary there, if this
+     * client is connected to it already, else none (the command falls back) rather than the
+     * connection to a server that is no longer the primary (a demoted one answers lookups
+     * from stale data and refuses records). */
+    kvg_snapshot_cache_refresh(&cl->topo);
+    redis_topology *nt = (redis_topology *)(void *)kvg_snapshot_cache_get(&cl->topo);
+    if (!nt || nt->nnodes == 0)
+        return NULL;
     size_t i = 0;
-    if (t->mode == KVG_REDIS_CLUSTER) {
-        uint16_t n = t->slots ? t->slots[redis_key_slot(key, key_len)] : REDIS_NO_NODE;
-        if (n == REDIS_NO_NODE || n >= cl->nconns)
+    if (nt->mode == KVG_REDIS_CLUSTER) {
+        uint16_t n = nt->slots ? nt->slots[redis_key_slot(key, key_len)] : REDIS_NO_NODE;
+        if (n == REDIS_NO_NODE || n >= nt->nnodes)
             return NULL;
         i = n;
     }
-    return cl->conns[i];
+    if (nt == t)
+        return i < cl->nconns ? cl->conns[i] : NULL;
+    for (size_t j = 0; j < cl->nconns; j++)
+        if (strcmp(cl->conns[j]->node.name, nt->nodes[i].name) == 0)
+            return cl->conns[j];
+    return NULL;
 }
 
 int kvg_redis_client_new(kvg_redis *r, struct event_base *base, kvg_redis_client **out)
@@ -637,6 +723,9 @@ int kvg_redis_client_new(kvg_redis *r, struct event_base *base, kvg_redis_client
     if (!cl->rng)
         cl->rng = 1;
     event_assign(&cl->reconcile, base, -1, 0, reconcile_cb, cl);
+    event_assign(&cl->tick, base, -1, EV_PERSIST, tick_cb, cl);
+    struct timeval tick = {.tv_sec = 0, .tv_usec = TICK_MS * 1000};
+    event_add(&cl->tick, &tick);
     kvg_snapshot_cache_init(&cl->topo, &r->topology);
     kvg_snapshot_cache_refresh(&cl->topo);
     reconcile(cl);
@@ -650,6 +739,7 @@ void kvg_redis_client_free(kvg_redis_client *cl)
         return;
     cl->freeing = true;
     event_del(&cl->reconcile);
+    event_del(&cl->tick);
     for (size_t i = 0; i < cl->nconns; i++)
         conn_free(cl->conns[i]);
     free(cl->conns);
@@ -696,6 +786,7 @@ static kvg_redis_op *op_new(kvg_redis_client *cl, op_kind kind, const redis_scri
     }
     op->cmd = cmd;
     op->cmd_len = (size_t)len;
+    op->client = cl;
     op->kind = kind;
     op->script = script;
     return op;
@@ -770,6 +861,92 @@ int kvg_map_lookup(kvg_redis_client *cl, uint64_t root, const uint64_t *keys, si
     return 0;
 }
 
+/* The keys and the chain of a lookup's command as redisFormatCommandArgv wrote it ("*argc", then
+ * "$len" and the bytes of each argument: EVALSHA sha numkeys key... chain), pointing into cmd.
+ * 0, or -EINVAL when it is not a lookup of n keys. */
+static int lookup_args(const char *cmd, size_t len, size_t n, const char **keys, size_t *key_lens,
+                       const char **chain, size_t *chain_len)
+{
+    const char *end = cmd + len;
+    char *next;
+    if (len < 4 || cmd[0] != '*' || strtoul(cmd + 1, &next, 10) != n + 4)
+        return -EINVAL;
+    const char *p = next + 2;
+    for (size_t i = 0; i < n + 4; i++) {
+        if (p >= end || *p != '$')
+            return -EINVAL;
+        unsigned long alen = strtoul(p + 1, &next, 10);
+        const char *arg = next + 2;
+        if (arg > end || alen + 2 > (size_t)(end - arg))
+            return -EINVAL;
+        if (i >= 3 && i < 3 + n) {
+            keys[i - 3] = arg;
+            key_lens[i - 3] = alen;
+        } else if (i == 3 + n) {
+            *chain = arg;
+            *chain_len = alen;
+        }
+        p = arg + alen + 2;
+    }
+    return 0;
+}
+
+/* A lookup was answered TRYAGAIN: its slot is being migrated, and Redis serves a command of
+ * several keys during a migration only on a node that holds all of them. A lookup names every
+ * candidate's key, some of which do not exist (workers that never held the chain), so it got
+ * TRYAGAIN (after ASK) for as long as the migration lasted and every decision of the slot's
+ * tenants fell back. Instead it is sent again as one lookup per key: the source serves a key it
+ * still has, or redirects it (ASK) to the target, which serves a single key whether it exists
+ * or not. The lookup ends with its last part (part_done). true: the parts own op now (it may
+ * have ended already, when none could be sent); false: nothing was done. */
+static bool lookup_split(kvg_redis_op *op)
+{
+    kvg_redis_client *cl = op->client;
+    size_t n = op->nworkers;
+    const char **keys = malloc(n * sizeof(*keys));
+    size_t *key_lens = malloc(n * sizeof(*key_lens));
+    const char *chain = NULL;
+    size_t chain_len = 0;
+    op->parts = calloc(n, sizeof(*op->parts));
+    if (!keys || !key_lens || !op->parts ||
+        lookup_args(op->cmd, op->cmd_len, n, keys, key_lens, &chain, &chain_len) < 0) {
+        free(keys);
+        free(key_lens);
+        free(op->parts);
+        op->parts = NULL;
+        return false;
+    }
+    op->conn = NULL; /* its parts go where their keys are */
+    op->parts_status = 0;
+    op->parts_left = (uint32_t)n + 1; /* one more until every part is sent */
+    for (size_t i = 0; i < n; i++) {
+        const char *argv[5] = {NULL, NULL, NULL, keys[i], chain};
+        size_t lens[5] = {0, 0, 0, key_lens[i], chain_len};
+        kvg_redis_op *part = op_new(cl, OP_LOOKUP_PART, &redis_map_lookup_script, 1, 5, argv, lens);
+        int rc = -ENOMEM;
+        if (part) {
+            part->parent = op;
+            part->index = (uint32_t)i;
+            part->nworkers = 1;
+            rc = submit(conn_for(cl, keys[i], key_lens[i]), part); /* frees part on failure */
+        }
+        if (rc < 0) {
+            redis_drop_reason d = rc == -EBUSY ? REDIS_DROP_BUSY : REDIS_DROP_NOT_CONNECTED;
+            atomic_fetch_add_explicit(&cl->r->dropped[d], 1, memory_order_relaxed);
+            if (op->parts_status == 0)
+                op->parts_status = rc;
+            op->parts_left--;
+        }
+    }
+    free(keys);
+    free(key_lens);
+    if (--op->parts_left == 0) { /* nothing was sent */
+        op_finish(op, op->parts_status, NULL);
+        op_free(op);
+    }
+    return true;
+}
+
 void kvg_redis_op_cancel(kvg_redis_op *op)
 {
     if (op)
@@ -781,8 +958,7 @@ void redis_lookup_timed_out(kvg_redis_op *op)
     if (!op || op->cancelled)
         return;
     op->cancelled = true;
-    atomic_fetch_add_explicit(&op->conn->client->r->lookups[REDIS_MAP_TIMEOUT], 1,
-                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&op->client->r->lookups[REDIS_MAP_TIMEOUT], 1, memory_order_relaxed);
 }
 
 int kvg_map_record(kvg_redis_client *cl, uint64_t root, uint64_t map_id, uint32_t capacity,

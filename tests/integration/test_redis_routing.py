@@ -15,20 +15,24 @@ from test_routing import chat, text
 LOOKUP_TIMEOUT_MS = 20
 
 
-def replicas(kvgate, redis, workers, n=2, **kw):
-    cfg = {"redis": {"url": redis.url, "lookup_timeout_ms": LOOKUP_TIMEOUT_MS}}
+def replicas(kvgate, server, workers, n=2, **kw):
+    """n gateways on server's URL (anything with .url: a RedisProcess, SentinelSet or
+    RedisCluster); redis={...} adds to their redis section, other keywords go to kvgate."""
+    cfg = {"redis": {"url": server.url, "lookup_timeout_ms": LOOKUP_TIMEOUT_MS}}
     cfg["redis"].update(kw.pop("redis", {}))
     return [kvgate(*workers, config=cfg, **kw) for _ in range(n)]
 
 
-def send(gw, body):
-    r = http.post(gw.url + CHAT, json=body)
+def send(gw, body, key=None):
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    r = http.post(gw.url + CHAT, json=body, headers=headers)
     assert r.status_code == 200, r.text
     return r.headers["x-kvgate-worker"], r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
-def explain_choice(gw, body):
-    r = gw.admin.post("/admin/v1/route/explain", json={"request": body})
+def explain_choice(gw, body, tenant=None):
+    req = {"request": body} if tenant is None else {"tenant": tenant, "request": body}
+    r = gw.admin.post("/admin/v1/route/explain", json=req)
     assert r.status_code == 200, r.text
     return r.json()["chosen"], r.json()["reason"]
 
@@ -39,33 +43,42 @@ def worker_listing(gw, name):
     return next(w for w in r.json()["workers"] if w["name"] == name)
 
 
+def learned_on_one_routes_on_other(learner, follower, ws, seed, tenant=None, key=None):
+    """A conversation's first turn sent through learner goes somewhere the follower's own index
+    would not send it (the cold worker is drained on learner meanwhile); its next turn, sent
+    through follower, must go to the worker that holds the prefix: only the shared map can tell
+    the follower. tenant/key: the tenant to explain for and its API key (auth=keys gateways)."""
+    urls = {w.name: w.url for w in ws}
+    system = text(seed, 2000)
+    first = chat(ws[0].model, system, "first question")
+    # Where the follower alone would send the conversation: the cold placement every
+    # replica agrees on. Draining that worker on the learner sends the first turn
+    # elsewhere, so only the shared map can tell the follower where the prefix is.
+    cold, reason = explain_choice(follower, first, tenant)
+    assert reason == "cold"
+    assert learner.admin.post(f"/admin/v1/workers/{cold}/drain").status_code == 200
+    holder, cached = send(learner, first, key)
+    assert holder != cold and cached == 0
+    assert learner.admin.put(f"/admin/v1/workers/{cold}",
+                             json={"url": urls[cold]}).status_code in (200, 201)
+    for gw in (learner, follower):
+        assert wait_for(lambda: not worker_listing(gw, cold)["draining"], 3)
+    # The follower's own index has never seen the prefix...
+    nxt = chat(ws[0].model, system, "next turn")
+    assert explain_choice(follower, nxt, tenant) == (cold, "cold")
+    # ...but the shared map has: the next turn goes where its prefix is cached.
+    worker, cached = send(follower, nxt, key)
+    assert worker == holder, f"seed {seed}: the next turn went to {worker}, not {holder}"
+    assert cached > 0
+
+
 def test_a_prefix_learned_on_one_replica_routes_the_next_turn_on_another(
         simworker, kvgate, redis_server):
     redis = redis_server
     ws = [simworker(time_scale=0, kv_blocks=4096) for _ in range(4)]
-    urls = {w.name: w.url for w in ws}
     a, b = replicas(kvgate, redis, ws)
     for doc, (learner, follower) in enumerate([(a, b), (b, a)]):
-        system = text(700 + doc, 2000)
-        first = chat(ws[0].model, system, "first question")
-        # Where the follower alone would send the conversation: the cold placement every
-        # replica agrees on. Draining that worker on the learner sends the first turn
-        # elsewhere, so only the shared map can tell the follower where the prefix is.
-        cold, reason = explain_choice(follower, first)
-        assert reason == "cold"
-        assert learner.admin.post(f"/admin/v1/workers/{cold}/drain").status_code == 200
-        holder, cached = send(learner, first)
-        assert holder != cold and cached == 0
-        assert learner.admin.put(f"/admin/v1/workers/{cold}",
-                                 json={"url": urls[cold]}).status_code in (200, 201)
-        for gw in (a, b):
-            assert wait_for(lambda: not worker_listing(gw, cold)["draining"], 3)
-        # The follower's own index has never seen the prefix...
-        assert explain_choice(follower, chat(ws[0].model, system, "next turn")) == (cold, "cold")
-        # ...but the shared map has: the next turn goes where its prefix is cached.
-        worker, cached = send(follower, chat(ws[0].model, system, "next turn"))
-        assert worker == holder, f"doc {doc}: the next turn went to {worker}, not {holder}"
-        assert cached > 0
+        learned_on_one_routes_on_other(learner, follower, ws, 700 + doc)
     for gw in (a, b):
         m = gw.scrape()
         assert gw.metric("kvgate_redis_lookups_total", m, outcome="ok") >= 1
@@ -75,7 +88,8 @@ def test_a_prefix_learned_on_one_replica_routes_the_next_turn_on_another(
 
 class Load:
     """Chat requests in a loop from a few threads (a handful of conversations, so that the
-    map is used), each request's status and duration kept."""
+    map is used), each request's status and duration kept. A subclass changes what is sent
+    by overriding request()."""
 
     def __init__(self, gw, model, threads=4):
         self.gw, self.model = gw, model
@@ -84,14 +98,19 @@ class Load:
         self.lock = threading.Lock()
         self.threads = [threading.Thread(target=self._run, args=(i,)) for i in range(threads)]
 
+    def request(self, i, n):
+        """Thread i's n-th request: (url, body, headers)."""
+        return (self.gw.url + CHAT,
+                chat(self.model, text(900 + (i * 7 + n) % 12, 1500), f"turn {n}"), {})
+
     def _run(self, i):
         n = 0
         with http_client() as c:
             while not self.stop.is_set():
-                body = chat(self.model, text(900 + (i * 7 + n) % 12, 1500), f"turn {n}")
+                url, body, headers = self.request(i, n)
                 t0 = time.monotonic()
                 try:
-                    status = c.post(self.gw.url + CHAT, json=body).status_code
+                    status = c.post(url, json=body, headers=headers).status_code
                 except Exception as e:  # a failed request is what the test looks for
                     status = repr(e)
                 with self.lock:
