@@ -149,24 +149,14 @@ int redis_sentinel_parse_addr(const redisReply *reply, const char *who, const ch
 static int ask_one(kvg_redis *r, const kvg_redis_seed *seed, char *host, size_t host_len,
                    uint16_t *port, char *msg, size_t msg_len)
 {
-    struct redis_topo *tp = r->topo;
     redis_node node;
-    redisReply *reply = NULL;
-    for (int attempt = 0; attempt < 2 && !reply; attempt++) {
-        bool kept = tp->conn[TOPO_SENTINEL] != NULL;
-        int rc =
-            topo_connect_host(r, TOPO_SENTINEL, seed->host, seed->port, false, &node, msg, msg_len);
-        if (rc < 0)
-            return rc;
-        reply = topo_command(r, TOPO_SENTINEL, msg, msg_len, "SENTINEL get-master-addr-by-name %s",
-                             r->url.master);
-        if (!reply && !kept)
-            return -EIO;
-    }
-    if (!reply)
-        return -EIO;
-    int rc = redis_sentinel_parse_addr(reply, node.name, r->url.master, host, host_len, port, msg,
-                                       msg_len);
+    redisReply *reply;
+    int rc = topo_ask(r, TOPO_SENTINEL, seed->host, seed->port, false, &node, &reply, msg, msg_len,
+                      "SENTINEL get-master-addr-by-name %s", r->url.master);
+    if (rc < 0)
+        return rc;
+    rc = redis_sentinel_parse_addr(reply, node.name, r->url.master, host, host_len, port, msg,
+                                   msg_len);
     freeReplyObject(reply);
     if (rc < 0)
         topo_close(r, TOPO_SENTINEL); /* ask the next one on a connection of its own */
@@ -212,29 +202,13 @@ int topo_check_sentinel(kvg_redis *r, redis_topology **out, char *msg, size_t ms
     }
 
     redis_node node;
-    redisReply *reply = NULL;
-    for (int attempt = 0; attempt < 2 && !reply; attempt++) {
-        bool kept = tp->conn[TOPO_NODE] != NULL;
-        if ((rc = topo_connect_host(r, TOPO_NODE, host, port, true, &node, msg, msg_len)) < 0)
-            goto fail_primary;
-        reply = topo_command(r, TOPO_NODE, msg, msg_len, "ROLE");
-        if (!reply && !kept)
-            break;
-    }
-    if (!reply) {
-        rc = -EIO;
+    redisReply *reply;
+    if ((rc = topo_ask(r, TOPO_NODE, host, port, true, &node, &reply, msg, msg_len, "ROLE")) < 0)
         goto fail_primary;
-    }
     char primary[96];
-    const char *role = topo_role(reply, primary, sizeof(primary));
-    if (!role) {
-        char what[120];
-        snprintf(what, sizeof(what), "%s: ROLE", node.name);
-        topo_reply_error(reply, what, msg, msg_len);
-        freeReplyObject(reply);
+    const char *role = topo_read_role(reply, &node, primary, sizeof(primary), msg, msg_len);
+    if (!role)
         return KVG_EPROTO;
-    }
-    freeReplyObject(reply);
     if (strcmp(role, "master") != 0) {
         /* A Sentinel that has not heard of a failover yet, or one half done: never publish a
          * replica as the primary; ask again shortly. */

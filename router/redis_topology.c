@@ -248,16 +248,13 @@ int topo_connect_host(kvg_redis *r, topo_conn slot, const char *host, uint16_t p
     return rc;
 }
 
-redisReply *topo_command(kvg_redis *r, topo_conn slot, char *msg, size_t msg_len, const char *fmt,
-                         ...)
+static redisReply *vcommand(kvg_redis *r, topo_conn slot, char *msg, size_t msg_len,
+                            const char *fmt, va_list ap)
 {
     struct redis_topo *tp = r->topo;
     redisContext *c = tp->conn[slot];
-    va_list ap;
-    va_start(ap, fmt);
     redisReply *reply = redisvCommand(c, fmt, ap);
     int err = errno;
-    va_end(ap);
     if (!reply) {
         char what[40];
         snprintf(what, sizeof(what), "%.*s", (int)strcspn(fmt, " "), fmt);
@@ -265,6 +262,38 @@ redisReply *topo_command(kvg_redis *r, topo_conn slot, char *msg, size_t msg_len
         topo_close(r, slot);
     }
     return reply;
+}
+
+redisReply *topo_command(kvg_redis *r, topo_conn slot, char *msg, size_t msg_len, const char *fmt,
+                         ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *reply = vcommand(r, slot, msg, msg_len, fmt, ap);
+    va_end(ap);
+    return reply;
+}
+
+int topo_ask(kvg_redis *r, topo_conn slot, const char *host, uint16_t port, bool auth,
+             redis_node *node, redisReply **out, char *msg, size_t msg_len, const char *fmt, ...)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        bool kept = r->topo->conn[slot] != NULL;
+        int rc = topo_connect_host(r, slot, host, port, auth, node, msg, msg_len);
+        if (rc < 0)
+            return rc;
+        va_list ap;
+        va_start(ap, fmt);
+        redisReply *reply = vcommand(r, slot, msg, msg_len, fmt, ap);
+        va_end(ap);
+        if (reply) {
+            *out = reply;
+            return 0;
+        }
+        if (!kept)
+            break;
+    }
+    return -EIO;
 }
 
 redis_topology *topo_alloc(kvg_redis_mode mode, size_t nnodes, bool slots)
@@ -311,23 +340,20 @@ const char *topo_role(const redisReply *reply, char *primary, size_t primary_len
     return NULL;
 }
 
-/* ---- standalone ------------------------------------------------------------------------------ */
-
-/* ROLE on TOPO_NODE, made (again) when needed: a kept connection that turns out dead (the server
- * restarted) is made once more before the check fails. */
-static redisReply *ask_role(kvg_redis *r, const char *host, uint16_t port, redis_node *node,
-                            char *msg, size_t msg_len)
+const char *topo_read_role(redisReply *reply, const redis_node *node, char *primary,
+                           size_t primary_len, char *msg, size_t msg_len)
 {
-    for (int attempt = 0; attempt < 2; attempt++) {
-        bool kept = r->topo->conn[TOPO_NODE] != NULL;
-        if (topo_connect_host(r, TOPO_NODE, host, port, true, node, msg, msg_len) < 0)
-            return NULL;
-        redisReply *reply = topo_command(r, TOPO_NODE, msg, msg_len, "ROLE");
-        if (reply || !kept)
-            return reply;
+    const char *role = topo_role(reply, primary, primary_len);
+    if (!role) {
+        char what[120];
+        snprintf(what, sizeof(what), "%s: ROLE", node->name);
+        topo_reply_error(reply, what, msg, msg_len);
     }
-    return NULL;
+    freeReplyObject(reply);
+    return role;
 }
+
+/* ---- standalone ------------------------------------------------------------------------------ */
 
 /* One check of a redis:// server: it must be a primary; one that says cluster_enabled:1 turns
  * the checks into Cluster checks. */
@@ -336,17 +362,13 @@ static int check_standalone(kvg_redis *r, redis_topology **out, char *msg, size_
     struct redis_topo *tp = r->topo;
     const kvg_redis_seed *seed = &r->url.seeds[0];
     redis_node node;
-    redisReply *role_reply = ask_role(r, seed->host, seed->port, &node, msg, msg_len);
-    if (!role_reply)
-        return -EIO;
+    redisReply *role_reply;
+    int rc = topo_ask(r, TOPO_NODE, seed->host, seed->port, true, &node, &role_reply, msg, msg_len,
+                      "ROLE");
+    if (rc < 0)
+        return rc;
     char primary[96];
-    const char *role = topo_role(role_reply, primary, sizeof(primary));
-    if (!role) {
-        char what[120];
-        snprintf(what, sizeof(what), "%s: ROLE", node.name);
-        topo_reply_error(role_reply, what, msg, msg_len);
-    }
-    freeReplyObject(role_reply);
+    const char *role = topo_read_role(role_reply, &node, primary, sizeof(primary), msg, msg_len);
     if (!role)
         return KVG_EPROTO;
     if (strcmp(role, "sentinel") == 0) {

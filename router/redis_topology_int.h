@@ -61,12 +61,23 @@ void topo_close(kvg_redis *r, topo_conn slot);
  *  the connection closed and msg set. An error reply is a reply. */
 struct redisReply *topo_command(kvg_redis *r, topo_conn slot, char *msg, size_t msg_len,
                                 const char *fmt, ...);
+/** topo_connect_host, then a command on slot's connection: a kept connection that turns out
+ *  dead (the server restarted) is made once more before the command fails. 0 and *out (the
+ *  reply, which may be an error reply; the caller frees it), or a negative code with msg:
+ *  topo_connect_host's, or -EIO when the command got no answer (the connection closed). */
+int topo_ask(kvg_redis *r, topo_conn slot, const char *host, uint16_t port, bool auth,
+             redis_node *node, struct redisReply **out, char *msg, size_t msg_len, const char *fmt,
+             ...);
 /** A new topology of mode, room for nnodes (nnodes set to 0) and, when slots, a slot map with
  *  every slot unassigned; one allocation, freed by redis_topology_free. NULL when out of memory. */
 redis_topology *topo_alloc(kvg_redis_mode mode, size_t nnodes, bool slots);
 /** The role a ROLE reply names: "master", "slave" (with the primary's address in primary when it
  *  is given), "sentinel"; NULL for a reply of another shape. */
 const char *topo_role(const struct redisReply *reply, char *primary, size_t primary_len);
+/** topo_role of a ROLE reply from node, which it frees; for a reply of another shape NULL,
+ *  with msg "<node>: ROLE: ...". */
+const char *topo_read_role(struct redisReply *reply, const redis_node *node, char *primary,
+                           size_t primary_len, char *msg, size_t msg_len);
 /** msg = "what: <the error reply>" or "what: unexpected reply". */
 void topo_reply_error(const struct redisReply *reply, const char *what, char *msg, size_t msg_len);
 
