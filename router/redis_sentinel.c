@@ -129,13 +129,9 @@ int redis_sentinel_parse_addr(const redisReply *reply, const char *who, const ch
      * out as 10.0.0.1, and strtoul took " 6379" and "+6379". Both strings are now read whole:
      * the port in decimal digits alone, the address an address or a name (it goes into
      * getaddrinfo and, when that fails, into log lines: no control bytes or spaces). */
-    bool ok = h->len < host_len && redis_host_valid(h->str, h->len) && p->len > 0 && p->len <= 5;
-    unsigned n = 0;
-    for (size_t i = 0; ok && i < p->len; i++) {
-        ok = p->str[i] >= '0' && p->str[i] <= '9';
-        n = n * 10 + (unsigned)(p->str[i] - '0');
-    }
-    if (!ok || n == 0 || n > 65535) {
+    uint64_t n = 0;
+    if (h->len >= host_len || !redis_host_valid(h->str, h->len) || p->len > 5 ||
+        kvg_parse_u64(p->str, p->len, &n) < 0 || n == 0 || n > 65535) {
         snprintf(msg, msg_len, "%s: SENTINEL get-master-addr-by-name: bad address", who);
         return KVG_EPROTO;
     }
