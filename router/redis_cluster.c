@@ -92,8 +92,7 @@ static int node_of(const redisReply *info, const redis_node *asked, redis_topolo
     if (!endpoint[0]) {
         node = *asked;
         node.port = port;
-        snprintf(node.name, sizeof(node.name), strchr(node.host, ':') ? "[%s]:%u" : "%s:%u",
-                 node.host, port);
+        topo_name(node.host, port, node.name, sizeof(node.name));
     } else {
         size_t n;
         char why[200];

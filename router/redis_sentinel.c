@@ -184,6 +184,8 @@ int topo_check_sentinel(kvg_redis *r, redis_topology **out, char *msg, size_t ms
     memmove(tp->sentinel_order + 1, tp->sentinel_order, i);
     tp->sentinel_order[0] = answered;
     const kvg_redis_seed *seed = &r->url.seeds[answered];
+    char named_by[KVG_REDIS_HOST_MAX + 8];
+    topo_name(seed->host, seed->port, named_by, sizeof(named_by));
 
     if (!tp->conn[TOPO_SUB] && subscribe(r, seed)) {
         /* Asked again now that a switch cannot go unnoticed: one that happened between the
@@ -210,10 +212,10 @@ int topo_check_sentinel(kvg_redis *r, redis_topology **out, char *msg, size_t ms
          * replica as the primary; ask again shortly. */
         tp->retry_soon = true;
         snprintf(msg, msg_len,
-                 "Sentinel %s:%u names %s the primary of '%s', but it says it is a %s%s%s "
+                 "Sentinel %s names %s the primary of '%s', but it says it is a %s%s%s "
                  "(a failover under way?)",
-                 seed->host, seed->port, node.name, r->url.master,
-                 strcmp(role, "slave") == 0 ? "replica" : role, primary[0] ? " of " : "", primary);
+                 named_by, node.name, r->url.master, strcmp(role, "slave") == 0 ? "replica" : role,
+                 primary[0] ? " of " : "", primary);
         topo_close(r, TOPO_NODE);
         return KVG_EPROTO;
     }
@@ -229,8 +231,8 @@ fail_primary : {
     /* Say who named it: an address from a Sentinel is not one the operator wrote down. */
     char detail[256];
     snprintf(detail, sizeof(detail), "%s", msg);
-    snprintf(msg, msg_len, "primary of '%s' (named by Sentinel %s:%u): %s", r->url.master,
-             seed->host, seed->port, detail);
+    snprintf(msg, msg_len, "primary of '%s' (named by Sentinel %s): %s", r->url.master, named_by,
+             detail);
     return rc;
 }
 }

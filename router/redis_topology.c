@@ -33,9 +33,9 @@ static struct timeval tv_of(uint32_t ms)
     return (struct timeval){.tv_sec = ms / 1000, .tv_usec = (long)(ms % 1000) * 1000};
 }
 
-static void name_of(const char *host, uint16_t port, char *out, size_t len)
+void topo_name(const char *host, long long port, char *out, size_t len)
 {
-    snprintf(out, len, strchr(host, ':') ? "[%s]:%u" : "%s:%u", host, port);
+    snprintf(out, len, strchr(host, ':') ? "[%s]:%lld" : "%s:%lld", host, port);
 }
 
 void topo_reply_error(const redisReply *reply, const char *what, char *msg, size_t msg_len)
@@ -117,7 +117,7 @@ int redis_connect_handshake(const kvg_redis_url *url, const char *host, uint16_t
                             size_t msg_len)
 {
     char where[300];
-    name_of(host, port, where, sizeof(where));
+    topo_name(host, port, where, sizeof(where));
     redisContext *c = NULL;
     int rc = connect_tcp(host, port, timeout_ms, &c, where, msg, msg_len);
     if (rc < 0)
@@ -154,7 +154,7 @@ int topo_resolve(const char *host, uint16_t port, redis_node *out, size_t max, s
         if (seen)
             continue;
         node->port = port;
-        name_of(node->host, port, node->name, sizeof(node->name));
+        topo_name(node->host, port, node->name, sizeof(node->name));
         k++;
     }
     freeaddrinfo(res);
@@ -332,9 +332,7 @@ const char *topo_role(const redisReply *reply, char *primary, size_t primary_len
             continue;
         if (i == 1 && reply->elements >= 3 && reply->element[1]->type == REDIS_REPLY_STRING &&
             reply->element[2]->type == REDIS_REPLY_INTEGER)
-            snprintf(primary, primary_len,
-                     strchr(reply->element[1]->str, ':') ? "[%s]:%lld" : "%s:%lld",
-                     reply->element[1]->str, reply->element[2]->integer);
+            topo_name(reply->element[1]->str, reply->element[2]->integer, primary, primary_len);
         return known[i];
     }
     return NULL;

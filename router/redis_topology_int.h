@@ -41,6 +41,9 @@ struct redis_topo {
 
 /* ---- redis_topology.c: helpers of every mode ---- */
 
+/** "host:port", "[host]:port" for an IPv6 address: how a node is named in messages, logs and
+ *  metrics (redis_node.name). */
+void topo_name(const char *host, long long port, char *out, size_t len);
 /** host (a name or an address) resolved into out (at most max addresses, in getaddrinfo's
  *  order of preference, duplicates removed). Blocks for names: the topology thread only.
  *  0 and *n >= 1, or -EHOSTUNREACH with msg. */
