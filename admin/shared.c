@@ -289,7 +289,18 @@ static void set_id(admin_shared *s, const char *epoch, uint64_t version)
     atomic_store_explicit(&s->version_gauge, version, memory_order_relaxed);
 }
 
-/* Keep doc as the document of this replica's version. */
+/* Make next (taken: it is left empty) the document of this replica's version. The old one is
+ * wiped as kvg_admin_shared_free wipes it: it holds key digests. */
+static void take_base(admin_shared *s, kvg_buf *next)
+{
+    if (s->base.data)
+        OPENSSL_cleanse(s->base.data, s->base.cap);
+    kvg_buf_done(&s->base);
+    s->base = *next;
+    kvg_buf_init(next);
+}
+
+/* Keep a copy of doc as the document of this replica's version. */
 static int set_base(admin_shared *s, const char *doc, size_t len)
 {
     kvg_buf next;
@@ -299,8 +310,7 @@ static int set_base(admin_shared *s, const char *doc, size_t len)
         kvg_buf_done(&next);
         return -ENOMEM;
     }
-    kvg_buf_done(&s->base);
-    s->base = next;
+    take_base(s, &next);
     return 0;
 }
 
@@ -385,49 +395,50 @@ static int cas(admin_shared *s, bool seed, const kvg_buf *doc, cas_result *res, 
     return 0;
 }
 
+/* Store this replica's state as it is in memory (cas; seed: into a Redis that holds none). An
+ * answer "conflict" with this very document is an attempt of ours whose answer was lost: ok.
+ * On ok the document becomes the base, at the version Redis gave it. */
+static int store(admin_shared *s, bool seed, cas_result *res, char *why, size_t len)
+{
+    kvg_buf doc;
+    kvg_buf_init(&doc);
+    kvg_admin_state_doc(s->admin, &doc); /* never empty: data is not NULL unless failed */
+    if (doc.failed) {
+        kvg_buf_done(&doc);
+        snprintf(why, len, "out of memory");
+        return -ENOMEM;
+    }
+    int rc = cas(s, seed, &doc, res, why, len);
+    if (rc == 0 && res->kind == CAS_CONFLICT && res->doc->len == doc.len &&
+        memcmp(res->doc->str, doc.data, doc.len) == 0)
+        res->kind = CAS_OK;
+    if (rc == 0 && res->kind == CAS_OK) {
+        take_base(s, &doc);
+        set_id(s, res->epoch, res->version);
+    }
+    if (doc.data)
+        OPENSSL_cleanse(doc.data, doc.cap);
+    kvg_buf_done(&doc);
+    return rc;
+}
+
 int kvg_admin_shared_commit(kvg_admin *admin, bool *undone, char *why, size_t why_len)
 {
     admin_shared *s = admin->shared;
-    kvg_buf doc;
-    kvg_buf_init(&doc);
-    kvg_admin_state_doc(admin, &doc);
-    kvg_buf_putc(&doc, '\0'); /* argv wants a pointer even for an empty one; len excludes it */
-    int rc = doc.failed ? -ENOMEM : 0;
-    doc.len = doc.failed ? 0 : doc.len - 1;
-    if (rc < 0)
-        snprintf(why, why_len, "out of memory");
-    bool seed = false;
     cas_result res = {0};
-    while (rc == 0) {
-        rc = cas(s, seed, &doc, &res, why, why_len);
-        if (rc < 0)
-            break;
-        if (res.kind == CAS_ABSENT && !seed) {
-            /* Redis lost the state (restarted empty, or wiped) while this replica had it:
-             * store ours, this change included, rather than lose it. */
-            kvg_log_warn("admin: Redis holds no shared state any more (restarted empty or "
-                         "wiped?): storing this gateway's");
-            freeReplyObject(res.reply);
-            seed = true;
-            continue;
-        }
-        break;
+    int rc = store(s, false, &res, why, why_len);
+    if (rc == 0 && res.kind == CAS_ABSENT) {
+        /* Redis lost the state (restarted empty, or wiped) while this replica had it: store
+         * ours, this change included, rather than lose it. */
+        kvg_log_warn("admin: Redis holds no shared state any more (restarted empty or "
+                     "wiped?): storing this gateway's");
+        freeReplyObject(res.reply);
+        rc = store(s, true, &res, why, why_len);
     }
-    if (rc == 0 && res.kind == CAS_CONFLICT && res.doc->len == doc.len &&
-        memcmp(res.doc->str, doc.data, doc.len) == 0)
-        res.kind = CAS_OK; /* our own write of an attempt whose answer was lost */
     if (rc == 0) {
         switch (res.kind) {
         case CAS_OK:
-            rc = set_base(s, doc.data, doc.len);
-            if (rc == 0) {
-                set_id(s, res.epoch, res.version);
-                write_backup(s);
-            } else {
-                /* Committed, but without a copy of the document: the next check reads it. */
-                s->epoch[0] = '\0';
-                rc = 0;
-            }
+            write_backup(s);
             break;
         case CAS_CONFLICT:
             atomic_fetch_add_explicit(&s->commits[COMMIT_CONFLICT], 1, memory_order_relaxed);
@@ -464,9 +475,6 @@ int kvg_admin_shared_commit(kvg_admin *admin, bool *undone, char *why, size_t wh
             restore(s); /* adopt() restored already */
         *undone = true;
     }
-    if (doc.data)
-        OPENSSL_cleanse(doc.data, doc.cap);
-    kvg_buf_done(&doc);
     return rc;
 }
 
@@ -513,31 +521,19 @@ static sync_outcome check_locked(admin_shared *s, char *why, size_t len)
     if (!str_at(r, 0)) {
         /* A fresh Redis, or one restarted empty or wiped: store what this replica has rather
          * than take an empty state from it. */
-        kvg_buf doc;
-        kvg_buf_init(&doc);
-        kvg_admin_state_doc(s->admin, &doc);
-        kvg_buf_putc(&doc, '\0');
-        cas_result res;
-        int rc = doc.failed ? -ENOMEM : 0;
-        doc.len = doc.failed ? 0 : doc.len - 1;
-        if (rc == 0)
-            rc = cas(s, true, &doc, &res, why, len);
-        if (rc == 0) {
+        cas_result res = {0};
+        if (store(s, true, &res, why, len) == 0) {
             if (res.kind == CAS_OK) {
-                rc = set_base(s, doc.data, doc.len);
-                if (rc == 0) {
-                    set_id(s, res.epoch, res.version);
-                    kvg_log_warn("admin: Redis held no shared state (a fresh Redis, or one "
-                                 "restarted empty or wiped): stored this gateway's as version "
-                                 "%llu",
-                                 (unsigned long long)res.version);
-                    out = SYNC_SEEDED;
-                }
+                kvg_log_warn("admin: Redis held no shared state (a fresh Redis, or one "
+                             "restarted empty or wiped): stored this gateway's as version %llu",
+                             (unsigned long long)res.version);
+                out = SYNC_SEEDED;
             } else if (res.kind == CAS_CONFLICT) {
                 /* Another replica stored its state first: take it. */
-                rc = adopt(s, res.epoch, res.version, res.doc->str, res.doc->len, why, len);
-                out = rc == 0 ? SYNC_APPLIED : SYNC_INVALID;
-                if (rc == 0)
+                out = adopt(s, res.epoch, res.version, res.doc->str, res.doc->len, why, len) == 0
+                          ? SYNC_APPLIED
+                          : SYNC_INVALID;
+                if (out == SYNC_APPLIED)
                     kvg_log_info("admin: the shared state moved to version %llu",
                                  (unsigned long long)res.version);
             } else if (res.kind == CAS_MISMATCH) {
@@ -546,11 +542,6 @@ static sync_outcome check_locked(admin_shared *s, char *why, size_t len)
             }
             freeReplyObject(res.reply);
         }
-        if (rc == -ENOMEM)
-            snprintf(why, len, "out of memory");
-        if (doc.data)
-            OPENSSL_cleanse(doc.data, doc.cap);
-        kvg_buf_done(&doc);
         goto out;
     }
     const redisReply *doc = str_at(r, 3);
