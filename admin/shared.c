@@ -135,6 +135,10 @@ static const char mismatch_msg[] =
     "replica must run with the same secret: the same KVGATE_SECRET, \"secret\" in the config "
     "file, or a copy of the same <state dir>/secret file";
 
+/* /readyz's line for the same. */
+static const char mismatch_degraded[] =
+    "Redis holds the state of replicas with another server secret";
+
 int kvg_admin_secret_verifier(const uint8_t *secret, size_t len, char out[VERIFIER_HEX + 1])
 {
     static const char hex[] = "0123456789abcdef";
@@ -457,7 +461,7 @@ int kvg_admin_shared_commit(kvg_admin *admin, bool *undone, char *why, size_t wh
             break;
         case CAS_MISMATCH:
             snprintf(why, why_len, "%s", mismatch_msg);
-            set_degraded(s, "Redis holds the state of replicas with another server secret");
+            set_degraded(s, mismatch_degraded);
             rc = KVG_ECONFIG;
             break;
         case CAS_ABSENT:
@@ -571,16 +575,16 @@ out:
     if (out == SYNC_UNCHANGED || out == SYNC_APPLIED || out == SYNC_SEEDED)
         set_degraded(s, NULL);
     else if (out == SYNC_MISMATCH)
-        set_degraded(s, "Redis holds the state of replicas with another server secret");
+        set_degraded(s, mismatch_degraded);
     else
         set_degraded(s, why);
     return out;
 }
 
-int kvg_admin_shared_refresh(kvg_admin *admin, char *why, size_t why_len)
+/* A check's outcome as a return code: 0 when the state is Redis's now. */
+static int outcome_rc(sync_outcome o)
 {
-    admin_shared *s = admin->shared;
-    switch (check_locked(s, why, why_len)) {
+    switch (o) {
     case SYNC_UNCHANGED:
     case SYNC_APPLIED:
     case SYNC_SEEDED:
@@ -592,6 +596,11 @@ int kvg_admin_shared_refresh(kvg_admin *admin, char *why, size_t why_len)
     default:
         return -EIO;
     }
+}
+
+int kvg_admin_shared_refresh(kvg_admin *admin, char *why, size_t why_len)
+{
+    return outcome_rc(check_locked(admin->shared, why, why_len));
 }
 
 /* ---- the sync thread ---------------------------------------------------------------------- */
@@ -815,12 +824,11 @@ static int start_locked(admin_shared *s, char *msg, size_t msg_len)
                          "%llu)",
                          (unsigned long long)s->version);
             write_backup(s);
-        } else if (o == SYNC_APPLIED || o == SYNC_UNCHANGED) {
+        } else if ((rc = outcome_rc(o)) == 0) {
             kvg_log_info("admin: started from the shared state in Redis (version %llu)",
                          (unsigned long long)s->version);
         } else {
             snprintf(msg, msg_len, "%s%s", why, o == SYNC_MISMATCH ? "; refusing to start" : "");
-            rc = o == SYNC_MISMATCH ? KVG_ECONFIG : o == SYNC_INVALID ? KVG_EPARSE : -EIO;
         }
     } else {
         snprintf(msg, msg_len, "cannot read the shared state from Redis: an unexpected answer");
