@@ -76,13 +76,13 @@ struct admin_shared {
     int wake_fd;
     _Atomic bool stop;
     redisContext *sub;
-    bool ping_out;   /* a PING on sub waits for its answer */
-    bool sub_failed; /* the last subscription attempt failed (logged once) */
+    bool ping_out; /* a PING on sub waits for its answer */
 
     /* Degradation for /readyz (lock). */
     pthread_mutex_t lock;
     char degraded[WHY_MAX];
-    bool sub_degraded;
+    bool sub_degraded; /* the last subscription attempt failed (logged once): written by the
+                        * sync thread alone, which reads it without the lock */
 
     _Atomic uint64_t version_gauge;
     _Atomic uint64_t subscribed;
@@ -655,17 +655,15 @@ static int subscribe(admin_shared *s)
     }
     if (rc < 0) {
         redisFree(c);
-        if (!s->sub_failed)
+        if (!s->sub_degraded)
             kvg_log_warn("admin: cannot subscribe to the shared state's changes (%s); trying "
                          "again every %u ms, checking the version meanwhile",
                          why, s->interval_ms);
-        s->sub_failed = true;
         set_sub_degraded(s, true);
         return rc;
     }
-    if (s->sub_failed)
+    if (s->sub_degraded)
         kvg_log_info("admin: subscribed to the shared state's changes again");
-    s->sub_failed = false;
     set_sub_degraded(s, false);
     s->sub = c;
     atomic_store(&s->subscribed, 1);
