@@ -121,6 +121,10 @@ bool kvg_admin_c_string(const kvg_json *v, const char *field, char *msg, size_t 
 /** True when key (of length len, from a parsed object) is exactly lit. */
 bool kvg_admin_key_is(const char *key, size_t len, const char *lit);
 
+/* The largest state document read: the state file, or the document from Redis. 100000 tenants
+ * with 16 keys each stay well below this. */
+#define ADMIN_STATE_MAX (1024u * 1024 * 1024)
+
 /** Append the whole state (tenants, admin workers, policy) as the state file has it: the
  *  document the file and Redis hold. The caller holds change_lock. */
 void kvg_admin_state_doc(kvg_admin *admin, kvg_buf *out);
@@ -130,7 +134,8 @@ void kvg_admin_state_doc(kvg_admin *admin, kvg_buf *out);
  *  defaults; an absent section is an empty one), keeping the runtime state of tenants and
  *  workers that stay; applying the same document twice changes nothing. Sections are checked
  *  and applied one at a time (policy, tenants, workers): on an error the ones before stay.
- *  0, KVG_EPARSE (msg names the section and the field), KVG_ELIMIT or -ENOMEM. */
+ *  0, KVG_EPARSE (msg names the section and the field), KVG_ELIMIT (also for a document
+ *  longer than ADMIN_STATE_MAX, refused before it is parsed) or -ENOMEM. */
 int kvg_admin_apply_doc(kvg_admin *admin, const char *text, size_t len, bool replace, char *msg,
                         size_t msg_len);
 /** Write a document to the state file (atomically, fsync); 0 when there is no state file,

@@ -10,8 +10,6 @@
 #include <openssl/crypto.h>
 
 #define STATE_VERSION 1
-/* 100000 tenants with 16 keys each stay well below this. */
-#define STATE_FILE_MAX (1024u * 1024 * 1024)
 #define STATE_DEPTH_MAX 32
 
 void kvg_admin_state_doc(kvg_admin *admin, kvg_buf *b)
@@ -283,6 +281,12 @@ static int apply(kvg_admin *admin, const sections *s, bool replace, char *msg, s
 int kvg_admin_apply_doc(kvg_admin *admin, const char *text, size_t len, bool replace, char *msg,
                         size_t msg_len)
 {
+    /* The state file is read with this bound; a document from Redis gets the same one before
+     * its parse (whose tree takes a multiple of its size). */
+    if (len > ADMIN_STATE_MAX) {
+        snprintf(msg, msg_len, "larger than %u bytes", ADMIN_STATE_MAX);
+        return KVG_ELIMIT;
+    }
     kvg_arena arena;
     kvg_arena_init(&arena, 0);
     kvg_json *root;
@@ -312,7 +316,7 @@ int kvg_admin_load_state(kvg_admin *admin, char *msg, size_t msg_len)
     pthread_mutex_lock(&admin->change_lock);
     kvg_buf text;
     kvg_buf_init(&text);
-    int rc = kvg_state_read_file(admin->state_path, STATE_FILE_MAX, &text);
+    int rc = kvg_state_read_file(admin->state_path, ADMIN_STATE_MAX, &text);
     if (rc == -ENOENT)
         rc = 0; /* first start */
     else if (rc < 0)
