@@ -280,29 +280,29 @@ int kvg_redis_url_parse(const char *url, kvg_redis_url *out, char *msg, size_t m
     return 0;
 }
 
+/* A credential as the URL has it: what decode() reads back, percent-encoded past host_char. */
+static void put_encoded(kvg_buf *b, const char *s)
+{
+    for (; *s; s++) {
+        if (host_char(*s))
+            kvg_buf_putc(b, *s);
+        else
+            kvg_buf_printf(b, "%%%02X", (unsigned char)*s);
+    }
+}
+
 void kvg_redis_url_format(const kvg_redis_url *u, bool redact, char *out, size_t len)
 {
     kvg_buf b;
     kvg_buf_init(&b);
     kvg_buf_puts(&b, u->mode == KVG_REDIS_SENTINEL ? "redis-sentinel://" : "redis://");
     if (u->password[0]) {
-        for (const char *s = u->user; *s; s++) {
-            if (host_char(*s))
-                kvg_buf_putc(&b, *s);
-            else
-                kvg_buf_printf(&b, "%%%02X", (unsigned char)*s);
-        }
+        put_encoded(&b, u->user);
         kvg_buf_putc(&b, ':');
-        if (redact) {
+        if (redact)
             kvg_buf_puts(&b, "***");
-        } else {
-            for (const char *s = u->password; *s; s++) {
-                if (host_char(*s))
-                    kvg_buf_putc(&b, *s);
-                else
-                    kvg_buf_printf(&b, "%%%02X", (unsigned char)*s);
-            }
-        }
+        else
+            put_encoded(&b, u->password);
         kvg_buf_putc(&b, '@');
     }
     for (size_t i = 0; i < u->nseeds; i++) {
