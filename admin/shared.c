@@ -141,7 +141,6 @@ static const char mismatch_degraded[] =
 
 int kvg_admin_secret_verifier(const uint8_t *secret, size_t len, char out[VERIFIER_HEX + 1])
 {
-    static const char hex[] = "0123456789abcdef";
     static const uint8_t empty[1];
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned int mdlen = 0;
@@ -150,10 +149,7 @@ int kvg_admin_secret_verifier(const uint8_t *secret, size_t len, char out[VERIFI
               (const unsigned char *)VERIFIER_LABEL, sizeof(VERIFIER_LABEL) - 1, md, &mdlen) ||
         mdlen != VERIFIER_HEX / 2)
         return KVG_ETLS;
-    for (unsigned i = 0; i < mdlen; i++) {
-        out[2 * i] = hex[md[i] >> 4];
-        out[2 * i + 1] = hex[md[i] & 15];
-    }
+    kvg_hex_encode(md, mdlen, out);
     out[VERIFIER_HEX] = '\0';
     OPENSSL_cleanse(md, sizeof(md));
     return 0;

@@ -261,6 +261,8 @@ size_t kvg_base64url(const uint8_t *in, size_t len, char *out);
 int kvg_hex_digit(int c);
 /** Write v as 16 lowercase hex digits to buf (not NUL-terminated). */
 void kvg_fmt_hex64(char *buf, uint64_t v);
+/** Write the len bytes of in as 2 x len lowercase hex digits to out (not NUL-terminated). */
+void kvg_hex_encode(const uint8_t *in, size_t len, char *out);
 /** Whether a list of model names admits model: an empty list admits every model, as does a
  *  NULL model (a request that names none); otherwise it must be one of them. The rule of a
  *  worker's "models" and of a tenant's. */

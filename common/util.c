@@ -213,6 +213,15 @@ void kvg_fmt_hex64(char *buf, uint64_t v)
     }
 }
 
+void kvg_hex_encode(const uint8_t *in, size_t len, char *out)
+{
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < len; i++) {
+        out[2 * i] = hex[in[i] >> 4];
+        out[2 * i + 1] = hex[in[i] & 15];
+    }
+}
+
 size_t kvg_base64url(const uint8_t *in, size_t len, char *out)
 {
     static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";

@@ -71,8 +71,7 @@ static int state_secret(const char *state_dir, const char *name, char **out, boo
     if (rc < 0)
         return rc;
     char hex[66];
-    for (size_t i = 0; i < sizeof(raw); i++)
-        snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+    kvg_hex_encode(raw, sizeof(raw), hex);
     hex[64] = '\n';
     hex[65] = '\0';
     rc = kvg_state_write_file(path, hex, 65, 0600);

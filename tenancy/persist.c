@@ -70,14 +70,10 @@ static int decode_sha256(void *target, const kvg_json *v, const char *path, kvg_
 
 static bool encode_sha256(const void *target, kvg_buf *out)
 {
-    static const char hex[] = "0123456789abcdef";
     const kvg_key_info *key = target;
     char digest[2 * KVG_KEY_DIGEST_LEN + 2];
     digest[0] = '"';
-    for (size_t b = 0; b < KVG_KEY_DIGEST_LEN; b++) {
-        digest[1 + 2 * b] = hex[key->digest[b] >> 4];
-        digest[2 + 2 * b] = hex[key->digest[b] & 15];
-    }
+    kvg_hex_encode(key->digest, KVG_KEY_DIGEST_LEN, digest + 1);
     kvg_buf_append(out, digest, sizeof(digest) - 1);
     kvg_buf_putc(out, '"');
     return true;

@@ -209,6 +209,10 @@ static void test_fmt_and_arena_reset(void **state)
     assert_memory_equal(buf, "18446744073709551615", 20);
     kvg_fmt_hex64(buf, 0x0123456789abcdefULL);
     assert_memory_equal(buf, "0123456789abcdef", 16);
+    static const uint8_t bytes[] = {0x00, 0x0f, 0xa5, 0xff};
+    memset(buf, 'x', sizeof(buf));
+    kvg_hex_encode(bytes, sizeof(bytes), buf);
+    assert_memory_equal(buf, "000fa5ffx", 9); /* 8 digits, nothing past them */
 
     kvg_arena a;
     kvg_arena_init(&a, 1024);
