@@ -98,7 +98,6 @@ struct kvg_redis_client {
     bool reconcile_pending;
     bool freeing;
     uint64_t rng;
-    char sha[2][41]; /* of the lookup and record scripts, as the server computed them */
 };
 
 static void conn_connect(redis_conn *c);
@@ -418,9 +417,11 @@ static void hs_reply(kvg_redis_op *op, const redisReply *reply)
         return; /* the connection went: on_disconnect or conn_drop handles it */
     bool ok = reply->type != REDIS_REPLY_ERROR;
     if (ok && (op->step == HS_LOAD_LOOKUP || op->step == HS_LOAD_RECORD)) {
-        ok = reply->type == REDIS_REPLY_STRING && reply->len == 40;
-        if (ok)
-            memcpy(cl->sha[op->step == HS_LOAD_RECORD], reply->str, 40);
+        /* EVALSHA names a script by the SHA-1 embed_lua.py computed: the server's must be it. */
+        const redis_script *s =
+            op->step == HS_LOAD_RECORD ? &redis_map_record_script : &redis_map_lookup_script;
+        ok = reply->type == REDIS_REPLY_STRING && reply->len == 40 &&
+             memcmp(reply->str, s->sha, 40) == 0;
     }
     if (!ok) {
         static const char *const names[] = {"AUTH", "SELECT", "SCRIPT LOAD", "SCRIPT LOAD", "PING"};
@@ -774,7 +775,7 @@ static kvg_redis_op *op_new(kvg_redis_client *cl, op_kind kind, const redis_scri
     char numkeys[16];
     argv[0] = "EVALSHA";
     lens[0] = 7;
-    argv[1] = cl->sha[kind == OP_RECORD];
+    argv[1] = script->sha;
     lens[1] = 40;
     lens[2] = (size_t)snprintf(numkeys, sizeof(numkeys), "%d", nkeys);
     argv[2] = numkeys;
