@@ -153,6 +153,31 @@ static void track(redis_conn *c, kvg_redis_op *op)
         arm(c, 0);
 }
 
+/* Send a command of the client's own on c: a handshake step, ASKING, a SCRIPT LOAD. Tracked as
+ * any other, since replies come in order. 0, -ENOMEM or -ENOTCONN. */
+static int send_own(redis_conn *c, op_kind kind, hs_step step, int argc, const char **argv,
+                    const size_t *lens)
+{
+    kvg_redis_op *op = calloc(1, sizeof(*op));
+    if (!op)
+        return -ENOMEM;
+    op->kind = kind;
+    op->step = step;
+    op->sent_ns = kvg_now_ns();
+    if (redisAsyncCommandArgv(c->ac, op_reply, op, argc, argv, lens) != REDIS_OK) {
+        free(op);
+        return -ENOTCONN;
+    }
+    track(c, op);
+    return 0;
+}
+
+static int load_script(redis_conn *c, op_kind kind, hs_step step, const redis_script *script)
+{
+    return send_own(c, kind, step, 3, (const char *[]){"SCRIPT", "LOAD", script->body},
+                    (const size_t[]){6, 4, strlen(script->body)});
+}
+
 static void op_free(kvg_redis_op *op)
 {
     free(op->parts);
@@ -245,16 +270,9 @@ static void op_finish(kvg_redis_op *op, int status, const redisReply *reply)
 static int op_send(redis_conn *c, kvg_redis_op *op, bool asking)
 {
     if (asking) {
-        kvg_redis_op *a = calloc(1, sizeof(*a));
-        if (!a)
-            return -ENOMEM;
-        a->kind = OP_IGNORED;
-        a->sent_ns = kvg_now_ns();
-        if (redisAsyncCommand(c->ac, op_reply, a, "ASKING") != REDIS_OK) {
-            free(a);
-            return -ENOTCONN;
-        }
-        track(c, a);
+        int rc = send_own(c, OP_IGNORED, 0, 1, (const char *[]){"ASKING"}, (const size_t[]){6});
+        if (rc < 0)
+            return rc;
     }
     if (redisAsyncFormattedCommand(c->ac, op_reply, op, op->cmd, op->cmd_len) != REDIS_OK)
         return -ENOTCONN;
@@ -352,22 +370,6 @@ static void conn_drop(redis_conn *c, int status, bool in_callback)
 
 /* ---- the handshake --------------------------------------------------------------------------- */
 
-static int hs_send(redis_conn *c, hs_step step, int argc, const char **argv, const size_t *lens)
-{
-    kvg_redis_op *op = calloc(1, sizeof(*op));
-    if (!op)
-        return -ENOMEM;
-    op->kind = OP_HANDSHAKE;
-    op->step = step;
-    op->sent_ns = kvg_now_ns();
-    if (redisAsyncCommandArgv(c->ac, op_reply, op, argc, argv, lens) != REDIS_OK) {
-        free(op);
-        return -ENOTCONN;
-    }
-    track(c, op);
-    return 0;
-}
-
 static void on_connect(const redisAsyncContext *ac, int status)
 {
     redis_conn *c = ac->data;
@@ -383,25 +385,30 @@ static void on_connect(const redisAsyncContext *ac, int status)
     const kvg_redis_url *u = &r->url;
     int rc = 0;
     if (u->password[0]) {
-        const char *argv[3] = {"AUTH", u->user, u->password};
-        size_t lens[3] = {4, strlen(u->user), strlen(u->password)};
-        rc = u->user[0] ? hs_send(c, HS_AUTH, 3, argv, lens)
-                        : hs_send(c, HS_AUTH, 2, (const char *[]){"AUTH", u->password},
-                                  (size_t[]){4, strlen(u->password)});
+        const char *argv[3] = {"AUTH"}; /* AUTH [user] password */
+        size_t lens[3] = {4};
+        int argc = 1;
+        if (u->user[0]) {
+            argv[argc] = u->user;
+            lens[argc++] = strlen(u->user);
+        }
+        argv[argc] = u->password;
+        lens[argc++] = strlen(u->password);
+        rc = send_own(c, OP_HANDSHAKE, HS_AUTH, argc, argv, lens);
     }
     redis_topology *t = c->client->conns_topo;
     if (rc == 0 && u->db && t->mode != KVG_REDIS_CLUSTER) {
         char db[16];
         int n = snprintf(db, sizeof(db), "%u", u->db);
-        rc = hs_send(c, HS_SELECT, 2, (const char *[]){"SELECT", db}, (size_t[]){6, (size_t)n});
+        rc = send_own(c, OP_HANDSHAKE, HS_SELECT, 2, (const char *[]){"SELECT", db},
+                      (const size_t[]){6, (size_t)n});
     }
-    const redis_script *scripts[2] = {&redis_map_lookup_script, &redis_map_record_script};
-    for (int i = 0; i < 2 && rc == 0; i++)
-        rc = hs_send(c, i == 0 ? HS_LOAD_LOOKUP : HS_LOAD_RECORD, 3,
-                     (const char *[]){"SCRIPT", "LOAD", scripts[i]->body},
-                     (size_t[]){6, 4, strlen(scripts[i]->body)});
     if (rc == 0)
-        rc = hs_send(c, HS_PING, 1, (const char *[]){"PING"}, (size_t[]){4});
+        rc = load_script(c, OP_HANDSHAKE, HS_LOAD_LOOKUP, &redis_map_lookup_script);
+    if (rc == 0)
+        rc = load_script(c, OP_HANDSHAKE, HS_LOAD_RECORD, &redis_map_record_script);
+    if (rc == 0)
+        rc = send_own(c, OP_HANDSHAKE, HS_PING, 1, (const char *[]){"PING"}, (const size_t[]){4});
     if (rc < 0) {
         snprintf(c->last_error, sizeof(c->last_error), "handshake: %s", kvg_strerror(rc));
         /* Not inside a reply callback: hiredis is in its write handler. Defer to the timer. */
@@ -566,19 +573,8 @@ static void op_reply(redisAsyncContext *ac, void *reply_ptr, void *privdata)
         if (reply->len >= 8 && memcmp(reply->str, "NOSCRIPT", 8) == 0 && !op->script_reloaded &&
             c->state == REDIS_CONN_READY) {
             op->script_reloaded = true;
-            const char *body = op->script->body;
-            kvg_redis_op *load = calloc(1, sizeof(*load));
-            if (load) {
-                load->kind = OP_IGNORED;
-                load->sent_ns = kvg_now_ns();
-                if (redisAsyncCommand(c->ac, op_reply, load, "SCRIPT LOAD %s", body) == REDIS_OK) {
-                    track(c, load);
-                    if (op_send(c, op, false) == 0)
-                        return;
-                } else {
-                    free(load);
-                }
-            }
+            if (load_script(c, OP_IGNORED, 0, op->script) == 0 && op_send(c, op, false) == 0)
+                return;
         }
         bool ask;
         redis_conn *to = op->redirects < REDIRECTS_MAX ? redirect_target(cl, reply, &ask) : NULL;
