@@ -266,6 +266,15 @@ static void op_finish(kvg_redis_op *op, int status, const redisReply *reply)
         free(matched);
 }
 
+/* Whether c can take a command now: ready, and under the bound on commands in flight. 0,
+ * -ENOTCONN or -EBUSY. */
+static int conn_check(const redis_conn *c)
+{
+    if (!c || c->state != REDIS_CONN_READY || !c->ac)
+        return -ENOTCONN;
+    return c->npending >= c->client->r->cfg.max_inflight ? -EBUSY : 0;
+}
+
 /* Send op's command on c (ready), ASKING first after an ASK. 0, -ENOMEM or -ENOTCONN. */
 static int op_send(redis_conn *c, kvg_redis_op *op, bool asking)
 {
@@ -505,21 +514,29 @@ static void conn_free(redis_conn *c)
 
 /* ---- replies ------------------------------------------------------------------------------- */
 
-/* "MOVED 3999 127.0.0.1:6381" or "ASK ...": the target connection of this client, if any. */
-static redis_conn *redirect_target(kvg_redis_client *cl, const redisReply *reply, bool *ask)
+/* Redirections, as kvg_redis.redirects counts them. */
+enum { REDIRECT_MOVED = 0, REDIRECT_ASK, REDIRECT_COUNT };
+_Static_assert(REDIRECT_COUNT == KVG_ARRAY_LEN(((kvg_redis *)0)->redirects), "redirects[]");
+
+/* "MOVED 3999 127.0.0.1:6381" or "ASK 3999 ...": which, or -1 for another error. */
+static int redirect_kind(const redisReply *reply)
 {
-    const char *s = reply->str;
-    size_t len = reply->len;
-    *ask = len > 4 && memcmp(s, "ASK ", 4) == 0;
-    if (!*ask && !(len > 6 && memcmp(s, "MOVED ", 6) == 0))
-        return NULL;
-    /* "<slot> <host>:<port>" follows the word. (The address used to be looked for after the
-     * first space from s + 4, which for MOVED is the one after the word itself: the "address"
-     * was "3999 127.0.0.1:6381", no connection matched, and every MOVED failed its command
-     * instead of being followed.) */
-    size_t word = *ask ? 4 : 6;
-    const char *addr = memchr(s + word, ' ', len - word);
-    const char *end = s + len;
+    if (reply->len > 6 && memcmp(reply->str, "MOVED ", 6) == 0)
+        return REDIRECT_MOVED;
+    if (reply->len > 4 && memcmp(reply->str, "ASK ", 4) == 0)
+        return REDIRECT_ASK;
+    return -1;
+}
+
+/* The connection of this client to the address a redirection names, if any. */
+static redis_conn *redirect_target(kvg_redis_client *cl, const redisReply *reply)
+{
+    /* "<word> <slot> <host>:<port>": the address follows the second space. The host is the
+     * part before the last ':' (Redis writes IPv6 addresses without brackets). */
+    const char *end = reply->str + reply->len;
+    const char *addr = memchr(reply->str, ' ', reply->len);
+    if (addr)
+        addr = memchr(addr + 1, ' ', (size_t)(end - addr - 1));
     if (!addr)
         return NULL;
     addr++;
@@ -527,10 +544,10 @@ static redis_conn *redirect_target(kvg_redis_client *cl, const redisReply *reply
     for (const char *p = addr; p < end; p++)
         if (*p == ':')
             colon = p;
-    if (!colon)
+    uint64_t port;
+    if (!colon || kvg_parse_u64(colon + 1, (size_t)(end - colon - 1), &port) < 0)
         return NULL;
     size_t hlen = (size_t)(colon - addr);
-    long port = strtol(colon + 1, NULL, 10);
     for (size_t i = 0; i < cl->nconns; i++) {
         redis_conn *c = cl->conns[i];
         if (c->node.port == port && strlen(c->node.host) == hlen &&
@@ -576,18 +593,18 @@ static void op_reply(redisAsyncContext *ac, void *reply_ptr, void *privdata)
             if (load_script(c, OP_IGNORED, 0, op->script) == 0 && op_send(c, op, false) == 0)
                 return;
         }
-        bool ask;
-        redis_conn *to = op->redirects < REDIRECTS_MAX ? redirect_target(cl, reply, &ask) : NULL;
-        if (reply->len > 4 && (memcmp(reply->str, "MOVED", 5) == 0)) {
-            atomic_fetch_add_explicit(&cl->r->redirects[0], 1, memory_order_relaxed);
-            kvg_redis_refresh_topology(cl->r);
-        } else if (reply->len > 3 && memcmp(reply->str, "ASK", 3) == 0) {
-            atomic_fetch_add_explicit(&cl->r->redirects[1], 1, memory_order_relaxed);
-        }
-        if (to && to->state == REDIS_CONN_READY) {
-            op->redirects++;
-            if (op_send(to, op, ask) == 0)
-                return;
+        int redirect = redirect_kind(reply);
+        if (redirect >= 0) {
+            atomic_fetch_add_explicit(&cl->r->redirects[redirect], 1, memory_order_relaxed);
+            if (redirect == REDIRECT_MOVED)
+                kvg_redis_refresh_topology(cl->r);
+            /* The target's bound on commands in flight holds for redirected commands too. */
+            redis_conn *to = op->redirects < REDIRECTS_MAX ? redirect_target(cl, reply) : NULL;
+            if (to && conn_check(to) == 0) {
+                op->redirects++;
+                if (op_send(to, op, redirect == REDIRECT_ASK) == 0)
+                    return;
+            }
         }
         if (op->kind == OP_LOOKUP && op->nworkers > 1 && !op->cancelled && reply->len >= 8 &&
             memcmp(reply->str, "TRYAGAIN", 8) == 0 && lookup_split(op))
@@ -792,13 +809,10 @@ static kvg_redis_op *op_new(kvg_redis_client *cl, op_kind kind, const redis_scri
 /* Send op on c: ready, under the bound. 0, or -ENOTCONN / -EBUSY (op freed). */
 static int submit(redis_conn *c, kvg_redis_op *op)
 {
-    int rc = -ENOTCONN;
-    if (c && c->state == REDIS_CONN_READY && c->ac) {
-        rc = c->npending >= c->client->r->cfg.max_inflight ? -EBUSY : 0;
-        if (rc == 0) {
-            op->sent_ns = kvg_now_ns();
-            rc = op_send(c, op, false);
-        }
+    int rc = conn_check(c);
+    if (rc == 0) {
+        op->sent_ns = kvg_now_ns();
+        rc = op_send(c, op, false);
     }
     if (rc < 0)
         op_free(op);
