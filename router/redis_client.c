@@ -188,8 +188,7 @@ static void op_free(kvg_redis_op *op)
 static void op_finish(kvg_redis_op *op, int status, const redisReply *reply);
 
 /* A part of a split lookup has its answer (status 0 and m) or failed: the lookup ends with the
- * last part, failed if any part did (a fallback, as an unsplit lookup's failure). Also while the
- * client is being freed, to free the lookup then without calling anyone. */
+ * last part, failed if any part did (a fallback, as an unsplit lookup's failure). */
 static void part_done(kvg_redis_op *part, int status, uint32_t m)
 {
     kvg_redis_op *op = part->parent;
@@ -199,42 +198,68 @@ static void part_done(kvg_redis_op *part, int status, uint32_t m)
         op->parts_status = status;
     if (--op->parts_left)
         return;
-    if (!op->client->freeing)
-        op_finish(op, op->parts_status, NULL);
+    op_finish(op, op->parts_status, NULL);
     op_free(op);
 }
 
-/* Map a finished lookup or record to its outcome counter and its caller. */
+static redis_map_outcome outcome_of(int status)
+{
+    switch (status) {
+    case 0:
+        return REDIS_MAP_OK;
+    case -ETIMEDOUT:
+    case -ECONNRESET:
+        return REDIS_MAP_LOST;
+    case -ENOTCONN: /* not sent (a refusal, a part of a split lookup) */
+        return REDIS_MAP_UNAVAILABLE;
+    case -EBUSY:
+        return REDIS_MAP_BUSY;
+    default:
+        return REDIS_MAP_ERROR;
+    }
+}
+
+/* A command that was not sent, or not answered, for kvgate_redis_commands_dropped_total. */
+static void count_drop(kvg_redis_client *cl, int rc)
+{
+    redis_drop_reason d = rc == -EBUSY ? REDIS_DROP_BUSY : REDIS_DROP_NOT_CONNECTED;
+    atomic_fetch_add_explicit(&cl->r->dropped[d], 1, memory_order_relaxed);
+}
+
+/* What an error reply said, for the debug log. */
+static void log_error_reply(const kvg_redis_op *op, const char *what, const redisReply *reply)
+{
+    if (reply && reply->type == REDIS_REPLY_ERROR)
+        kvg_log_debug("redis %s: %s: %.*s", op->conn->node.name, what,
+                      (int)KVG_MIN(reply->len, 200), reply->str);
+}
+
+/* Map a finished lookup or record to its outcome counter and its caller. While the client is
+ * being freed nobody is called: a part only frees its lookup with the last part. */
 static void op_finish(kvg_redis_op *op, int status, const redisReply *reply)
 {
+    if (op->client->freeing) {
+        if (op->kind == OP_LOOKUP_PART)
+            part_done(op, -ECONNRESET, 0);
+        return;
+    }
     kvg_redis *r = op->client->r;
     if (op->kind == OP_LOOKUP_PART) {
         uint32_t m = 0;
-        if (status == 0 && (status = redis_map_parse_lookup(reply, 1, &m)) < 0 && reply &&
-            reply->type == REDIS_REPLY_ERROR)
-            kvg_log_debug("redis %s: lookup part: %.*s", op->conn->node.name,
-                          (int)KVG_MIN(reply->len, 200), reply->str);
+        if (status == 0 && (status = redis_map_parse_lookup(reply, 1, &m)) < 0)
+            log_error_reply(op, "lookup part", reply);
         part_done(op, status, m);
         return;
     }
-    redis_map_outcome out = REDIS_MAP_OK;
-    if (status == -ETIMEDOUT || status == -ECONNRESET)
-        out = REDIS_MAP_LOST;
-    else if (status == -ENOTCONN) /* a part of a split lookup was not sent */
-        out = REDIS_MAP_UNAVAILABLE;
-    else if (status == -EBUSY)
-        out = REDIS_MAP_BUSY;
-    else if (status < 0)
-        out = REDIS_MAP_ERROR;
     uint64_t rtt = kvg_now_ns() - op->sent_ns;
     if (op->kind == OP_RECORD) {
-        if (status == 0 && (!reply || reply->type != REDIS_REPLY_INTEGER))
-            out = REDIS_MAP_ERROR;
+        if (status == 0 && (!reply || reply->type != REDIS_REPLY_INTEGER)) {
+            status = KVG_EPROTO;
+            log_error_reply(op, "record", reply);
+        }
+        redis_map_outcome out = outcome_of(status);
         if (out == REDIS_MAP_OK)
             kvg_prom_hist_observe(&r->record_rtt, &redis_rtt_buckets, rtt);
-        if (out == REDIS_MAP_ERROR && reply && reply->type == REDIS_REPLY_ERROR)
-            kvg_log_debug("redis %s: record: %.*s", op->conn->node.name,
-                          (int)KVG_MIN(reply->len, 200), reply->str);
         atomic_fetch_add_explicit(&r->records[out], 1, memory_order_relaxed);
         return;
     }
@@ -245,16 +270,12 @@ static void op_finish(kvg_redis_op *op, int status, const redisReply *reply)
         matched = op->parts; /* a split lookup: its parts answered */
     } else if (status == 0) {
         matched = op->nworkers <= STACK_WORKERS ? stack : malloc(op->nworkers * sizeof(*matched));
-        if (!matched) {
+        if (!matched)
             status = -ENOMEM;
-            out = REDIS_MAP_ERROR;
-        } else if ((status = redis_map_parse_lookup(reply, op->nworkers, matched)) < 0) {
-            out = REDIS_MAP_ERROR;
-            if (reply && reply->type == REDIS_REPLY_ERROR)
-                kvg_log_debug("redis %s: lookup: %.*s", op->conn->node.name,
-                              (int)KVG_MIN(reply->len, 200), reply->str);
-        }
+        else if ((status = redis_map_parse_lookup(reply, op->nworkers, matched)) < 0)
+            log_error_reply(op, "lookup", reply);
     }
+    redis_map_outcome out = outcome_of(status);
     if (out == REDIS_MAP_OK)
         kvg_prom_hist_observe(&r->lookup_rtt, &redis_rtt_buckets, rtt);
     /* A cancelled lookup was counted as a timeout by the caller who gave up on it. */
@@ -557,6 +578,37 @@ static redis_conn *redirect_target(kvg_redis_client *cl, const redisReply *reply
     return NULL;
 }
 
+/* An error reply that another try may answer: a server that lost its scripts, a redirection, a
+ * lookup during a slot's migration. true: op went on (sent again, or split), its reply is not
+ * the end of it. */
+static bool op_retry(kvg_redis_op *op, redis_conn *c, const redisReply *reply)
+{
+    kvg_redis_client *cl = c->client;
+    /* A server that lost its scripts (a restart, a new primary, SCRIPT FLUSH): load it and send
+     * the command again behind it, once. */
+    if (reply->len >= 8 && memcmp(reply->str, "NOSCRIPT", 8) == 0 && !op->script_reloaded &&
+        c->state == REDIS_CONN_READY) {
+        op->script_reloaded = true;
+        if (load_script(c, OP_IGNORED, 0, op->script) == 0 && op_send(c, op, false) == 0)
+            return true;
+    }
+    int redirect = redirect_kind(reply);
+    if (redirect >= 0) {
+        atomic_fetch_add_explicit(&cl->r->redirects[redirect], 1, memory_order_relaxed);
+        if (redirect == REDIRECT_MOVED)
+            kvg_redis_refresh_topology(cl->r);
+        /* The target's bound on commands in flight holds for redirected commands too. */
+        redis_conn *to = op->redirects < REDIRECTS_MAX ? redirect_target(cl, reply) : NULL;
+        if (to && conn_check(to) == 0) {
+            op->redirects++;
+            if (op_send(to, op, redirect == REDIRECT_ASK) == 0)
+                return true;
+        }
+    }
+    return op->kind == OP_LOOKUP && op->nworkers > 1 && !op->cancelled && reply->len >= 8 &&
+           memcmp(reply->str, "TRYAGAIN", 8) == 0 && lookup_split(op);
+}
+
 static void op_reply(redisAsyncContext *ac, void *reply_ptr, void *privdata)
 {
     kvg_redis_op *op = privdata;
@@ -564,56 +616,18 @@ static void op_reply(redisAsyncContext *ac, void *reply_ptr, void *privdata)
     redisReply *reply = reply_ptr;
     kvg_list_unlink(&op->link);
     c->npending--;
-    kvg_redis_client *cl = c->client;
-    if (op->kind == OP_HANDSHAKE) {
+    if (op->kind == OP_HANDSHAKE)
         hs_reply(op, reply);
+    if (op->kind == OP_HANDSHAKE || op->kind == OP_IGNORED) {
         op_free(op);
         return;
     }
-    if (op->kind == OP_IGNORED) {
-        op_free(op);
-        return;
-    }
-    if (!reply) {
-        atomic_fetch_add_explicit(&cl->r->dropped[REDIS_DROP_CONNECTION_LOST], 1,
+    if (!reply) /* the connection went (or the client is being freed) */
+        atomic_fetch_add_explicit(&c->client->r->dropped[REDIS_DROP_CONNECTION_LOST], 1,
                                   memory_order_relaxed);
-        if (!cl->freeing)
-            op_finish(op, c->drop_status ? c->drop_status : -ECONNRESET, NULL);
-        else if (op->kind == OP_LOOKUP_PART)
-            part_done(op, -ECONNRESET, 0); /* frees its lookup with the last part */
-        op_free(op);
+    else if (reply->type == REDIS_REPLY_ERROR && !c->client->freeing && op_retry(op, c, reply))
         return;
-    }
-    if (reply->type == REDIS_REPLY_ERROR && !cl->freeing) {
-        /* A server that lost its scripts (a restart, a new primary, SCRIPT FLUSH): load it and
-         * send the command again behind it, once. */
-        if (reply->len >= 8 && memcmp(reply->str, "NOSCRIPT", 8) == 0 && !op->script_reloaded &&
-            c->state == REDIS_CONN_READY) {
-            op->script_reloaded = true;
-            if (load_script(c, OP_IGNORED, 0, op->script) == 0 && op_send(c, op, false) == 0)
-                return;
-        }
-        int redirect = redirect_kind(reply);
-        if (redirect >= 0) {
-            atomic_fetch_add_explicit(&cl->r->redirects[redirect], 1, memory_order_relaxed);
-            if (redirect == REDIRECT_MOVED)
-                kvg_redis_refresh_topology(cl->r);
-            /* The target's bound on commands in flight holds for redirected commands too. */
-            redis_conn *to = op->redirects < REDIRECTS_MAX ? redirect_target(cl, reply) : NULL;
-            if (to && conn_check(to) == 0) {
-                op->redirects++;
-                if (op_send(to, op, redirect == REDIRECT_ASK) == 0)
-                    return;
-            }
-        }
-        if (op->kind == OP_LOOKUP && op->nworkers > 1 && !op->cancelled && reply->len >= 8 &&
-            memcmp(reply->str, "TRYAGAIN", 8) == 0 && lookup_split(op))
-            return;
-    }
-    if (!cl->freeing)
-        op_finish(op, 0, reply);
-    else if (op->kind == OP_LOOKUP_PART)
-        part_done(op, -ECONNRESET, 0);
+    op_finish(op, reply ? 0 : c->drop_status, reply);
     op_free(op);
 }
 
@@ -769,12 +783,8 @@ void kvg_redis_client_free(kvg_redis_client *cl)
 /* Count a command that was not sent. */
 static int refuse(kvg_redis_client *cl, int rc, _Atomic uint64_t *outcomes)
 {
-    redis_drop_reason d = rc == -EBUSY ? REDIS_DROP_BUSY : REDIS_DROP_NOT_CONNECTED;
-    atomic_fetch_add_explicit(&cl->r->dropped[d], 1, memory_order_relaxed);
-    redis_map_outcome o = rc == -EBUSY      ? REDIS_MAP_BUSY
-                          : rc == -ENOTCONN ? REDIS_MAP_UNAVAILABLE
-                                            : REDIS_MAP_ERROR;
-    atomic_fetch_add_explicit(&outcomes[o], 1, memory_order_relaxed);
+    count_drop(cl, rc);
+    atomic_fetch_add_explicit(&outcomes[outcome_of(rc)], 1, memory_order_relaxed);
     return rc;
 }
 
@@ -942,8 +952,7 @@ static bool lookup_split(kvg_redis_op *op)
             rc = submit(conn_for(cl, keys[i], key_lens[i]), part); /* frees part on failure */
         }
         if (rc < 0) {
-            redis_drop_reason d = rc == -EBUSY ? REDIS_DROP_BUSY : REDIS_DROP_NOT_CONNECTED;
-            atomic_fetch_add_explicit(&cl->r->dropped[d], 1, memory_order_relaxed);
+            count_drop(cl, rc);
             if (op->parts_status == 0)
                 op->parts_status = rc;
             op->parts_left--;
