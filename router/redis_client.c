@@ -98,6 +98,8 @@ struct kvg_redis_client {
     bool reconcile_pending;
     bool freeing;
     uint64_t rng;
+    char ttl[20]; /* redis.entry_ttl_ms in decimal, as every record sends it */
+    size_t ttl_len;
 };
 
 static void conn_connect(redis_conn *c);
@@ -748,6 +750,7 @@ int kvg_redis_client_new(kvg_redis *r, struct event_base *base, kvg_redis_client
     cl->r = r;
     cl->base = base;
     cl->rng = (uint64_t)(uintptr_t)cl ^ kvg_now_ns();
+    cl->ttl_len = kvg_fmt_u64(cl->ttl, r->cfg.entry_ttl_ms);
     if (!cl->rng)
         cl->rng = 1;
     event_assign(&cl->reconcile, base, -1, 0, reconcile_cb, cl);
@@ -788,20 +791,20 @@ static int refuse(kvg_redis_client *cl, int rc, _Atomic uint64_t *outcomes)
     return rc;
 }
 
-/* Format EVALSHA sha numkeys keys... args... into a new op for c. */
+/* Format EVALSHA sha numkeys keys... args... into a new op (argv[0..2] are written here). */
 static kvg_redis_op *op_new(kvg_redis_client *cl, op_kind kind, const redis_script *script,
-                            int nkeys, int argc, const char **argv, size_t *lens)
+                            size_t nkeys, int argc, const char **argv, size_t *lens)
 {
     kvg_redis_op *op = calloc(1, sizeof(*op));
     if (!op)
         return NULL;
-    char numkeys[16];
+    char numkeys[20];
     argv[0] = "EVALSHA";
     lens[0] = 7;
     argv[1] = script->sha;
     lens[1] = 40;
-    lens[2] = (size_t)snprintf(numkeys, sizeof(numkeys), "%d", nkeys);
     argv[2] = numkeys;
+    lens[2] = kvg_fmt_u64(numkeys, nkeys);
     char *cmd;
     int len = redisFormatCommandArgv(&cmd, argc, argv, lens);
     if (len < 0) {
@@ -837,7 +840,6 @@ int kvg_map_lookup(kvg_redis_client *cl, uint64_t root, const uint64_t *keys, si
         return -EINVAL;
     redis_topology *t = cl->conns_topo;
     kvg_redis_mode mode = t ? t->mode : KVG_REDIS_STANDALONE;
-    const char *prefix = cl->r->prefix;
     /* Arguments: EVALSHA sha numkeys key... chain. */
     size_t argc = nworkers + 4;
     const char *stack_argv[STACK_WORKERS + 4];
@@ -846,25 +848,34 @@ int kvg_map_lookup(kvg_redis_client *cl, uint64_t root, const uint64_t *keys, si
     const char **argv = stack_argv;
     size_t *lens = stack_lens;
     char(*names)[REDIS_MAP_KEY_MAX] = stack_names;
-    unsigned char *chain = malloc(nkeys ? nkeys * 8 : 1);
+    unsigned char *chain = NULL;
+    kvg_redis_op *op = NULL;
+    redis_conn *c = NULL;
     int rc = -ENOMEM;
     if (nworkers > STACK_WORKERS) {
         argv = malloc(argc * sizeof(*argv));
         lens = malloc(argc * sizeof(*lens));
         names = malloc(nworkers * sizeof(*names));
+        if (!argv || !lens || !names)
+            goto done;
     }
-    kvg_redis_op *op = NULL;
-    if (chain && argv && lens && names) {
-        for (size_t i = 0; i < nworkers; i++) {
-            lens[3 + i] = redis_map_key(names[i], prefix, mode, root, map_ids[i]);
-            argv[3 + i] = names[i];
-        }
-        redis_map_pack_keys(keys, nkeys, chain);
-        argv[argc - 1] = (const char *)chain;
-        lens[argc - 1] = nkeys * 8;
-        op = op_new(cl, OP_LOOKUP, &redis_map_lookup_script, (int)nworkers, (int)argc, argv, lens);
+    for (size_t i = 0; i < nworkers; i++) {
+        lens[3 + i] = redis_map_key(names[i], cl->r->prefix, mode, root, map_ids[i]);
+        argv[3 + i] = names[i];
     }
-    redis_conn *c = op ? conn_for(cl, names[0], lens[3]) : NULL;
+    /* Every key of the call is in one slot: the first names the node. A lookup that cannot be
+     * sent is refused before the chain is packed and the command formatted. */
+    c = conn_for(cl, names[0], lens[3]);
+    if ((rc = conn_check(c)) < 0)
+        goto done;
+    rc = -ENOMEM;
+    if (!(chain = malloc(nkeys ? nkeys * 8 : 1)))
+        goto done;
+    redis_map_pack_keys(keys, nkeys, chain);
+    argv[argc - 1] = (const char *)chain;
+    lens[argc - 1] = nkeys * 8;
+    op = op_new(cl, OP_LOOKUP, &redis_map_lookup_script, nworkers, (int)argc, argv, lens);
+done:
     if (nworkers > STACK_WORKERS) {
         free(argv);
         free(lens);
@@ -992,24 +1003,22 @@ int kvg_map_record(kvg_redis_client *cl, uint64_t root, uint64_t map_id, uint32_
     kvg_redis_mode mode = t ? t->mode : KVG_REDIS_STANDALONE;
     char name[REDIS_MAP_KEY_MAX];
     size_t name_len = redis_map_key(name, cl->r->prefix, mode, root, map_id);
-    char cap[16], ttl[24];
+    /* A record that cannot be sent is refused before its command is built. */
+    redis_conn *c = conn_for(cl, name, name_len);
+    int rc = conn_check(c);
+    if (rc < 0)
+        return refuse(cl, rc, cl->r->records);
     unsigned char *chain = malloc(nkeys * 8);
     if (!chain)
         return refuse(cl, -ENOMEM, cl->r->records);
     redis_map_pack_keys(keys, nkeys, chain);
-    const char *argv[7] = {NULL, NULL, NULL, name, cap, ttl, (const char *)chain};
-    size_t lens[7] = {
-        0,
-        0,
-        0,
-        name_len,
-        (size_t)snprintf(cap, sizeof(cap), "%u", capacity),
-        (size_t)snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)cl->r->cfg.entry_ttl_ms),
-        nkeys * 8};
+    char cap[20];
+    const char *argv[7] = {NULL, NULL, NULL, name, cap, cl->ttl, (const char *)chain};
+    size_t lens[7] = {0, 0, 0, name_len, kvg_fmt_u64(cap, capacity), cl->ttl_len, nkeys * 8};
     kvg_redis_op *op = op_new(cl, OP_RECORD, &redis_map_record_script, 1, 7, argv, lens);
     free(chain);
     if (!op)
         return refuse(cl, -ENOMEM, cl->r->records);
-    int rc = submit(conn_for(cl, name, name_len), op);
+    rc = submit(c, op);
     return rc < 0 ? refuse(cl, rc, cl->r->records) : 0;
 }
