@@ -151,8 +151,10 @@ static void track(redis_conn *c, kvg_redis_op *op)
 {
     op->conn = c;
     kvg_list_insert(c->pending.prev, &op->link);
+    /* op is the oldest now: the watchdog is due when it would be late. (A timer of 0 here cost
+     * every command sent on an idle connection an extra wakeup, only to arm this.) */
     if (c->npending++ == 0 && c->state == REDIS_CONN_READY)
-        arm(c, 0);
+        arm(c, (uint64_t)c->client->r->cfg.command_timeout_ms * 1000000u);
 }
 
 /* Send a command of the client's own on c: a handshake step, ASKING, a SCRIPT LOAD. Tracked as
