@@ -699,13 +699,12 @@ static void reconcile_cb(evutil_socket_t fd, short what, void *arg)
 /* A new topology used to be noticed only by the next command (conn_for): a loop that carried
  * none kept its connection to a primary that had been demoted (a Sentinel failover with the old
  * primary alive), counted ready, reconnected to it when the Sentinel closed it, and its first
- * command after the change went there (stale reads on a replica). Now every loop looks. */
+ * command after the change went there (stale reads on a replica). Now every loop looks; when
+ * nothing changed, the refresh is a load and a compare and reconcile returns at once. */
 static void tick_cb(evutil_socket_t fd, short what, void *arg)
 {
     kvg_redis_client *cl = arg;
-    if (!cl->reconcile_pending &&
-        (kvg_snapshot_slot_generation(&cl->r->topology) != cl->topo.generation || !cl->conns_topo ||
-         kvg_snapshot_cache_get(&cl->topo) != &cl->conns_topo->snap))
+    if (!cl->reconcile_pending)
         reconcile_cb(fd, what, cl);
 }
 
