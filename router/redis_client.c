@@ -109,21 +109,19 @@ static bool lookup_split(kvg_redis_op *op);
 
 /* ---- states and counters --------------------------------------------------------------------- */
 
-static void set_state(redis_conn *c, redis_conn_state s)
-{
-    kvg_redis *r = c->client->r;
-    if (c->counted)
-        atomic_fetch_sub_explicit(&r->conns[c->state], 1, memory_order_relaxed);
-    c->state = s;
-    c->counted = true;
-    atomic_fetch_add_explicit(&r->conns[s], 1, memory_order_relaxed);
-}
-
 static void uncount(redis_conn *c)
 {
     if (c->counted)
         atomic_fetch_sub_explicit(&c->client->r->conns[c->state], 1, memory_order_relaxed);
     c->counted = false;
+}
+
+static void set_state(redis_conn *c, redis_conn_state s)
+{
+    uncount(c);
+    c->state = s;
+    c->counted = true;
+    atomic_fetch_add_explicit(&c->client->r->conns[s], 1, memory_order_relaxed);
 }
 
 /* (Re)arm c's timer to fire ns from now. */
