@@ -113,6 +113,7 @@ static void args_send(args *a)
 }
 
 /* Keys of the workers (standalone layout) and a buffer for a packed chain. */
+#define WORKERS_MAX 64
 static char (*names)[REDIS_MAP_KEY_MAX];
 static unsigned char *packbuf;
 static args av;
@@ -246,7 +247,7 @@ static void lookup_cell(cell *c, size_t iters)
         append_lookup(W, chain, L);
         redisReply *r = get_reply("lookup");
         ns[it] = kvg_now_ns() - t0;
-        uint32_t m[64];
+        uint32_t m[WORKERS_MAX];
         if (redis_map_parse_lookup(r, W, m) != 0)
             die("lookup reply", r);
         for (size_t w = 0; w < W; w++)
@@ -359,7 +360,7 @@ static void lookup_cell(cell *c, size_t iters)
 static void run_latency(bool quick)
 {
     static const size_t blocks[] = {16, 256, 2048};
-    static const size_t workers[] = {8, 64};
+    static const size_t workers[] = {8, WORKERS_MAX};
     cell cells[6];
     size_t nc = 0;
     for (size_t b = 0; b < KVG_ARRAY_LEN(blocks); b++)
@@ -434,8 +435,8 @@ static void memory_case(bool cluster, uint64_t entries, size_t set_size, size_t 
     size_t chunk = KVG_MIN(set_size, (size_t)2048);
     uint64_t *chain = malloc(chunk * sizeof(*chain));
     uint64_t t0 = kvg_now_ns();
+    char key[REDIS_MAP_KEY_MAX] = "";
     for (size_t s = 0; s < sets; s++) {
-        char key[REDIS_MAP_KEY_MAX];
         /* Single primary: workers big sets; cluster: a set per (worker, root). */
         if (!cluster)
             redis_map_key(key, "kvg", KVG_REDIS_STANDALONE, 0, 0x1000 + s);
@@ -453,13 +454,8 @@ static void memory_case(bool cluster, uint64_t entries, size_t set_size, size_t 
     double after = info_field("memory", "used_memory", NULL);
     size_t nkeys;
     double usage = memory_usage_sum(&nkeys);
-    redisReply *enc = command("OBJECT ENCODING %s", "kvg:m:0000000000001000");
-    if (cluster) {
-        freeReplyObject(enc);
-        redisReply *k = command("RANDOMKEY");
-        enc = command("OBJECT ENCODING %b", k->str, k->len);
-        freeReplyObject(k);
-    }
+    /* The encoding of the last set filled (all sets of a case are of one size). */
+    redisReply *enc = command("OBJECT ENCODING %s", key);
     double n = (double)sets * (double)set_size;
     printf("%-14s %10.0f %8zu %9zu %-9s %12.1f %12.1f %10.1f %8.1f\n",
            cluster ? "cluster" : "single-primary", n, nkeys, set_size, enc->str,
@@ -515,7 +511,7 @@ int main(int argc, char **argv)
         return 1;
     }
     redisSetTimeout(rc, tv);
-    names = calloc(64, sizeof(*names));
+    names = calloc(WORKERS_MAX, sizeof(*names));
     packbuf = malloc(8 * 4096);
     load_scripts();
     if (memory)

@@ -98,7 +98,8 @@ struct kvg_redis_client {
     bool reconcile_pending;
     bool freeing;
     uint64_t rng;
-    char sha[2][41]; /* of the lookup and record scripts, as the server computed them */
+    char ttl[20]; /* redis.entry_ttl_ms in decimal, as every record sends it */
+    size_t ttl_len;
 };
 
 static void conn_connect(redis_conn *c);
@@ -108,21 +109,19 @@ static bool lookup_split(kvg_redis_op *op);
 
 /* ---- states and counters --------------------------------------------------------------------- */
 
-static void set_state(redis_conn *c, redis_conn_state s)
-{
-    kvg_redis *r = c->client->r;
-    if (c->counted)
-        atomic_fetch_sub_explicit(&r->conns[c->state], 1, memory_order_relaxed);
-    c->state = s;
-    c->counted = true;
-    atomic_fetch_add_explicit(&r->conns[s], 1, memory_order_relaxed);
-}
-
 static void uncount(redis_conn *c)
 {
     if (c->counted)
         atomic_fetch_sub_explicit(&c->client->r->conns[c->state], 1, memory_order_relaxed);
     c->counted = false;
+}
+
+static void set_state(redis_conn *c, redis_conn_state s)
+{
+    uncount(c);
+    c->state = s;
+    c->counted = true;
+    atomic_fetch_add_explicit(&c->client->r->conns[s], 1, memory_order_relaxed);
 }
 
 /* (Re)arm c's timer to fire ns from now. */
@@ -150,8 +149,35 @@ static void track(redis_conn *c, kvg_redis_op *op)
 {
     op->conn = c;
     kvg_list_insert(c->pending.prev, &op->link);
+    /* op is the oldest now: the watchdog is due when it would be late. (A timer of 0 here cost
+     * every command sent on an idle connection an extra wakeup, only to arm this.) */
     if (c->npending++ == 0 && c->state == REDIS_CONN_READY)
-        arm(c, 0);
+        arm(c, (uint64_t)c->client->r->cfg.command_timeout_ms * 1000000u);
+}
+
+/* Send a command of the client's own on c: a handshake step, ASKING, a SCRIPT LOAD. Tracked as
+ * any other, since replies come in order. 0, -ENOMEM or -ENOTCONN. */
+static int send_own(redis_conn *c, op_kind kind, hs_step step, int argc, const char **argv,
+                    const size_t *lens)
+{
+    kvg_redis_op *op = calloc(1, sizeof(*op));
+    if (!op)
+        return -ENOMEM;
+    op->kind = kind;
+    op->step = step;
+    op->sent_ns = kvg_now_ns();
+    if (redisAsyncCommandArgv(c->ac, op_reply, op, argc, argv, lens) != REDIS_OK) {
+        free(op);
+        return -ENOTCONN;
+    }
+    track(c, op);
+    return 0;
+}
+
+static int load_script(redis_conn *c, op_kind kind, hs_step step, const redis_script *script)
+{
+    return send_own(c, kind, step, 3, (const char *[]){"SCRIPT", "LOAD", script->body},
+                    (const size_t[]){6, 4, strlen(script->body)});
 }
 
 static void op_free(kvg_redis_op *op)
@@ -164,8 +190,7 @@ static void op_free(kvg_redis_op *op)
 static void op_finish(kvg_redis_op *op, int status, const redisReply *reply);
 
 /* A part of a split lookup has its answer (status 0 and m) or failed: the lookup ends with the
- * last part, failed if any part did (a fallback, as an unsplit lookup's failure). Also while the
- * client is being freed, to free the lookup then without calling anyone. */
+ * last part, failed if any part did (a fallback, as an unsplit lookup's failure). */
 static void part_done(kvg_redis_op *part, int status, uint32_t m)
 {
     kvg_redis_op *op = part->parent;
@@ -175,42 +200,68 @@ static void part_done(kvg_redis_op *part, int status, uint32_t m)
         op->parts_status = status;
     if (--op->parts_left)
         return;
-    if (!op->client->freeing)
-        op_finish(op, op->parts_status, NULL);
+    op_finish(op, op->parts_status, NULL);
     op_free(op);
 }
 
-/* Map a finished lookup or record to its outcome counter and its caller. */
+static redis_map_outcome outcome_of(int status)
+{
+    switch (status) {
+    case 0:
+        return REDIS_MAP_OK;
+    case -ETIMEDOUT:
+    case -ECONNRESET:
+        return REDIS_MAP_LOST;
+    case -ENOTCONN: /* not sent (a refusal, a part of a split lookup) */
+        return REDIS_MAP_UNAVAILABLE;
+    case -EBUSY:
+        return REDIS_MAP_BUSY;
+    default:
+        return REDIS_MAP_ERROR;
+    }
+}
+
+/* A command that was not sent, or not answered, for kvgate_redis_commands_dropped_total. */
+static void count_drop(kvg_redis_client *cl, int rc)
+{
+    redis_drop_reason d = rc == -EBUSY ? REDIS_DROP_BUSY : REDIS_DROP_NOT_CONNECTED;
+    atomic_fetch_add_explicit(&cl->r->dropped[d], 1, memory_order_relaxed);
+}
+
+/* What an error reply said, for the debug log. */
+static void log_error_reply(const kvg_redis_op *op, const char *what, const redisReply *reply)
+{
+    if (reply && reply->type == REDIS_REPLY_ERROR)
+        kvg_log_debug("redis %s: %s: %.*s", op->conn->node.name, what,
+                      (int)KVG_MIN(reply->len, 200), reply->str);
+}
+
+/* Map a finished lookup or record to its outcome counter and its caller. While the client is
+ * being freed nobody is called: a part only frees its lookup with the last part. */
 static void op_finish(kvg_redis_op *op, int status, const redisReply *reply)
 {
+    if (op->client->freeing) {
+        if (op->kind == OP_LOOKUP_PART)
+            part_done(op, -ECONNRESET, 0);
+        return;
+    }
     kvg_redis *r = op->client->r;
     if (op->kind == OP_LOOKUP_PART) {
         uint32_t m = 0;
-        if (status == 0 && (status = redis_map_parse_lookup(reply, 1, &m)) < 0 && reply &&
-            reply->type == REDIS_REPLY_ERROR)
-            kvg_log_debug("redis %s: lookup part: %.*s", op->conn->node.name,
-                          (int)KVG_MIN(reply->len, 200), reply->str);
+        if (status == 0 && (status = redis_map_parse_lookup(reply, 1, &m)) < 0)
+            log_error_reply(op, "lookup part", reply);
         part_done(op, status, m);
         return;
     }
-    redis_map_outcome out = REDIS_MAP_OK;
-    if (status == -ETIMEDOUT || status == -ECONNRESET)
-        out = REDIS_MAP_LOST;
-    else if (status == -ENOTCONN) /* a part of a split lookup was not sent */
-        out = REDIS_MAP_UNAVAILABLE;
-    else if (status == -EBUSY)
-        out = REDIS_MAP_BUSY;
-    else if (status < 0)
-        out = REDIS_MAP_ERROR;
     uint64_t rtt = kvg_now_ns() - op->sent_ns;
     if (op->kind == OP_RECORD) {
-        if (status == 0 && (!reply || reply->type != REDIS_REPLY_INTEGER))
-            out = REDIS_MAP_ERROR;
+        if (status == 0 && (!reply || reply->type != REDIS_REPLY_INTEGER)) {
+            status = KVG_EPROTO;
+            log_error_reply(op, "record", reply);
+        }
+        redis_map_outcome out = outcome_of(status);
         if (out == REDIS_MAP_OK)
             kvg_prom_hist_observe(&r->record_rtt, &redis_rtt_buckets, rtt);
-        if (out == REDIS_MAP_ERROR && reply && reply->type == REDIS_REPLY_ERROR)
-            kvg_log_debug("redis %s: record: %.*s", op->conn->node.name,
-                          (int)KVG_MIN(reply->len, 200), reply->str);
         atomic_fetch_add_explicit(&r->records[out], 1, memory_order_relaxed);
         return;
     }
@@ -221,16 +272,12 @@ static void op_finish(kvg_redis_op *op, int status, const redisReply *reply)
         matched = op->parts; /* a split lookup: its parts answered */
     } else if (status == 0) {
         matched = op->nworkers <= STACK_WORKERS ? stack : malloc(op->nworkers * sizeof(*matched));
-        if (!matched) {
+        if (!matched)
             status = -ENOMEM;
-            out = REDIS_MAP_ERROR;
-        } else if ((status = redis_map_parse_lookup(reply, op->nworkers, matched)) < 0) {
-            out = REDIS_MAP_ERROR;
-            if (reply && reply->type == REDIS_REPLY_ERROR)
-                kvg_log_debug("redis %s: lookup: %.*s", op->conn->node.name,
-                              (int)KVG_MIN(reply->len, 200), reply->str);
-        }
+        else if ((status = redis_map_parse_lookup(reply, op->nworkers, matched)) < 0)
+            log_error_reply(op, "lookup", reply);
     }
+    redis_map_outcome out = outcome_of(status);
     if (out == REDIS_MAP_OK)
         kvg_prom_hist_observe(&r->lookup_rtt, &redis_rtt_buckets, rtt);
     /* A cancelled lookup was counted as a timeout by the caller who gave up on it. */
@@ -242,20 +289,22 @@ static void op_finish(kvg_redis_op *op, int status, const redisReply *reply)
         free(matched);
 }
 
+/* Whether c can take a command now: ready, and under the bound on commands in flight. 0,
+ * -ENOTCONN or -EBUSY. */
+static int conn_check(const redis_conn *c)
+{
+    if (!c || c->state != REDIS_CONN_READY || !c->ac)
+        return -ENOTCONN;
+    return c->npending >= c->client->r->cfg.max_inflight ? -EBUSY : 0;
+}
+
 /* Send op's command on c (ready), ASKING first after an ASK. 0, -ENOMEM or -ENOTCONN. */
 static int op_send(redis_conn *c, kvg_redis_op *op, bool asking)
 {
     if (asking) {
-        kvg_redis_op *a = calloc(1, sizeof(*a));
-        if (!a)
-            return -ENOMEM;
-        a->kind = OP_IGNORED;
-        a->sent_ns = kvg_now_ns();
-        if (redisAsyncCommand(c->ac, op_reply, a, "ASKING") != REDIS_OK) {
-            free(a);
-            return -ENOTCONN;
-        }
-        track(c, a);
+        int rc = send_own(c, OP_IGNORED, 0, 1, (const char *[]){"ASKING"}, (const size_t[]){6});
+        if (rc < 0)
+            return rc;
     }
     if (redisAsyncFormattedCommand(c->ac, op_reply, op, op->cmd, op->cmd_len) != REDIS_OK)
         return -ENOTCONN;
@@ -353,22 +402,6 @@ static void conn_drop(redis_conn *c, int status, bool in_callback)
 
 /* ---- the handshake --------------------------------------------------------------------------- */
 
-static int hs_send(redis_conn *c, hs_step step, int argc, const char **argv, const size_t *lens)
-{
-    kvg_redis_op *op = calloc(1, sizeof(*op));
-    if (!op)
-        return -ENOMEM;
-    op->kind = OP_HANDSHAKE;
-    op->step = step;
-    op->sent_ns = kvg_now_ns();
-    if (redisAsyncCommandArgv(c->ac, op_reply, op, argc, argv, lens) != REDIS_OK) {
-        free(op);
-        return -ENOTCONN;
-    }
-    track(c, op);
-    return 0;
-}
-
 static void on_connect(const redisAsyncContext *ac, int status)
 {
     redis_conn *c = ac->data;
@@ -384,25 +417,30 @@ static void on_connect(const redisAsyncContext *ac, int status)
     const kvg_redis_url *u = &r->url;
     int rc = 0;
     if (u->password[0]) {
-        const char *argv[3] = {"AUTH", u->user, u->password};
-        size_t lens[3] = {4, strlen(u->user), strlen(u->password)};
-        rc = u->user[0] ? hs_send(c, HS_AUTH, 3, argv, lens)
-                        : hs_send(c, HS_AUTH, 2, (const char *[]){"AUTH", u->password},
-                                  (size_t[]){4, strlen(u->password)});
+        const char *argv[3] = {"AUTH"}; /* AUTH [user] password */
+        size_t lens[3] = {4};
+        int argc = 1;
+        if (u->user[0]) {
+            argv[argc] = u->user;
+            lens[argc++] = strlen(u->user);
+        }
+        argv[argc] = u->password;
+        lens[argc++] = strlen(u->password);
+        rc = send_own(c, OP_HANDSHAKE, HS_AUTH, argc, argv, lens);
     }
     redis_topology *t = c->client->conns_topo;
     if (rc == 0 && u->db && t->mode != KVG_REDIS_CLUSTER) {
         char db[16];
         int n = snprintf(db, sizeof(db), "%u", u->db);
-        rc = hs_send(c, HS_SELECT, 2, (const char *[]){"SELECT", db}, (size_t[]){6, (size_t)n});
+        rc = send_own(c, OP_HANDSHAKE, HS_SELECT, 2, (const char *[]){"SELECT", db},
+                      (const size_t[]){6, (size_t)n});
     }
-    const redis_script *scripts[2] = {&redis_map_lookup_script, &redis_map_record_script};
-    for (int i = 0; i < 2 && rc == 0; i++)
-        rc = hs_send(c, i == 0 ? HS_LOAD_LOOKUP : HS_LOAD_RECORD, 3,
-                     (const char *[]){"SCRIPT", "LOAD", scripts[i]->body},
-                     (size_t[]){6, 4, strlen(scripts[i]->body)});
     if (rc == 0)
-        rc = hs_send(c, HS_PING, 1, (const char *[]){"PING"}, (size_t[]){4});
+        rc = load_script(c, OP_HANDSHAKE, HS_LOAD_LOOKUP, &redis_map_lookup_script);
+    if (rc == 0)
+        rc = load_script(c, OP_HANDSHAKE, HS_LOAD_RECORD, &redis_map_record_script);
+    if (rc == 0)
+        rc = send_own(c, OP_HANDSHAKE, HS_PING, 1, (const char *[]){"PING"}, (const size_t[]){4});
     if (rc < 0) {
         snprintf(c->last_error, sizeof(c->last_error), "handshake: %s", kvg_strerror(rc));
         /* Not inside a reply callback: hiredis is in its write handler. Defer to the timer. */
@@ -418,9 +456,11 @@ static void hs_reply(kvg_redis_op *op, const redisReply *reply)
         return; /* the connection went: on_disconnect or conn_drop handles it */
     bool ok = reply->type != REDIS_REPLY_ERROR;
     if (ok && (op->step == HS_LOAD_LOOKUP || op->step == HS_LOAD_RECORD)) {
-        ok = reply->type == REDIS_REPLY_STRING && reply->len == 40;
-        if (ok)
-            memcpy(cl->sha[op->step == HS_LOAD_RECORD], reply->str, 40);
+        /* EVALSHA names a script by the SHA-1 embed_lua.py computed: the server's must be it. */
+        const redis_script *s =
+            op->step == HS_LOAD_RECORD ? &redis_map_record_script : &redis_map_lookup_script;
+        ok = reply->type == REDIS_REPLY_STRING && reply->len == 40 &&
+             memcmp(reply->str, s->sha, 40) == 0;
     }
     if (!ok) {
         static const char *const names[] = {"AUTH", "SELECT", "SCRIPT LOAD", "SCRIPT LOAD", "PING"};
@@ -497,21 +537,29 @@ static void conn_free(redis_conn *c)
 
 /* ---- replies ------------------------------------------------------------------------------- */
 
-/* "MOVED 3999 127.0.0.1:6381" or "ASK ...": the target connection of this client, if any. */
-static redis_conn *redirect_target(kvg_redis_client *cl, const redisReply *reply, bool *ask)
+/* Redirections, as kvg_redis.redirects counts them. */
+enum { REDIRECT_MOVED = 0, REDIRECT_ASK, REDIRECT_COUNT };
+_Static_assert(REDIRECT_COUNT == KVG_ARRAY_LEN(((kvg_redis *)0)->redirects), "redirects[]");
+
+/* "MOVED 3999 127.0.0.1:6381" or "ASK 3999 ...": which, or -1 for another error. */
+static int redirect_kind(const redisReply *reply)
 {
-    const char *s = reply->str;
-    size_t len = reply->len;
-    *ask = len > 4 && memcmp(s, "ASK ", 4) == 0;
-    if (!*ask && !(len > 6 && memcmp(s, "MOVED ", 6) == 0))
-        return NULL;
-    /* "<slot> <host>:<port>" follows the word. (The address used to be looked for after the
-     * first space from s + 4, which for MOVED is the one after the word itself: the "address"
-     * was "3999 127.0.0.1:6381", no connection matched, and every MOVED failed its command
-     * instead of being followed.) */
-    size_t word = *ask ? 4 : 6;
-    const char *addr = memchr(s + word, ' ', len - word);
-    const char *end = s + len;
+    if (reply->len > 6 && memcmp(reply->str, "MOVED ", 6) == 0)
+        return REDIRECT_MOVED;
+    if (reply->len > 4 && memcmp(reply->str, "ASK ", 4) == 0)
+        return REDIRECT_ASK;
+    return -1;
+}
+
+/* The connection of this client to the address a redirection names, if any. */
+static redis_conn *redirect_target(kvg_redis_client *cl, const redisReply *reply)
+{
+    /* "<word> <slot> <host>:<port>": the address follows the second space. The host is the
+     * part before the last ':' (Redis writes IPv6 addresses without brackets). */
+    const char *end = reply->str + reply->len;
+    const char *addr = memchr(reply->str, ' ', reply->len);
+    if (addr)
+        addr = memchr(addr + 1, ' ', (size_t)(end - addr - 1));
     if (!addr)
         return NULL;
     addr++;
@@ -519,10 +567,10 @@ static redis_conn *redirect_target(kvg_redis_client *cl, const redisReply *reply
     for (const char *p = addr; p < end; p++)
         if (*p == ':')
             colon = p;
-    if (!colon)
+    uint64_t port;
+    if (!colon || kvg_parse_u64(colon + 1, (size_t)(end - colon - 1), &port) < 0)
         return NULL;
     size_t hlen = (size_t)(colon - addr);
-    long port = strtol(colon + 1, NULL, 10);
     for (size_t i = 0; i < cl->nconns; i++) {
         redis_conn *c = cl->conns[i];
         if (c->node.port == port && strlen(c->node.host) == hlen &&
@@ -532,6 +580,37 @@ static redis_conn *redirect_target(kvg_redis_client *cl, const redisReply *reply
     return NULL;
 }
 
+/* An error reply that another try may answer: a server that lost its scripts, a redirection, a
+ * lookup during a slot's migration. true: op went on (sent again, or split), its reply is not
+ * the end of it. */
+static bool op_retry(kvg_redis_op *op, redis_conn *c, const redisReply *reply)
+{
+    kvg_redis_client *cl = c->client;
+    /* A server that lost its scripts (a restart, a new primary, SCRIPT FLUSH): load it and send
+     * the command again behind it, once. */
+    if (reply->len >= 8 && memcmp(reply->str, "NOSCRIPT", 8) == 0 && !op->script_reloaded &&
+        c->state == REDIS_CONN_READY) {
+        op->script_reloaded = true;
+        if (load_script(c, OP_IGNORED, 0, op->script) == 0 && op_send(c, op, false) == 0)
+            return true;
+    }
+    int redirect = redirect_kind(reply);
+    if (redirect >= 0) {
+        atomic_fetch_add_explicit(&cl->r->redirects[redirect], 1, memory_order_relaxed);
+        if (redirect == REDIRECT_MOVED)
+            kvg_redis_refresh_topology(cl->r);
+        /* The target's bound on commands in flight holds for redirected commands too. */
+        redis_conn *to = op->redirects < REDIRECTS_MAX ? redirect_target(cl, reply) : NULL;
+        if (to && conn_check(to) == 0) {
+            op->redirects++;
+            if (op_send(to, op, redirect == REDIRECT_ASK) == 0)
+                return true;
+        }
+    }
+    return op->kind == OP_LOOKUP && op->nworkers > 1 && !op->cancelled && reply->len >= 8 &&
+           memcmp(reply->str, "TRYAGAIN", 8) == 0 && lookup_split(op);
+}
+
 static void op_reply(redisAsyncContext *ac, void *reply_ptr, void *privdata)
 {
     kvg_redis_op *op = privdata;
@@ -539,67 +618,18 @@ static void op_reply(redisAsyncContext *ac, void *reply_ptr, void *privdata)
     redisReply *reply = reply_ptr;
     kvg_list_unlink(&op->link);
     c->npending--;
-    kvg_redis_client *cl = c->client;
-    if (op->kind == OP_HANDSHAKE) {
+    if (op->kind == OP_HANDSHAKE)
         hs_reply(op, reply);
+    if (op->kind == OP_HANDSHAKE || op->kind == OP_IGNORED) {
         op_free(op);
         return;
     }
-    if (op->kind == OP_IGNORED) {
-        op_free(op);
-        return;
-    }
-    if (!reply) {
-        atomic_fetch_add_explicit(&cl->r->dropped[REDIS_DROP_CONNECTION_LOST], 1,
+    if (!reply) /* the connection went (or the client is being freed) */
+        atomic_fetch_add_explicit(&c->client->r->dropped[REDIS_DROP_CONNECTION_LOST], 1,
                                   memory_order_relaxed);
-        if (!cl->freeing)
-            op_finish(op, c->drop_status ? c->drop_status : -ECONNRESET, NULL);
-        else if (op->kind == OP_LOOKUP_PART)
-            part_done(op, -ECONNRESET, 0); /* frees its lookup with the last part */
-        op_free(op);
+    else if (reply->type == REDIS_REPLY_ERROR && !c->client->freeing && op_retry(op, c, reply))
         return;
-    }
-    if (reply->type == REDIS_REPLY_ERROR && !cl->freeing) {
-        /* A server that lost its scripts (a restart, a new primary, SCRIPT FLUSH): load it and
-         * send the command again behind it, once. */
-        if (reply->len >= 8 && memcmp(reply->str, "NOSCRIPT", 8) == 0 && !op->script_reloaded &&
-            c->state == REDIS_CONN_READY) {
-            op->script_reloaded = true;
-            const char *body = op->script->body;
-            kvg_redis_op *load = calloc(1, sizeof(*load));
-            if (load) {
-                load->kind = OP_IGNORED;
-                load->sent_ns = kvg_now_ns();
-                if (redisAsyncCommand(c->ac, op_reply, load, "SCRIPT LOAD %s", body) == REDIS_OK) {
-                    track(c, load);
-                    if (op_send(c, op, false) == 0)
-                        return;
-                } else {
-                    free(load);
-                }
-            }
-        }
-        bool ask;
-        redis_conn *to = op->redirects < REDIRECTS_MAX ? redirect_target(cl, reply, &ask) : NULL;
-        if (reply->len > 4 && (memcmp(reply->str, "MOVED", 5) == 0)) {
-            atomic_fetch_add_explicit(&cl->r->redirects[0], 1, memory_order_relaxed);
-            kvg_redis_refresh_topology(cl->r);
-        } else if (reply->len > 3 && memcmp(reply->str, "ASK", 3) == 0) {
-            atomic_fetch_add_explicit(&cl->r->redirects[1], 1, memory_order_relaxed);
-        }
-        if (to && to->state == REDIS_CONN_READY) {
-            op->redirects++;
-            if (op_send(to, op, ask) == 0)
-                return;
-        }
-        if (op->kind == OP_LOOKUP && op->nworkers > 1 && !op->cancelled && reply->len >= 8 &&
-            memcmp(reply->str, "TRYAGAIN", 8) == 0 && lookup_split(op))
-            return;
-    }
-    if (!cl->freeing)
-        op_finish(op, 0, reply);
-    else if (op->kind == OP_LOOKUP_PART)
-        part_done(op, -ECONNRESET, 0);
+    op_finish(op, reply ? 0 : c->drop_status, reply);
     op_free(op);
 }
 
@@ -667,13 +697,12 @@ static void reconcile_cb(evutil_socket_t fd, short what, void *arg)
 /* A new topology used to be noticed only by the next command (conn_for): a loop that carried
  * none kept its connection to a primary that had been demoted (a Sentinel failover with the old
  * primary alive), counted ready, reconnected to it when the Sentinel closed it, and its first
- * command after the change went there (stale reads on a replica). Now every loop looks. */
+ * command after the change went there (stale reads on a replica). Now every loop looks; when
+ * nothing changed, the refresh is a load and a compare and reconcile returns at once. */
 static void tick_cb(evutil_socket_t fd, short what, void *arg)
 {
     kvg_redis_client *cl = arg;
-    if (!cl->reconcile_pending &&
-        (kvg_snapshot_slot_generation(&cl->r->topology) != cl->topo.generation || !cl->conns_topo ||
-         kvg_snapshot_cache_get(&cl->topo) != &cl->conns_topo->snap))
+    if (!cl->reconcile_pending)
         reconcile_cb(fd, what, cl);
 }
 
@@ -720,6 +749,7 @@ int kvg_redis_client_new(kvg_redis *r, struct event_base *base, kvg_redis_client
     cl->r = r;
     cl->base = base;
     cl->rng = (uint64_t)(uintptr_t)cl ^ kvg_now_ns();
+    cl->ttl_len = kvg_fmt_u64(cl->ttl, r->cfg.entry_ttl_ms);
     if (!cl->rng)
         cl->rng = 1;
     event_assign(&cl->reconcile, base, -1, 0, reconcile_cb, cl);
@@ -755,29 +785,25 @@ void kvg_redis_client_free(kvg_redis_client *cl)
 /* Count a command that was not sent. */
 static int refuse(kvg_redis_client *cl, int rc, _Atomic uint64_t *outcomes)
 {
-    redis_drop_reason d = rc == -EBUSY ? REDIS_DROP_BUSY : REDIS_DROP_NOT_CONNECTED;
-    atomic_fetch_add_explicit(&cl->r->dropped[d], 1, memory_order_relaxed);
-    redis_map_outcome o = rc == -EBUSY      ? REDIS_MAP_BUSY
-                          : rc == -ENOTCONN ? REDIS_MAP_UNAVAILABLE
-                                            : REDIS_MAP_ERROR;
-    atomic_fetch_add_explicit(&outcomes[o], 1, memory_order_relaxed);
+    count_drop(cl, rc);
+    atomic_fetch_add_explicit(&outcomes[outcome_of(rc)], 1, memory_order_relaxed);
     return rc;
 }
 
-/* Format EVALSHA sha numkeys keys... args... into a new op for c. */
+/* Format EVALSHA sha numkeys keys... args... into a new op (argv[0..2] are written here). */
 static kvg_redis_op *op_new(kvg_redis_client *cl, op_kind kind, const redis_script *script,
-                            int nkeys, int argc, const char **argv, size_t *lens)
+                            size_t nkeys, int argc, const char **argv, size_t *lens)
 {
     kvg_redis_op *op = calloc(1, sizeof(*op));
     if (!op)
         return NULL;
-    char numkeys[16];
+    char numkeys[20];
     argv[0] = "EVALSHA";
     lens[0] = 7;
-    argv[1] = cl->sha[kind == OP_RECORD];
+    argv[1] = script->sha;
     lens[1] = 40;
-    lens[2] = (size_t)snprintf(numkeys, sizeof(numkeys), "%d", nkeys);
     argv[2] = numkeys;
+    lens[2] = kvg_fmt_u64(numkeys, nkeys);
     char *cmd;
     int len = redisFormatCommandArgv(&cmd, argc, argv, lens);
     if (len < 0) {
@@ -795,13 +821,10 @@ static kvg_redis_op *op_new(kvg_redis_client *cl, op_kind kind, const redis_scri
 /* Send op on c: ready, under the bound. 0, or -ENOTCONN / -EBUSY (op freed). */
 static int submit(redis_conn *c, kvg_redis_op *op)
 {
-    int rc = -ENOTCONN;
-    if (c && c->state == REDIS_CONN_READY && c->ac) {
-        rc = c->npending >= c->client->r->cfg.max_inflight ? -EBUSY : 0;
-        if (rc == 0) {
-            op->sent_ns = kvg_now_ns();
-            rc = op_send(c, op, false);
-        }
+    int rc = conn_check(c);
+    if (rc == 0) {
+        op->sent_ns = kvg_now_ns();
+        rc = op_send(c, op, false);
     }
     if (rc < 0)
         op_free(op);
@@ -816,7 +839,6 @@ int kvg_map_lookup(kvg_redis_client *cl, uint64_t root, const uint64_t *keys, si
         return -EINVAL;
     redis_topology *t = cl->conns_topo;
     kvg_redis_mode mode = t ? t->mode : KVG_REDIS_STANDALONE;
-    const char *prefix = cl->r->prefix;
     /* Arguments: EVALSHA sha numkeys key... chain. */
     size_t argc = nworkers + 4;
     const char *stack_argv[STACK_WORKERS + 4];
@@ -825,25 +847,34 @@ int kvg_map_lookup(kvg_redis_client *cl, uint64_t root, const uint64_t *keys, si
     const char **argv = stack_argv;
     size_t *lens = stack_lens;
     char(*names)[REDIS_MAP_KEY_MAX] = stack_names;
-    unsigned char *chain = malloc(nkeys ? nkeys * 8 : 1);
+    unsigned char *chain = NULL;
+    kvg_redis_op *op = NULL;
+    redis_conn *c = NULL;
     int rc = -ENOMEM;
     if (nworkers > STACK_WORKERS) {
         argv = malloc(argc * sizeof(*argv));
         lens = malloc(argc * sizeof(*lens));
         names = malloc(nworkers * sizeof(*names));
+        if (!argv || !lens || !names)
+            goto done;
     }
-    kvg_redis_op *op = NULL;
-    if (chain && argv && lens && names) {
-        for (size_t i = 0; i < nworkers; i++) {
-            lens[3 + i] = redis_map_key(names[i], prefix, mode, root, map_ids[i]);
-            argv[3 + i] = names[i];
-        }
-        redis_map_pack_keys(keys, nkeys, chain);
-        argv[argc - 1] = (const char *)chain;
-        lens[argc - 1] = nkeys * 8;
-        op = op_new(cl, OP_LOOKUP, &redis_map_lookup_script, (int)nworkers, (int)argc, argv, lens);
+    for (size_t i = 0; i < nworkers; i++) {
+        lens[3 + i] = redis_map_key(names[i], cl->r->prefix, mode, root, map_ids[i]);
+        argv[3 + i] = names[i];
     }
-    redis_conn *c = op ? conn_for(cl, names[0], lens[3]) : NULL;
+    /* Every key of the call is in one slot: the first names the node. A lookup that cannot be
+     * sent is refused before the chain is packed and the command formatted. */
+    c = conn_for(cl, names[0], lens[3]);
+    if ((rc = conn_check(c)) < 0)
+        goto done;
+    rc = -ENOMEM;
+    if (!(chain = malloc(nkeys ? nkeys * 8 : 1)))
+        goto done;
+    redis_map_pack_keys(keys, nkeys, chain);
+    argv[argc - 1] = (const char *)chain;
+    lens[argc - 1] = nkeys * 8;
+    op = op_new(cl, OP_LOOKUP, &redis_map_lookup_script, nworkers, (int)argc, argv, lens);
+done:
     if (nworkers > STACK_WORKERS) {
         free(argv);
         free(lens);
@@ -931,8 +962,7 @@ static bool lookup_split(kvg_redis_op *op)
             rc = submit(conn_for(cl, keys[i], key_lens[i]), part); /* frees part on failure */
         }
         if (rc < 0) {
-            redis_drop_reason d = rc == -EBUSY ? REDIS_DROP_BUSY : REDIS_DROP_NOT_CONNECTED;
-            atomic_fetch_add_explicit(&cl->r->dropped[d], 1, memory_order_relaxed);
+            count_drop(cl, rc);
             if (op->parts_status == 0)
                 op->parts_status = rc;
             op->parts_left--;
@@ -972,24 +1002,22 @@ int kvg_map_record(kvg_redis_client *cl, uint64_t root, uint64_t map_id, uint32_
     kvg_redis_mode mode = t ? t->mode : KVG_REDIS_STANDALONE;
     char name[REDIS_MAP_KEY_MAX];
     size_t name_len = redis_map_key(name, cl->r->prefix, mode, root, map_id);
-    char cap[16], ttl[24];
+    /* A record that cannot be sent is refused before its command is built. */
+    redis_conn *c = conn_for(cl, name, name_len);
+    int rc = conn_check(c);
+    if (rc < 0)
+        return refuse(cl, rc, cl->r->records);
     unsigned char *chain = malloc(nkeys * 8);
     if (!chain)
         return refuse(cl, -ENOMEM, cl->r->records);
     redis_map_pack_keys(keys, nkeys, chain);
-    const char *argv[7] = {NULL, NULL, NULL, name, cap, ttl, (const char *)chain};
-    size_t lens[7] = {
-        0,
-        0,
-        0,
-        name_len,
-        (size_t)snprintf(cap, sizeof(cap), "%u", capacity),
-        (size_t)snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)cl->r->cfg.entry_ttl_ms),
-        nkeys * 8};
+    char cap[20];
+    const char *argv[7] = {NULL, NULL, NULL, name, cap, cl->ttl, (const char *)chain};
+    size_t lens[7] = {0, 0, 0, name_len, kvg_fmt_u64(cap, capacity), cl->ttl_len, nkeys * 8};
     kvg_redis_op *op = op_new(cl, OP_RECORD, &redis_map_record_script, 1, 7, argv, lens);
     free(chain);
     if (!op)
         return refuse(cl, -ENOMEM, cl->r->records);
-    int rc = submit(conn_for(cl, name, name_len), op);
+    rc = submit(c, op);
     return rc < 0 ? refuse(cl, rc, cl->r->records) : 0;
 }

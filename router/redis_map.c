@@ -4,8 +4,6 @@
  * time with their SHA-1 (embed_lua.py); docs/redis.md has the schema. */
 #include "redis_int.h"
 
-#include <inttypes.h>
-#include <stdio.h>
 #include <string.h>
 
 #include <hiredis/hiredis.h>
@@ -17,17 +15,24 @@ size_t redis_map_key(char *out, const char *prefix, kvg_redis_mode mode, uint64_
                      uint64_t map_id)
 {
     /* The configured prefix is at most 64 bytes (kvg_redis_new checks); a longer one is cut
-     * rather than the worker's id. */
-    int plen = (int)strnlen(prefix, REDIS_MAP_KEY_MAX - KEY_TAIL_MAX);
-    int n;
-    if (mode == KVG_REDIS_CLUSTER)
+     * rather than the worker's id. Written without snprintf: a lookup names every candidate. */
+    size_t n = strnlen(prefix, REDIS_MAP_KEY_MAX - KEY_TAIL_MAX);
+    memcpy(out, prefix, n);
+    memcpy(out + n, ":m:", 3);
+    n += 3;
+    if (mode == KVG_REDIS_CLUSTER) {
         /* The hash tag is the root alone: every worker's set for one chain sits in one slot,
          * so a lookup of all candidates is one script on one node. */
-        n = snprintf(out, REDIS_MAP_KEY_MAX, "%.*s:m:{%016" PRIx64 "}:%016" PRIx64, plen, prefix,
-                     root, map_id);
-    else
-        n = snprintf(out, REDIS_MAP_KEY_MAX, "%.*s:m:%016" PRIx64, plen, prefix, map_id);
-    return n < 0 ? 0 : (size_t)n;
+        out[n++] = '{';
+        kvg_fmt_hex64(out + n, root);
+        n += 16;
+        out[n++] = '}';
+        out[n++] = ':';
+    }
+    kvg_fmt_hex64(out + n, map_id);
+    n += 16;
+    out[n] = '\0';
+    return n;
 }
 
 void redis_map_pack_keys(const uint64_t *keys, size_t nkeys, unsigned char *out)
