@@ -330,7 +330,6 @@ static int connect_redis(kvg_gateway *gw)
         .reconnect_max_ms = rs->reconnect_max_ms,
         .topology_interval_ms = rs->topology_interval_ms,
         .entry_ttl_ms = (uint64_t)rs->entry_ttl_s * 1000,
-        .nclients = gw->nthreads,
     };
     char msg[512] = "";
     int rc = kvg_redis_new(&rcfg, &gw->redis, msg, sizeof(msg));

@@ -110,7 +110,6 @@ int kvg_redis_new(const kvg_redis_config *cfg, kvg_redis **out, char *msg, size_
     DEFAULT(reconnect_max_ms, DEFAULT_RECONNECT_MAX_MS)
     DEFAULT(topology_interval_ms, DEFAULT_TOPOLOGY_INTERVAL_MS)
     DEFAULT(entry_ttl_ms, DEFAULT_ENTRY_TTL_MS)
-    DEFAULT(nclients, 1)
 #undef DEFAULT
     kvg_redis_url_format(&r->url, true, r->url_redacted, sizeof(r->url_redacted));
     r->found_mode = r->url.mode;

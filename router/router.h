@@ -528,7 +528,6 @@ typedef struct kvg_redis_config {
                                       the slot map, the primary's role); 0 = 1000 */
     uint64_t entry_ttl_ms;         /* a worker's map entries expire this long after its last
                                       record (so do a removed worker's); 0 = 24 h */
-    unsigned nclients;             /* event loops that will make a client (for metrics); 0 = 1 */
 } kvg_redis_config;
 
 /** Parse the URL and start the topology thread; nothing is waited for (see
