@@ -145,115 +145,27 @@ static void put_json_string(canon *c, const unsigned char *s, const unsigned cha
     c->len = (size_t)(o - c->buf);
 }
 
+/* walk_value's hooks for canon_json: tokens as they stand (a bracket or a separator in one
+ * store, as a put1), strings re-encoded. */
+static void canon_bytes(void *out, const unsigned char *s, size_t n)
+{
+    if (n == 1)
+        put1(out, *s);
+    else
+        put(out, s, n);
+}
+
+static void canon_string(void *out, const unsigned char *s, const unsigned char *e, bool escaped)
+{
+    put_json_string(out, s, e, escaped);
+}
+
 /* Scan one value at *pp (whitespace first) at nesting depth `depth`, like scan_value, and
  * append it to the stream as canonical JSON: no insignificant whitespace, member order and
  * duplicates kept, strings re-encoded minimally, numbers and literals as their source text. */
 static int canon_json(rewrite *rw, const unsigned char **pp, unsigned depth)
 {
-    const scanner *sc = &rw->sc;
-    canon *c = &rw->canon;
-    const unsigned char *p = *pp, *end = sc->end, *s;
-    uint64_t objects = 0;
-    unsigned level = 0;
-    bool escaped;
-    int rc;
-
-value:
-    if (depth + level > BODY_MAX_DEPTH)
-        return fail(sc, KVG_ELIMIT, p, "nesting too deep");
-    p = skip_ws(p, end);
-    if (p == end)
-        return fail(sc, KVG_EPARSE, p, "unexpected end of input");
-    s = p;
-    switch (*p) {
-    case '{':
-        put1(c, '{');
-        p = skip_ws(p + 1, end);
-        if (p < end && *p == '}') {
-            put1(c, '}');
-            p++;
-            goto after;
-        }
-        objects |= 1ull << level;
-        level++;
-        goto key;
-    case '[':
-        put1(c, '[');
-        p = skip_ws(p + 1, end);
-        if (p < end && *p == ']') {
-            put1(c, ']');
-            p++;
-            goto after;
-        }
-        objects &= ~(1ull << level);
-        level++;
-        goto value;
-    case '"':
-        rc = scan_string(sc, &p, &escaped);
-        if (rc == 0)
-            put_json_string(c, s + 1, p - 1, escaped);
-        if (rc < 0)
-            return rc;
-        goto after;
-    case 't':
-        rc = scan_word(sc, &p, "true", 4);
-        break;
-    case 'f':
-        rc = scan_word(sc, &p, "false", 5);
-        break;
-    case 'n':
-        rc = scan_word(sc, &p, "null", 4);
-        break;
-    default:
-        if (*p == '-' || (*p >= '0' && *p <= '9'))
-            rc = kvg_body_scan_number(sc, &p);
-        else
-            rc = fail(sc, KVG_EPARSE, p, "unexpected character");
-        break;
-    }
-    if (rc < 0)
-        return rc;
-    put(c, s, (size_t)(p - s));
-    goto after;
-
-key: /* p is on the first byte after '{' or ',' and its whitespace */
-    if (p == end || *p != '"')
-        return fail(sc, KVG_EPARSE, p, "expected string key in object");
-    s = p;
-    rc = scan_key(sc, &p, &escaped);
-    if (rc < 0)
-        return rc;
-    put_json_string(c, s + 1, p - 1, escaped);
-    p = skip_ws(p, end);
-    if (p == end || *p != ':')
-        return fail(sc, KVG_EPARSE, p, "expected ':' after object key");
-    put1(c, ':');
-    p++;
-    goto value;
-
-after: /* a value ended at p */
-    while (level > 0) {
-        bool obj = (objects >> (level - 1)) & 1;
-        p = skip_ws(p, end);
-        if (p == end)
-            return fail(sc, KVG_EPARSE, p, obj ? "unterminated object" : "unterminated array");
-        if (*p == ',') {
-            put1(c, ',');
-            p++;
-            if (!obj)
-                goto value;
-            p = skip_ws(p, end);
-            goto key;
-        }
-        if (*p != (obj ? '}' : ']'))
-            return fail(sc, KVG_EPARSE, p,
-                        obj ? "expected ',' or '}' in object" : "expected ',' or ']' in array");
-        put1(c, (unsigned char)*p);
-        p++;
-        level--;
-    }
-    *pp = p;
-    return 0;
+    return walk_value(&rw->sc, pp, depth, canon_bytes, canon_string, &rw->canon);
 }
 
 /* Index of the key [s, e) (contents of an accepted string, decoded when escaped) in names, or
