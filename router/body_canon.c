@@ -190,20 +190,47 @@ static int key_index(const unsigned char *s, const unsigned char *e, bool escape
     return -1;
 }
 
-/* The object walk shared by the typed scanners, with the grammar and offsets of scan_value.
- * obj_first: *pp on '{'; returns 1 with *pp on the first key, 0 if the object is empty (*pp
- * past it). obj_key: scans the key at *pp and the ':' after it, and leaves *pp on the value
- * (whitespace skipped, end checked). obj_next: after a value, 1 with *pp on the next key, 0
- * with *pp past the '}'. Negative returns are parse errors. */
-static int obj_first(const scanner *sc, const unsigned char **pp)
+/* The container walk shared by the typed scanners, with the grammar and offsets of walk_value;
+ * `close` is '}' for an object, ']' for an array. first_item: *pp on the opening bracket;
+ * returns 1 with *pp on the first key or element, 0 with *pp past an empty container.
+ * next_item: after a member's value or an element, 1 with *pp on the next key or element, 0
+ * with *pp past `close`. obj_key: scans the key at *pp and the ':' after it, and leaves *pp on
+ * the value (whitespace skipped, end checked). Negative returns are parse errors. */
+
+/* The key or element that comes at p (whitespace skipped): an element is checked to be there,
+ * a key by obj_key, each with walk_value's message at the end of the body. */
+static int item_at(const scanner *sc, const unsigned char **pp, const unsigned char *p,
+                   unsigned char close)
+{
+    if (close == ']' && p == sc->end)
+        return fail(sc, KVG_EPARSE, p, "unexpected end of input");
+    *pp = p;
+    return 1;
+}
+
+static int first_item(const scanner *sc, const unsigned char **pp, unsigned char close)
 {
     const unsigned char *p = skip_ws(*pp + 1, sc->end);
-    if (p < sc->end && *p == '}') {
+    if (p < sc->end && *p == close) {
         *pp = p + 1;
         return 0;
     }
-    *pp = p;
-    return 1;
+    return item_at(sc, pp, p, close);
+}
+
+static int next_item(const scanner *sc, const unsigned char **pp, unsigned char close)
+{
+    bool obj = close == '}';
+    const unsigned char *p = skip_ws(*pp, sc->end);
+    if (p == sc->end)
+        return fail(sc, KVG_EPARSE, p, obj ? "unterminated object" : "unterminated array");
+    if (*p == ',')
+        return item_at(sc, pp, skip_ws(p + 1, sc->end), close);
+    if (*p != close)
+        return fail(sc, KVG_EPARSE, p,
+                    obj ? "expected ',' or '}' in object" : "expected ',' or ']' in array");
+    *pp = p + 1;
+    return 0;
 }
 
 static int obj_key(const scanner *sc, const unsigned char **pp, const unsigned char **ks,
@@ -224,54 +251,6 @@ static int obj_key(const scanner *sc, const unsigned char **pp, const unsigned c
     if (p == end)
         return fail(sc, KVG_EPARSE, p, "unexpected end of input");
     *pp = p;
-    return 0;
-}
-
-static int obj_next(const scanner *sc, const unsigned char **pp)
-{
-    const unsigned char *p = skip_ws(*pp, sc->end);
-    if (p == sc->end)
-        return fail(sc, KVG_EPARSE, p, "unterminated object");
-    if (*p == ',') {
-        *pp = skip_ws(p + 1, sc->end);
-        return 1;
-    }
-    if (*p != '}')
-        return fail(sc, KVG_EPARSE, p, "expected ',' or '}' in object");
-    *pp = p + 1;
-    return 0;
-}
-
-/* The same for arrays: arr_first leaves *pp on the first element (whitespace skipped, end
- * checked) and returns 1, or 0 past an empty array; arr_next after an element. */
-static int arr_first(const scanner *sc, const unsigned char **pp)
-{
-    const unsigned char *p = skip_ws(*pp + 1, sc->end);
-    if (p < sc->end && *p == ']') {
-        *pp = p + 1;
-        return 0;
-    }
-    if (p == sc->end)
-        return fail(sc, KVG_EPARSE, p, "unexpected end of input");
-    *pp = p;
-    return 1;
-}
-
-static int arr_next(const scanner *sc, const unsigned char **pp)
-{
-    const unsigned char *p = skip_ws(*pp, sc->end);
-    if (p == sc->end)
-        return fail(sc, KVG_EPARSE, p, "unterminated array");
-    if (*p == ',') {
-        p = skip_ws(p + 1, sc->end);
-        if (p == sc->end)
-            return fail(sc, KVG_EPARSE, p, "unexpected end of input");
-        *pp = p;
-        return 1;
-    }
-    if (*p != ']')
-        return fail(sc, KVG_EPARSE, p, "expected ',' or ']' in array");
-    *pp = p + 1;
     return 0;
 }
 
@@ -357,14 +336,14 @@ static int scan_token_list(rewrite *rw, const unsigned char **pp, bool store, si
                                 value_type(*v));
         return rc;
     }
-    rc = arr_first(&rw->sc, &p);
+    rc = first_item(&rw->sc, &p, ']');
     if (rc == 0)
         kvg_body_type_error(rw, v, "prompt[%zu]: must not be empty", idx);
     for (size_t j = 0; rc > 0; j++) {
         rc = scan_token(rw, &p, DEPTH_FIELD, store, idx, j);
         if (rc < 0)
             return rc;
-        rc = arr_next(&rw->sc, &p);
+        rc = next_item(&rw->sc, &p, ']');
     }
     if (rc < 0)
         return rc;
@@ -378,7 +357,7 @@ static int scan_prompt_array(rewrite *rw, const unsigned char **pp)
 {
     const unsigned char *v = *pp, *p = v;
     canon *c = &rw->canon;
-    int rc = arr_first(&rw->sc, &p);
+    int rc = first_item(&rw->sc, &p, ']');
     if (rc <= 0) {
         if (rc == 0)
             kvg_body_type_error(rw, v, "prompt: must not be empty");
@@ -418,7 +397,7 @@ static int scan_prompt_array(rewrite *rw, const unsigned char **pp)
         }
         if (rc < 0)
             return rc;
-        rc = arr_next(&rw->sc, &p);
+        rc = next_item(&rw->sc, &p, ']');
         rc = rc > 0 ? 0 : rc < 0 ? rc : 1;
     }
     if (rc < 0)
@@ -531,7 +510,7 @@ static int emit_media(rewrite *rw, const unsigned char *v, int type, size_t i, s
     }
     span refs[REF_COUNT] = {{0}};
     const unsigned char *p = v;
-    int rc = obj_first(sc, &p);
+    int rc = first_item(sc, &p, '}');
     while (rc > 0) {
         const unsigned char *ks, *ke;
         bool escaped;
@@ -557,7 +536,7 @@ static int emit_media(rewrite *rw, const unsigned char *v, int type, size_t i, s
         }
         if (rc < 0)
             return rc;
-        rc = obj_next(sc, &p);
+        rc = next_item(sc, &p, '}');
     }
     if (rc < 0)
         return rc;
@@ -616,7 +595,7 @@ static int scan_part(rewrite *rw, const unsigned char **pp, size_t i, size_t j, 
         return rc;
     }
     span mem[PART_KEY_COUNT] = {{0}};
-    rc = obj_first(sc, &p);
+    rc = first_item(sc, &p, '}');
     while (rc > 0) {
         const unsigned char *ks, *ke;
         bool escaped;
@@ -635,7 +614,7 @@ static int scan_part(rewrite *rw, const unsigned char **pp, size_t i, size_t j, 
         }
         if (rc < 0)
             return rc;
-        rc = obj_next(sc, &p);
+        rc = next_item(sc, &p, '}');
     }
     if (rc < 0)
         return rc;
@@ -727,12 +706,12 @@ static int scan_piece(rewrite *rw, piece kind, const unsigned char **pp, size_t 
         if (*v == '[') {
             const unsigned char *p = v;
             bool prev_text = false;
-            rc = arr_first(sc, &p);
+            rc = first_item(sc, &p, ']');
             for (size_t j = 0; rc > 0; j++) {
                 rc = scan_part(rw, &p, i, j, &prev_text);
                 if (rc < 0)
                     return rc;
-                rc = arr_next(sc, &p);
+                rc = next_item(sc, &p, ']');
             }
             *pp = p;
             return rc;
@@ -767,7 +746,7 @@ static int scan_message(rewrite *rw, const unsigned char **pp, size_t i)
     size_t mark = c->len, off[PIECE_COUNT] = {0}, len[PIECE_COUNT] = {0};
     bool seen[PIECE_COUNT] = {0}, sorted = true;
     int last = -1;
-    rc = obj_first(sc, &p);
+    rc = first_item(sc, &p, '}');
     while (rc > 0) {
         const unsigned char *ks, *ke;
         bool escaped;
@@ -790,7 +769,7 @@ static int scan_message(rewrite *rw, const unsigned char **pp, size_t i)
         }
         if (rc < 0)
             return rc;
-        rc = obj_next(sc, &p);
+        rc = next_item(sc, &p, '}');
     }
     if (rc < 0)
         return rc;
@@ -830,14 +809,14 @@ int kvg_body_scan_messages(rewrite *rw, const unsigned char **pp)
     rc = canon_reserve(rw, v);
     if (rc < 0)
         return rc;
-    rc = arr_first(sc, &p);
+    rc = first_item(sc, &p, ']');
     if (rc == 0)
         kvg_body_type_error(rw, v, "messages: must not be empty");
     for (size_t i = 0; rc > 0; i++) {
         rc = scan_message(rw, &p, i);
         if (rc < 0)
             return rc;
-        rc = arr_next(sc, &p);
+        rc = next_item(sc, &p, ']');
     }
     *pp = p;
     return rc;
