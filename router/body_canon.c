@@ -194,8 +194,10 @@ static int key_index(const unsigned char *s, const unsigned char *e, bool escape
  * `close` is '}' for an object, ']' for an array. first_item: *pp on the opening bracket;
  * returns 1 with *pp on the first key or element, 0 with *pp past an empty container.
  * next_item: after a member's value or an element, 1 with *pp on the next key or element, 0
- * with *pp past `close`. obj_key: scans the key at *pp and the ':' after it, and leaves *pp on
- * the value (whitespace skipped, end checked). Negative returns are parse errors. */
+ * with *pp past `close`. obj_key: scans the key at *pp and the ':' after it, sets *k to the
+ * key's index in names (n of them) or -1, and leaves *pp on the value (whitespace skipped, end
+ * checked); its callers start *k at -1 all the same, as gcc -O3 does not see that it is set
+ * whenever obj_key returns 0. Negative returns are parse errors. */
 
 /* The key or element that comes at p (whitespace skipped): an element is checked to be there,
  * a key by obj_key, each with walk_value's message at the end of the body. */
@@ -233,23 +235,24 @@ static int next_item(const scanner *sc, const unsigned char **pp, unsigned char 
     return 0;
 }
 
-static int obj_key(const scanner *sc, const unsigned char **pp, const unsigned char **ks,
-                   const unsigned char **ke, bool *escaped)
+static int obj_key(const scanner *sc, const unsigned char **pp, const char *const *names, int n,
+                   int *k)
 {
     const unsigned char *p = *pp, *end = sc->end;
+    bool escaped;
     if (p == end || *p != '"')
         return fail(sc, KVG_EPARSE, p, "expected string key in object");
-    *ks = p + 1;
-    int rc = scan_key(sc, &p, escaped);
+    int rc = scan_key(sc, &p, &escaped);
     if (rc < 0)
         return rc;
-    *ke = p - 1;
+    const unsigned char *ks = *pp + 1, *ke = p - 1;
     p = skip_ws(p, end);
     if (p == end || *p != ':')
         return fail(sc, KVG_EPARSE, p, "expected ':' after object key");
     p = skip_ws(p + 1, end);
     if (p == end)
         return fail(sc, KVG_EPARSE, p, "unexpected end of input");
+    *k = key_index(ks, ke, escaped, names, n);
     *pp = p;
     return 0;
 }
@@ -512,12 +515,10 @@ static int emit_media(rewrite *rw, const unsigned char *v, int type, size_t i, s
     const unsigned char *p = v;
     int rc = first_item(sc, &p, '}');
     while (rc > 0) {
-        const unsigned char *ks, *ke;
-        bool escaped;
-        rc = obj_key(sc, &p, &ks, &ke, &escaped);
+        int k = -1;
+        rc = obj_key(sc, &p, ref_key, REF_COUNT, &k);
         if (rc < 0)
             return rc;
-        int k = key_index(ks, ke, escaped, ref_key, REF_COUNT);
         bool wanted = type == PART_FILE          ? (k == REF_FILE_ID || k == REF_FILE_DATA)
                       : type == PART_INPUT_AUDIO ? k == REF_DATA
                                                  : k == REF_URL;
@@ -597,12 +598,10 @@ static int scan_part(rewrite *rw, const unsigned char **pp, size_t i, size_t j, 
     span mem[PART_KEY_COUNT] = {{0}};
     rc = first_item(sc, &p, '}');
     while (rc > 0) {
-        const unsigned char *ks, *ke;
-        bool escaped;
-        rc = obj_key(sc, &p, &ks, &ke, &escaped);
+        int k = -1;
+        rc = obj_key(sc, &p, part_key, PART_KEY_COUNT, &k);
         if (rc < 0)
             return rc;
-        int k = key_index(ks, ke, escaped, part_key, PART_KEY_COUNT);
         if (k < 0) {
             rc = kvg_body_scan_value(sc, &p, DEPTH_PART_V);
         } else if (mem[k].v) {
@@ -748,12 +747,10 @@ static int scan_message(rewrite *rw, const unsigned char **pp, size_t i)
     int last = -1;
     rc = first_item(sc, &p, '}');
     while (rc > 0) {
-        const unsigned char *ks, *ke;
-        bool escaped;
-        rc = obj_key(sc, &p, &ks, &ke, &escaped);
+        int k = -1;
+        rc = obj_key(sc, &p, piece_key, PIECE_COUNT, &k);
         if (rc < 0)
             return rc;
-        int k = key_index(ks, ke, escaped, piece_key, PIECE_COUNT);
         if (k < 0) {
             rc = kvg_body_scan_value(sc, &p, DEPTH_FIELD);
         } else if (seen[k]) {
