@@ -225,7 +225,7 @@ static size_t show_spelling(char *o, size_t cap, const unsigned char *s, const u
             u = len = 1;
             unit[0] = (char)*s;
         } else {
-            len = *s < 0x80 ? 1 : utf8_len(s, (size_t)(e - s));
+            len = kvg_utf8_seq_len(s, (size_t)(e - s));
             unsigned long cp = utf8_cp(s, len);
             if (cp >= 0x10000)
                 u = (size_t)snprintf(unit, sizeof(unit), "\\u%04lx\\u%04lx",

@@ -100,39 +100,6 @@ static inline const unsigned char *skip_ws(const unsigned char *p, const unsigne
     return p;
 }
 
-/* Length of the well-formed UTF-8 sequence at p (lead byte >= 0x80), 0 if ill-formed: the
- * same rules as kvg_utf8_seq_len, inlined for the string scanner. */
-static inline size_t utf8_len(const unsigned char *p, size_t avail)
-{
-    unsigned char c = p[0];
-    unsigned lo = 0x80, hi = 0xBF;
-    size_t n;
-    if (c >= 0xC2 && c <= 0xDF) {
-        n = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        n = 3;
-        if (c == 0xE0)
-            lo = 0xA0;
-        else if (c == 0xED)
-            hi = 0x9F; /* no UTF-16 surrogates */
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        n = 4;
-        if (c == 0xF0)
-            lo = 0x90;
-        else if (c == 0xF4)
-            hi = 0x8F;
-    } else {
-        return 0;
-    }
-    if (avail < n || p[1] < lo || p[1] > hi)
-        return 0;
-    if (n > 2 && (p[2] & 0xC0) != 0x80)
-        return 0;
-    if (n > 3 && (p[3] & 0xC0) != 0x80)
-        return 0;
-    return n;
-}
-
 /* Four hex digits at p (readable), or -1. */
 static inline long hex4(const unsigned char *p)
 {
@@ -348,7 +315,7 @@ static inline __attribute__((always_inline)) int scan_string_to(const scanner *s
             /* Runs of non-ASCII text (CJK, emoji) stay in this loop. */
             const unsigned char *run = p;
             do {
-                size_t n = utf8_len(p, (size_t)(end - p));
+                size_t n = kvg_utf8_multi_len(p, (size_t)(end - p));
                 if (!n)
                     return fail(sc, KVG_EPARSE, p, "invalid UTF-8 in string");
                 /* U+0080-U+009F, the C1 controls, are 0xC2 0x80-0x9F */
