@@ -279,8 +279,46 @@ bool kvg_http_token_valid(const char *s, size_t len);
  *  kvg_http_token_valid), in one pass: a parser that lowercases names pays nothing more for
  *  checking them. False (s partly lowercased) when it is not a token. */
 bool kvg_http_token_lower(char *s, size_t len);
-/** Length (1-4) of the well-formed UTF-8 sequence at s (RFC 3629: no overlongs, surrogates
- *  or code points past U+10FFFF), or 0 when it is not one. avail > 0 bytes are readable. */
-size_t kvg_utf8_seq_len(const unsigned char *s, size_t avail);
+/** Length (2-4) of the well-formed UTF-8 sequence at s, whose lead byte is not ASCII (RFC 3629:
+ *  no overlongs, surrogates or code points past U+10FFFF), or 0 when it is not one. avail > 0
+ *  bytes are readable. Inline: the body scanner's string loop calls it for every non-ASCII
+ *  character, and knows the lead byte is one already. */
+static inline size_t kvg_utf8_multi_len(const unsigned char *s, size_t avail)
+{
+    unsigned char c = s[0];
+    unsigned lo = 0x80, hi = 0xBF;
+    size_t n;
+    if (c >= 0xC2 && c <= 0xDF) {
+        n = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        n = 3;
+        if (c == 0xE0)
+            lo = 0xA0;
+        else if (c == 0xED)
+            hi = 0x9F; /* no UTF-16 surrogates */
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        n = 4;
+        if (c == 0xF0)
+            lo = 0x90;
+        else if (c == 0xF4)
+            hi = 0x8F;
+    } else {
+        return 0;
+    }
+    if (avail < n || s[1] < lo || s[1] > hi)
+        return 0;
+    if (n > 2 && (s[2] & 0xC0) != 0x80)
+        return 0;
+    if (n > 3 && (s[3] & 0xC0) != 0x80)
+        return 0;
+    return n;
+}
+
+/** Length (1-4) of the well-formed UTF-8 sequence at s (as kvg_utf8_multi_len, and 1 for an
+ *  ASCII byte), or 0 when it is not one. avail > 0 bytes are readable. */
+static inline size_t kvg_utf8_seq_len(const unsigned char *s, size_t avail)
+{
+    return s[0] < 0x80 ? 1 : kvg_utf8_multi_len(s, avail);
+}
 
 #endif

@@ -23,6 +23,14 @@ static int set_str(kvg_config *cfg, char **dst, const char *s)
     return 0;
 }
 
+/* The context of a decode into cfg, from the file or from a flag: strings are copied into the
+ * config's arena, as the file's JSON tree goes once it is read and argv is not the config's. */
+static kvg_fields_ctx config_ctx(kvg_config *cfg, unsigned from, char *msg, size_t msg_len)
+{
+    return (kvg_fields_ctx){
+        .from = from, .arena = &cfg->arena, .copy_strings = true, .msg = msg, .msg_len = msg_len};
+}
+
 /* Host and port of a listener's address (already copied into l->address). */
 static int listen_address(kvg_listener_config *l, const char *path, kvg_fields_ctx *c)
 {
@@ -486,13 +494,8 @@ int kvg_config_load_file(kvg_config *cfg, const char *path, char *err, size_t er
         snprintf(err, err_len, "%s: must be a JSON object", path);
         rc = KVG_ECONFIG;
     } else {
-        /* Strings are copied into the config's arena: the tree goes with this function. */
         char inner[256] = "";
-        kvg_fields_ctx c = {.from = KVG_SET_CONFIG,
-                            .arena = &cfg->arena,
-                            .copy_strings = true,
-                            .msg = inner,
-                            .msg_len = sizeof(inner)};
+        kvg_fields_ctx c = config_ctx(cfg, KVG_SET_CONFIG, inner, sizeof(inner));
         rc = kvg_fields_decode(&kvg_config_fields, cfg, root, "", &c);
         if (rc < 0) {
             snprintf(err, err_len, "%s: %s", path, inner);
@@ -582,11 +585,7 @@ static int flag_set(kvg_config *cfg, const char *flag, const char *field, const 
                     char *err, size_t err_len)
 {
     char msg[256];
-    kvg_fields_ctx c = {.from = KVG_SET_FLAG,
-                        .arena = &cfg->arena,
-                        .copy_strings = true,
-                        .msg = msg,
-                        .msg_len = sizeof(msg)};
+    kvg_fields_ctx c = config_ctx(cfg, KVG_SET_FLAG, msg, sizeof(msg));
     int rc = kvg_fields_set_text(&kvg_config_fields, cfg, field, strlen(field), value,
                                  strlen(value), "", &c);
     if (rc == -ENOMEM)
@@ -631,11 +630,7 @@ static int add_flag_worker(kvg_config *cfg, const char *arg, char *err, size_t e
     cfg->workers = ws;
     cfg->nworkers++;
     char msg[256];
-    kvg_fields_ctx c = {.from = KVG_SET_FLAG,
-                        .arena = &cfg->arena,
-                        .copy_strings = true,
-                        .msg = msg,
-                        .msg_len = sizeof(msg)};
+    kvg_fields_ctx c = config_ctx(cfg, KVG_SET_FLAG, msg, sizeof(msg));
     /* Items set once, as members of a JSON object are: a repeat is the walker's
      * "appears more than once", not a silent last-one-wins. List items (model=) append. */
     const kvg_field *seen[32];

@@ -145,115 +145,27 @@ static void put_json_string(canon *c, const unsigned char *s, const unsigned cha
     c->len = (size_t)(o - c->buf);
 }
 
+/* walk_value's hooks for canon_json: tokens as they stand (a bracket or a separator in one
+ * store, as a put1), strings re-encoded. */
+static void canon_bytes(void *out, const unsigned char *s, size_t n)
+{
+    if (n == 1)
+        put1(out, *s);
+    else
+        put(out, s, n);
+}
+
+static void canon_string(void *out, const unsigned char *s, const unsigned char *e, bool escaped)
+{
+    put_json_string(out, s, e, escaped);
+}
+
 /* Scan one value at *pp (whitespace first) at nesting depth `depth`, like scan_value, and
  * append it to the stream as canonical JSON: no insignificant whitespace, member order and
  * duplicates kept, strings re-encoded minimally, numbers and literals as their source text. */
 static int canon_json(rewrite *rw, const unsigned char **pp, unsigned depth)
 {
-    const scanner *sc = &rw->sc;
-    canon *c = &rw->canon;
-    const unsigned char *p = *pp, *end = sc->end, *s;
-    uint64_t objects = 0;
-    unsigned level = 0;
-    bool escaped;
-    int rc;
-
-value:
-    if (depth + level > BODY_MAX_DEPTH)
-        return fail(sc, KVG_ELIMIT, p, "nesting too deep");
-    p = skip_ws(p, end);
-    if (p == end)
-        return fail(sc, KVG_EPARSE, p, "unexpected end of input");
-    s = p;
-    switch (*p) {
-    case '{':
-        put1(c, '{');
-        p = skip_ws(p + 1, end);
-        if (p < end && *p == '}') {
-            put1(c, '}');
-            p++;
-            goto after;
-        }
-        objects |= 1ull << level;
-        level++;
-        goto key;
-    case '[':
-        put1(c, '[');
-        p = skip_ws(p + 1, end);
-        if (p < end && *p == ']') {
-            put1(c, ']');
-            p++;
-            goto after;
-        }
-        objects &= ~(1ull << level);
-        level++;
-        goto value;
-    case '"':
-        rc = scan_string(sc, &p, &escaped);
-        if (rc == 0)
-            put_json_string(c, s + 1, p - 1, escaped);
-        if (rc < 0)
-            return rc;
-        goto after;
-    case 't':
-        rc = scan_word(sc, &p, "true", 4);
-        break;
-    case 'f':
-        rc = scan_word(sc, &p, "false", 5);
-        break;
-    case 'n':
-        rc = scan_word(sc, &p, "null", 4);
-        break;
-    default:
-        if (*p == '-' || (*p >= '0' && *p <= '9'))
-            rc = kvg_body_scan_number(sc, &p);
-        else
-            rc = fail(sc, KVG_EPARSE, p, "unexpected character");
-        break;
-    }
-    if (rc < 0)
-        return rc;
-    put(c, s, (size_t)(p - s));
-    goto after;
-
-key: /* p is on the first byte after '{' or ',' and its whitespace */
-    if (p == end || *p != '"')
-        return fail(sc, KVG_EPARSE, p, "expected string key in object");
-    s = p;
-    rc = scan_key(sc, &p, &escaped);
-    if (rc < 0)
-        return rc;
-    put_json_string(c, s + 1, p - 1, escaped);
-    p = skip_ws(p, end);
-    if (p == end || *p != ':')
-        return fail(sc, KVG_EPARSE, p, "expected ':' after object key");
-    put1(c, ':');
-    p++;
-    goto value;
-
-after: /* a value ended at p */
-    while (level > 0) {
-        bool obj = (objects >> (level - 1)) & 1;
-        p = skip_ws(p, end);
-        if (p == end)
-            return fail(sc, KVG_EPARSE, p, obj ? "unterminated object" : "unterminated array");
-        if (*p == ',') {
-            put1(c, ',');
-            p++;
-            if (!obj)
-                goto value;
-            p = skip_ws(p, end);
-            goto key;
-        }
-        if (*p != (obj ? '}' : ']'))
-            return fail(sc, KVG_EPARSE, p,
-                        obj ? "expected ',' or '}' in object" : "expected ',' or ']' in array");
-        put1(c, (unsigned char)*p);
-        p++;
-        level--;
-    }
-    *pp = p;
-    return 0;
+    return walk_value(&rw->sc, pp, depth, canon_bytes, canon_string, &rw->canon);
 }
 
 /* Index of the key [s, e) (contents of an accepted string, decoded when escaped) in names, or
@@ -278,88 +190,70 @@ static int key_index(const unsigned char *s, const unsigned char *e, bool escape
     return -1;
 }
 
-/* The object walk shared by the typed scanners, with the grammar and offsets of scan_value.
- * obj_first: *pp on '{'; returns 1 with *pp on the first key, 0 if the object is empty (*pp
- * past it). obj_key: scans the key at *pp and the ':' after it, and leaves *pp on the value
- * (whitespace skipped, end checked). obj_next: after a value, 1 with *pp on the next key, 0
- * with *pp past the '}'. Negative returns are parse errors. */
-static int obj_first(const scanner *sc, const unsigned char **pp)
+/* The container walk shared by the typed scanners, with the grammar and offsets of walk_value;
+ * `close` is '}' for an object, ']' for an array. first_item: *pp on the opening bracket;
+ * returns 1 with *pp on the first key or element, 0 with *pp past an empty container.
+ * next_item: after a member's value or an element, 1 with *pp on the next key or element, 0
+ * with *pp past `close`. obj_key: scans the key at *pp and the ':' after it, sets *k to the
+ * key's index in names (n of them) or -1, and leaves *pp on the value (whitespace skipped, end
+ * checked); its callers start *k at -1 all the same, as gcc -O3 does not see that it is set
+ * whenever obj_key returns 0. Negative returns are parse errors. */
+
+/* The key or element that comes at p (whitespace skipped): an element is checked to be there,
+ * a key by obj_key, each with walk_value's message at the end of the body. */
+static int item_at(const scanner *sc, const unsigned char **pp, const unsigned char *p,
+                   unsigned char close)
 {
-    const unsigned char *p = skip_ws(*pp + 1, sc->end);
-    if (p < sc->end && *p == '}') {
-        *pp = p + 1;
-        return 0;
-    }
+    if (close == ']' && p == sc->end)
+        return fail(sc, KVG_EPARSE, p, "unexpected end of input");
     *pp = p;
     return 1;
 }
 
-static int obj_key(const scanner *sc, const unsigned char **pp, const unsigned char **ks,
-                   const unsigned char **ke, bool *escaped)
+static int first_item(const scanner *sc, const unsigned char **pp, unsigned char close)
+{
+    const unsigned char *p = skip_ws(*pp + 1, sc->end);
+    if (p < sc->end && *p == close) {
+        *pp = p + 1;
+        return 0;
+    }
+    return item_at(sc, pp, p, close);
+}
+
+static int next_item(const scanner *sc, const unsigned char **pp, unsigned char close)
+{
+    bool obj = close == '}';
+    const unsigned char *p = skip_ws(*pp, sc->end);
+    if (p == sc->end)
+        return fail(sc, KVG_EPARSE, p, obj ? "unterminated object" : "unterminated array");
+    if (*p == ',')
+        return item_at(sc, pp, skip_ws(p + 1, sc->end), close);
+    if (*p != close)
+        return fail(sc, KVG_EPARSE, p,
+                    obj ? "expected ',' or '}' in object" : "expected ',' or ']' in array");
+    *pp = p + 1;
+    return 0;
+}
+
+static int obj_key(const scanner *sc, const unsigned char **pp, const char *const *names, int n,
+                   int *k)
 {
     const unsigned char *p = *pp, *end = sc->end;
+    bool escaped;
     if (p == end || *p != '"')
         return fail(sc, KVG_EPARSE, p, "expected string key in object");
-    *ks = p + 1;
-    int rc = scan_key(sc, &p, escaped);
+    int rc = scan_key(sc, &p, &escaped);
     if (rc < 0)
         return rc;
-    *ke = p - 1;
+    const unsigned char *ks = *pp + 1, *ke = p - 1;
     p = skip_ws(p, end);
     if (p == end || *p != ':')
         return fail(sc, KVG_EPARSE, p, "expected ':' after object key");
     p = skip_ws(p + 1, end);
     if (p == end)
         return fail(sc, KVG_EPARSE, p, "unexpected end of input");
+    *k = key_index(ks, ke, escaped, names, n);
     *pp = p;
-    return 0;
-}
-
-static int obj_next(const scanner *sc, const unsigned char **pp)
-{
-    const unsigned char *p = skip_ws(*pp, sc->end);
-    if (p == sc->end)
-        return fail(sc, KVG_EPARSE, p, "unterminated object");
-    if (*p == ',') {
-        *pp = skip_ws(p + 1, sc->end);
-        return 1;
-    }
-    if (*p != '}')
-        return fail(sc, KVG_EPARSE, p, "expected ',' or '}' in object");
-    *pp = p + 1;
-    return 0;
-}
-
-/* The same for arrays: arr_first leaves *pp on the first element (whitespace skipped, end
- * checked) and returns 1, or 0 past an empty array; arr_next after an element. */
-static int arr_first(const scanner *sc, const unsigned char **pp)
-{
-    const unsigned char *p = skip_ws(*pp + 1, sc->end);
-    if (p < sc->end && *p == ']') {
-        *pp = p + 1;
-        return 0;
-    }
-    if (p == sc->end)
-        return fail(sc, KVG_EPARSE, p, "unexpected end of input");
-    *pp = p;
-    return 1;
-}
-
-static int arr_next(const scanner *sc, const unsigned char **pp)
-{
-    const unsigned char *p = skip_ws(*pp, sc->end);
-    if (p == sc->end)
-        return fail(sc, KVG_EPARSE, p, "unterminated array");
-    if (*p == ',') {
-        p = skip_ws(p + 1, sc->end);
-        if (p == sc->end)
-            return fail(sc, KVG_EPARSE, p, "unexpected end of input");
-        *pp = p;
-        return 1;
-    }
-    if (*p != ']')
-        return fail(sc, KVG_EPARSE, p, "expected ',' or ']' in array");
-    *pp = p + 1;
     return 0;
 }
 
@@ -445,14 +339,14 @@ static int scan_token_list(rewrite *rw, const unsigned char **pp, bool store, si
                                 value_type(*v));
         return rc;
     }
-    rc = arr_first(&rw->sc, &p);
+    rc = first_item(&rw->sc, &p, ']');
     if (rc == 0)
         kvg_body_type_error(rw, v, "prompt[%zu]: must not be empty", idx);
     for (size_t j = 0; rc > 0; j++) {
         rc = scan_token(rw, &p, DEPTH_FIELD, store, idx, j);
         if (rc < 0)
             return rc;
-        rc = arr_next(&rw->sc, &p);
+        rc = next_item(&rw->sc, &p, ']');
     }
     if (rc < 0)
         return rc;
@@ -466,7 +360,7 @@ static int scan_prompt_array(rewrite *rw, const unsigned char **pp)
 {
     const unsigned char *v = *pp, *p = v;
     canon *c = &rw->canon;
-    int rc = arr_first(&rw->sc, &p);
+    int rc = first_item(&rw->sc, &p, ']');
     if (rc <= 0) {
         if (rc == 0)
             kvg_body_type_error(rw, v, "prompt: must not be empty");
@@ -506,7 +400,7 @@ static int scan_prompt_array(rewrite *rw, const unsigned char **pp)
         }
         if (rc < 0)
             return rc;
-        rc = arr_next(&rw->sc, &p);
+        rc = next_item(&rw->sc, &p, ']');
         rc = rc > 0 ? 0 : rc < 0 ? rc : 1;
     }
     if (rc < 0)
@@ -619,14 +513,12 @@ static int emit_media(rewrite *rw, const unsigned char *v, int type, size_t i, s
     }
     span refs[REF_COUNT] = {{0}};
     const unsigned char *p = v;
-    int rc = obj_first(sc, &p);
+    int rc = first_item(sc, &p, '}');
     while (rc > 0) {
-        const unsigned char *ks, *ke;
-        bool escaped;
-        rc = obj_key(sc, &p, &ks, &ke, &escaped);
+        int k = -1;
+        rc = obj_key(sc, &p, ref_key, REF_COUNT, &k);
         if (rc < 0)
             return rc;
-        int k = key_index(ks, ke, escaped, ref_key, REF_COUNT);
         bool wanted = type == PART_FILE          ? (k == REF_FILE_ID || k == REF_FILE_DATA)
                       : type == PART_INPUT_AUDIO ? k == REF_DATA
                                                  : k == REF_URL;
@@ -645,7 +537,7 @@ static int emit_media(rewrite *rw, const unsigned char *v, int type, size_t i, s
         }
         if (rc < 0)
             return rc;
-        rc = obj_next(sc, &p);
+        rc = next_item(sc, &p, '}');
     }
     if (rc < 0)
         return rc;
@@ -704,14 +596,12 @@ static int scan_part(rewrite *rw, const unsigned char **pp, size_t i, size_t j, 
         return rc;
     }
     span mem[PART_KEY_COUNT] = {{0}};
-    rc = obj_first(sc, &p);
+    rc = first_item(sc, &p, '}');
     while (rc > 0) {
-        const unsigned char *ks, *ke;
-        bool escaped;
-        rc = obj_key(sc, &p, &ks, &ke, &escaped);
+        int k = -1;
+        rc = obj_key(sc, &p, part_key, PART_KEY_COUNT, &k);
         if (rc < 0)
             return rc;
-        int k = key_index(ks, ke, escaped, part_key, PART_KEY_COUNT);
         if (k < 0) {
             rc = kvg_body_scan_value(sc, &p, DEPTH_PART_V);
         } else if (mem[k].v) {
@@ -723,7 +613,7 @@ static int scan_part(rewrite *rw, const unsigned char **pp, size_t i, size_t j, 
         }
         if (rc < 0)
             return rc;
-        rc = obj_next(sc, &p);
+        rc = next_item(sc, &p, '}');
     }
     if (rc < 0)
         return rc;
@@ -815,12 +705,12 @@ static int scan_piece(rewrite *rw, piece kind, const unsigned char **pp, size_t 
         if (*v == '[') {
             const unsigned char *p = v;
             bool prev_text = false;
-            rc = arr_first(sc, &p);
+            rc = first_item(sc, &p, ']');
             for (size_t j = 0; rc > 0; j++) {
                 rc = scan_part(rw, &p, i, j, &prev_text);
                 if (rc < 0)
                     return rc;
-                rc = arr_next(sc, &p);
+                rc = next_item(sc, &p, ']');
             }
             *pp = p;
             return rc;
@@ -855,14 +745,12 @@ static int scan_message(rewrite *rw, const unsigned char **pp, size_t i)
     size_t mark = c->len, off[PIECE_COUNT] = {0}, len[PIECE_COUNT] = {0};
     bool seen[PIECE_COUNT] = {0}, sorted = true;
     int last = -1;
-    rc = obj_first(sc, &p);
+    rc = first_item(sc, &p, '}');
     while (rc > 0) {
-        const unsigned char *ks, *ke;
-        bool escaped;
-        rc = obj_key(sc, &p, &ks, &ke, &escaped);
+        int k = -1;
+        rc = obj_key(sc, &p, piece_key, PIECE_COUNT, &k);
         if (rc < 0)
             return rc;
-        int k = key_index(ks, ke, escaped, piece_key, PIECE_COUNT);
         if (k < 0) {
             rc = kvg_body_scan_value(sc, &p, DEPTH_FIELD);
         } else if (seen[k]) {
@@ -878,7 +766,7 @@ static int scan_message(rewrite *rw, const unsigned char **pp, size_t i)
         }
         if (rc < 0)
             return rc;
-        rc = obj_next(sc, &p);
+        rc = next_item(sc, &p, '}');
     }
     if (rc < 0)
         return rc;
@@ -918,14 +806,14 @@ int kvg_body_scan_messages(rewrite *rw, const unsigned char **pp)
     rc = canon_reserve(rw, v);
     if (rc < 0)
         return rc;
-    rc = arr_first(sc, &p);
+    rc = first_item(sc, &p, ']');
     if (rc == 0)
         kvg_body_type_error(rw, v, "messages: must not be empty");
     for (size_t i = 0; rc > 0; i++) {
         rc = scan_message(rw, &p, i);
         if (rc < 0)
             return rc;
-        rc = arr_next(sc, &p);
+        rc = next_item(sc, &p, ']');
     }
     *pp = p;
     return rc;

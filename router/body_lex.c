@@ -225,7 +225,7 @@ static size_t show_spelling(char *o, size_t cap, const unsigned char *s, const u
             u = len = 1;
             unit[0] = (char)*s;
         } else {
-            len = *s < 0x80 ? 1 : utf8_len(s, (size_t)(e - s));
+            len = kvg_utf8_seq_len(s, (size_t)(e - s));
             unsigned long cp = utf8_cp(s, len);
             if (cp >= 0x10000)
                 u = (size_t)snprintf(unit, sizeof(unit), "\\u%04lx\\u%04lx",
@@ -333,95 +333,8 @@ __attribute__((cold, noinline)) void kvg_body_bad_key(const scanner *sc, const u
     f->offset = (size_t)(ks - 1 - sc->start);
 }
 
-/* Scan one value at *pp (whitespace first) that sits at nesting depth `depth` (the body itself
- * is 1), leaving *pp just past it. Iterative, with one bit per open container. */
+/* The values nobody looks into: walk_value (body_lex.h) writing nothing. */
 int kvg_body_scan_value(const scanner *sc, const unsigned char **pp, unsigned depth)
 {
-    const unsigned char *p = *pp, *end = sc->end;
-    uint64_t objects = 0; /* bit i: the container opened at level i is an object */
-    unsigned level = 0;   /* containers opened here and still open */
-    bool escaped;
-    int rc;
-
-value:
-    if (depth + level > BODY_MAX_DEPTH)
-        return fail(sc, KVG_ELIMIT, p, "nesting too deep");
-    p = skip_ws(p, end);
-    if (p == end)
-        return fail(sc, KVG_EPARSE, p, "unexpected end of input");
-    switch (*p) {
-    case '{':
-        p = skip_ws(p + 1, end);
-        if (p < end && *p == '}') {
-            p++;
-            goto after;
-        }
-        objects |= 1ull << level;
-        level++;
-        goto key;
-    case '[':
-        p = skip_ws(p + 1, end);
-        if (p < end && *p == ']') {
-            p++;
-            goto after;
-        }
-        objects &= ~(1ull << level);
-        level++;
-        goto value;
-    case '"':
-        rc = scan_string(sc, &p, &escaped);
-        break;
-    case 't':
-        rc = scan_word(sc, &p, "true", 4);
-        break;
-    case 'f':
-        rc = scan_word(sc, &p, "false", 5);
-        break;
-    case 'n':
-        rc = scan_word(sc, &p, "null", 4);
-        break;
-    default:
-        if (*p == '-' || (*p >= '0' && *p <= '9'))
-            rc = kvg_body_scan_number(sc, &p);
-        else
-            rc = fail(sc, KVG_EPARSE, p, "unexpected character");
-        break;
-    }
-    if (rc < 0)
-        return rc;
-    goto after;
-
-key: /* p is on the first byte after '{' or ',' and its whitespace */
-    if (p == end || *p != '"')
-        return fail(sc, KVG_EPARSE, p, "expected string key in object");
-    rc = scan_key(sc, &p, &escaped);
-    if (rc < 0)
-        return rc;
-    p = skip_ws(p, end);
-    if (p == end || *p != ':')
-        return fail(sc, KVG_EPARSE, p, "expected ':' after object key");
-    p++;
-    goto value;
-
-after: /* a value ended at p */
-    while (level > 0) {
-        bool obj = (objects >> (level - 1)) & 1;
-        p = skip_ws(p, end);
-        if (p == end)
-            return fail(sc, KVG_EPARSE, p, obj ? "unterminated object" : "unterminated array");
-        if (*p == ',') {
-            p++;
-            if (!obj)
-                goto value;
-            p = skip_ws(p, end);
-            goto key;
-        }
-        if (*p != (obj ? '}' : ']'))
-            return fail(sc, KVG_EPARSE, p,
-                        obj ? "expected ',' or '}' in object" : "expected ',' or ']' in array");
-        p++;
-        level--;
-    }
-    *pp = p;
-    return 0;
+    return walk_value(sc, pp, depth, NULL, NULL, NULL);
 }

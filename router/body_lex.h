@@ -18,7 +18,9 @@
  * inline first_special and the escape helpers into each; body.c and body_canon.c both hold
  * such callers, and a call per block would cost more than the block's compare. What runs once
  * per value, once per long run or only on an error is out of line in body_lex.c; the error
- * paths are declared cold here so that their callers keep them out of the hot layout.
+ * paths are declared cold here so that their callers keep them out of the hot layout. The one
+ * exception, walk_value, is here to be inlined twice: as the plain validator (body_lex.c) and
+ * as the canonical JSON writer (body_canon.c), each without the other's cost.
  */
 
 #define BODY_MAX_DEPTH 64
@@ -96,39 +98,6 @@ static inline const unsigned char *skip_ws(const unsigned char *p, const unsigne
     while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
         p++;
     return p;
-}
-
-/* Length of the well-formed UTF-8 sequence at p (lead byte >= 0x80), 0 if ill-formed: the
- * same rules as kvg_utf8_seq_len, inlined for the string scanner. */
-static inline size_t utf8_len(const unsigned char *p, size_t avail)
-{
-    unsigned char c = p[0];
-    unsigned lo = 0x80, hi = 0xBF;
-    size_t n;
-    if (c >= 0xC2 && c <= 0xDF) {
-        n = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        n = 3;
-        if (c == 0xE0)
-            lo = 0xA0;
-        else if (c == 0xED)
-            hi = 0x9F; /* no UTF-16 surrogates */
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        n = 4;
-        if (c == 0xF0)
-            lo = 0x90;
-        else if (c == 0xF4)
-            hi = 0x8F;
-    } else {
-        return 0;
-    }
-    if (avail < n || p[1] < lo || p[1] > hi)
-        return 0;
-    if (n > 2 && (p[2] & 0xC0) != 0x80)
-        return 0;
-    if (n > 3 && (p[3] & 0xC0) != 0x80)
-        return 0;
-    return n;
 }
 
 /* Four hex digits at p (readable), or -1. */
@@ -346,7 +315,7 @@ static inline __attribute__((always_inline)) int scan_string_to(const scanner *s
             /* Runs of non-ASCII text (CJK, emoji) stay in this loop. */
             const unsigned char *run = p;
             do {
-                size_t n = utf8_len(p, (size_t)(end - p));
+                size_t n = kvg_utf8_multi_len(p, (size_t)(end - p));
                 if (!n)
                     return fail(sc, KVG_EPARSE, p, "invalid UTF-8 in string");
                 /* U+0080-U+009F, the C1 controls, are 0xC2 0x80-0x9F */
@@ -429,6 +398,137 @@ static inline int scan_word(const scanner *sc, const unsigned char **pp, const c
     if ((size_t)(sc->end - *pp) < n || memcmp(*pp, w, n) != 0)
         return fail(sc, KVG_EPARSE, *pp, "invalid literal");
     *pp += n;
+    return 0;
+}
+
+/* The tokens of a value as walk_value meets them, for a caller that writes the value out again
+ * (body_canon.c's canonical JSON): `bytes` gets every token but strings as its source bytes
+ * (punctuation, numbers, literals; whitespace is dropped), `string` the contents [s, e) of every
+ * key and string value, as scan_string accepted them. */
+typedef void walk_bytes_fn(void *out, const unsigned char *s, size_t n);
+typedef void walk_string_fn(void *out, const unsigned char *s, const unsigned char *e,
+                            bool escaped);
+
+/* Scan one value at *pp (whitespace first) that sits at nesting depth `depth` (the body itself
+ * is 1), leaving *pp just past it. Iterative, with one bit per open container. The one JSON
+ * walk of the scanner: kvg_body_scan_value is it with out NULL, the canonical JSON of
+ * body_canon.c with out and its two hooks. Inlined into both, so that the constant NULL takes
+ * every hook call out of the validator and the canonical writer's hooks inline. */
+static inline __attribute__((always_inline)) int walk_value(const scanner *sc,
+                                                            const unsigned char **pp,
+                                                            unsigned depth, walk_bytes_fn *bytes,
+                                                            walk_string_fn *string, void *out)
+{
+    const unsigned char *p = *pp, *end = sc->end, *s;
+    uint64_t objects = 0; /* bit i: the container opened at level i is an object */
+    unsigned level = 0;   /* containers opened here and still open */
+    bool escaped;
+    int rc;
+
+value:
+    if (depth + level > BODY_MAX_DEPTH)
+        return fail(sc, KVG_ELIMIT, p, "nesting too deep");
+    p = skip_ws(p, end);
+    if (p == end)
+        return fail(sc, KVG_EPARSE, p, "unexpected end of input");
+    s = p;
+    switch (*p) {
+    case '{':
+        if (out)
+            bytes(out, p, 1);
+        p = skip_ws(p + 1, end);
+        if (p < end && *p == '}') {
+            if (out)
+                bytes(out, p, 1);
+            p++;
+            goto after;
+        }
+        objects |= 1ull << level;
+        level++;
+        goto key;
+    case '[':
+        if (out)
+            bytes(out, p, 1);
+        p = skip_ws(p + 1, end);
+        if (p < end && *p == ']') {
+            if (out)
+                bytes(out, p, 1);
+            p++;
+            goto after;
+        }
+        objects &= ~(1ull << level);
+        level++;
+        goto value;
+    case '"':
+        rc = scan_string(sc, &p, &escaped);
+        if (rc < 0)
+            return rc;
+        if (out)
+            string(out, s + 1, p - 1, escaped);
+        goto after;
+    case 't':
+        rc = scan_word(sc, &p, "true", 4);
+        break;
+    case 'f':
+        rc = scan_word(sc, &p, "false", 5);
+        break;
+    case 'n':
+        rc = scan_word(sc, &p, "null", 4);
+        break;
+    default:
+        if (*p == '-' || (*p >= '0' && *p <= '9'))
+            rc = kvg_body_scan_number(sc, &p);
+        else
+            rc = fail(sc, KVG_EPARSE, p, "unexpected character");
+        break;
+    }
+    if (rc < 0)
+        return rc;
+    if (out)
+        bytes(out, s, (size_t)(p - s));
+    goto after;
+
+key: /* p is on the first byte after '{' or ',' and its whitespace */
+    if (p == end || *p != '"')
+        return fail(sc, KVG_EPARSE, p, "expected string key in object");
+    s = p;
+    rc = scan_key(sc, &p, &escaped);
+    if (rc < 0)
+        return rc;
+    if (out)
+        string(out, s + 1, p - 1, escaped);
+    p = skip_ws(p, end);
+    if (p == end || *p != ':')
+        return fail(sc, KVG_EPARSE, p, "expected ':' after object key");
+    if (out)
+        bytes(out, p, 1);
+    p++;
+    goto value;
+
+after: /* a value ended at p */
+    while (level > 0) {
+        bool obj = (objects >> (level - 1)) & 1;
+        p = skip_ws(p, end);
+        if (p == end)
+            return fail(sc, KVG_EPARSE, p, obj ? "unterminated object" : "unterminated array");
+        if (*p == ',') {
+            if (out)
+                bytes(out, p, 1);
+            p++;
+            if (!obj)
+                goto value;
+            p = skip_ws(p, end);
+            goto key;
+        }
+        if (*p != (obj ? '}' : ']'))
+            return fail(sc, KVG_EPARSE, p,
+                        obj ? "expected ',' or '}' in object" : "expected ',' or ']' in array");
+        if (out)
+            bytes(out, p, 1);
+        p++;
+        level--;
+    }
+    *pp = p;
     return 0;
 }
 

@@ -32,6 +32,35 @@ static void assert_saved(fixture *f, const char *must_contain)
     free(text);
 }
 
+/* A restarted gateway's admin: fresh objects, as start-up makes them, and an admin over them
+ * that accepts tok-a and keeps its state in f's file (not loaded yet). */
+typedef struct restarted {
+    kvg_registry *reg;
+    kvg_tenants *tenants;
+    kvg_policy_state *policy;
+    kvg_admin *admin;
+} restarted;
+
+static void restart(const fixture *f, restarted *r)
+{
+    assert_int_equal(make_objects(&r->reg, &r->tenants, &r->policy), 0);
+    const char *tokens[] = {"tok-a"};
+    kvg_admin_config cfg = {.tokens = tokens,
+                            .ntokens = 1,
+                            .tenants = r->tenants,
+                            .policy = r->policy,
+                            .state_path = f->state_path};
+    assert_int_equal(kvg_admin_new(&cfg, r->reg, &r->admin), 0);
+}
+
+static void restarted_done(restarted *r)
+{
+    kvg_admin_free(r->admin);
+    kvg_registry_free(r->reg);
+    kvg_tenants_free(r->tenants);
+    kvg_policy_state_free(r->policy);
+}
+
 static void test_persistence(void **state)
 {
     fixture *f = *state;
@@ -93,21 +122,11 @@ static void test_persistence(void **state)
     free(text);
 
     /* a restart: fresh objects, the same file */
-    kvg_registry *reg;
-    kvg_tenants *tenants;
-    kvg_policy_state *policy;
-    assert_int_equal(make_objects(&reg, &tenants, &policy), 0);
-    const char *tokens[] = {"tok-a"};
-    kvg_admin_config cfg = {.tokens = tokens,
-                            .ntokens = 1,
-                            .tenants = tenants,
-                            .policy = policy,
-                            .state_path = f->state_path};
-    kvg_admin *a;
-    assert_int_equal(kvg_admin_new(&cfg, reg, &a), 0);
-    assert_int_equal(kvg_admin_load_state(a, msg, sizeof(msg)), 0);
+    restarted rs;
+    restart(f, &rs);
+    assert_int_equal(kvg_admin_load_state(rs.admin, msg, sizeof(msg)), 0);
 
-    kvg_tenant_set *set = kvg_tenants_acquire(tenants);
+    kvg_tenant_set *set = kvg_tenants_acquire(rs.tenants);
     assert_int_equal(kvg_tenant_set_count(set), 1);
     kvg_tenant *t = kvg_tenant_set_authenticate(set, key, strlen(key));
     assert_non_null(t);
@@ -122,7 +141,7 @@ static void test_persistence(void **state)
     assert_string_equal(kvg_tenant_key(t, 0)->id, key_id);
     kvg_tenant_set_unref(set);
 
-    kvg_worker_set *ws = kvg_registry_acquire(reg);
+    kvg_worker_set *ws = kvg_registry_acquire(rs.reg);
     assert_int_equal(kvg_worker_set_count(ws), 1);
     kvg_worker *w = kvg_worker_set_find(ws, "w1");
     assert_non_null(w);
@@ -133,21 +152,18 @@ static void test_persistence(void **state)
     kvg_worker_set_unref(ws);
 
     kvg_policy_config pc;
-    kvg_policy_state_get(policy, &pc);
+    kvg_policy_state_get(rs.policy, &pc);
     assert_int_equal(pc.kind, KVG_POLICY_ROUND_ROBIN);
 
     /* what the restored admin answers and saves next is the same state */
     kvg_admin_request req = {
         .method = "GET", .path = "/admin/v1/tenants/acme", .authorization = AUTH};
     kvg_admin_response resp;
-    kvg_admin_handle(a, &req, &resp);
+    kvg_admin_handle(rs.admin, &req, &resp);
     assert_int_equal(resp.status, 200);
     assert_non_null(strstr(resp.body.data, key_id));
     kvg_admin_response_done(&resp);
-    kvg_admin_free(a);
-    kvg_registry_free(reg);
-    kvg_tenants_free(tenants);
-    kvg_policy_state_free(policy);
+    restarted_done(&rs);
 }
 
 static void write_file(const char *path, const char *text)
@@ -288,21 +304,11 @@ static void test_load_alloc_failures(void **state)
                      200);
     long injections = 0;
     for (long n = 0;; n++) {
-        kvg_registry *reg;
-        kvg_tenants *tenants;
-        kvg_policy_state *policy;
-        assert_int_equal(make_objects(&reg, &tenants, &policy), 0);
-        const char *tokens[] = {"t"};
-        kvg_admin_config cfg = {.tokens = tokens,
-                                .ntokens = 1,
-                                .tenants = tenants,
-                                .policy = policy,
-                                .state_path = f->state_path};
-        kvg_admin *a;
-        assert_int_equal(kvg_admin_new(&cfg, reg, &a), 0);
+        restarted rs;
+        restart(f, &rs);
         char msg[256];
         fail_alloc_nth(n);
-        int rc = kvg_admin_load_state(a, msg, sizeof(msg));
+        int rc = kvg_admin_load_state(rs.admin, msg, sizeof(msg));
         bool injected = fail_alloc_off();
         injections += injected;
         if (!injected)
@@ -310,14 +316,11 @@ static void test_load_alloc_failures(void **state)
         else if (rc != 0 && rc != -ENOMEM)
             fail_msg("allocation %ld: %d %s", n, rc, msg);
         if (!injected || rc == 0) {
-            kvg_tenant_set *set = kvg_tenants_acquire(tenants);
+            kvg_tenant_set *set = kvg_tenants_acquire(rs.tenants);
             assert_int_equal(kvg_tenant_set_count(set), 2);
             kvg_tenant_set_unref(set);
         }
-        kvg_admin_free(a);
-        kvg_registry_free(reg);
-        kvg_tenants_free(tenants);
-        kvg_policy_state_free(policy);
+        restarted_done(&rs);
         if (!injected)
             break;
     }
