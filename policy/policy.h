@@ -57,7 +57,7 @@ typedef struct kvg_policy_config {
     uint32_t block_tokens; /* token ids per block key for token prompts (default 16) */
     uint32_t max_blocks;   /* block keys per request at most: the rest is not matched (4096) */
     uint32_t cold_blocks;  /* leading blocks whose key places a cold prefix (rendezvous; 4) */
-    double load_factor;    /* bounded load: no worker above (1 + load_factor) x mean (0.5) */
+    double load_factor;    /* bounded load: no worker above (1 + load_factor) x mean (1.0) */
     double prefill_cost_per_block;   /* predicted us to prefill one missing block (200) */
     double queue_cost_per_request;   /* predicted us each request in flight adds (1000) */
     double waiting_cost_per_request; /* us per request waiting in the engine, scraped (5000) */

@@ -47,7 +47,7 @@ static const kvg_field policy_fields[] = {
      .set_in = KVG_SET_ANY,
      .offset = offsetof(kvg_policy_config, load_factor),
      .dmax = 100,
-     .def.d = 0.5},
+     .def.d = 1.0},
     COST_FIELD(prefill_cost_per_block, 200),
     COST_FIELD(queue_cost_per_request, 1000),
     COST_FIELD(waiting_cost_per_request, 5000),

@@ -20,7 +20,7 @@ static void test_policy(void **state)
     assert_null(r.cache_control);
     /* every setting, the defaults */
     assert_string_equal(r.body, "{\"policy\":\"cost\",\"block_bytes\":64,\"block_tokens\":16,"
-                                "\"max_blocks\":4096,\"cold_blocks\":4,\"load_factor\":0.5,"
+                                "\"max_blocks\":4096,\"cold_blocks\":4,\"load_factor\":1,"
                                 "\"prefill_cost_per_block\":200,\"queue_cost_per_request\":1000,"
                                 "\"waiting_cost_per_request\":5000,\"kv_usage_cost\":0}");
 
