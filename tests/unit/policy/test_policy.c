@@ -824,7 +824,7 @@ static int apply(kvg_policy_config *cfg, const char *text, char *msg, size_t msg
 
 #define DEFAULT_JSON                                                                               \
     "{\"policy\":\"cost\",\"block_bytes\":64,\"block_tokens\":16,\"max_blocks\":4096,"             \
-    "\"cold_blocks\":4,\"load_factor\":1,\"prefill_cost_per_block\":200,"                        \
+    "\"cold_blocks\":4,\"load_factor\":1,\"prefill_cost_per_block\":200,"                          \
     "\"queue_cost_per_request\":1000,\"waiting_cost_per_request\":5000,\"kv_usage_cost\":0}"
 
 /* Field by field: the struct has padding that memcmp would compare. */
