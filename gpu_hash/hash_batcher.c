@@ -25,14 +25,14 @@ enum { SLEEP_NO = 0, SLEEP_IDLE, SLEEP_DEADLINE };
 /* ---- tickets and sinks ------------------------------------------------------------------- */
 
 struct kvg_hash_ticket {
-    kvg_link link;        /* in the queue, a batch, or its sink's completion list */
-    kvg_hash_sink *sink;  /* holds a reference */
+    kvg_link link;       /* in the queue, a batch, or its sink's completion list */
+    kvg_hash_sink *sink; /* holds a reference */
     kvg_hash_done_fn *done;
     void *ud;
     atomic_bool cancelled; /* written on the sink's thread; the batcher only skips the work */
     kvg_hash_ran ran;
     uint64_t submit_ns;
-    size_t bytes; /* input bytes, as the device counts them */
+    size_t bytes;     /* input bytes, as the device counts them */
     kvg_hash_job job; /* points into this allocation: keys, then data, salt, model, adapter */
 };
 
@@ -41,10 +41,10 @@ struct kvg_hash_sink {
     kvg_hash_wake_fn *wake;
     void *wake_ud;
     pthread_mutex_t lock;
-    kvg_link done;       /* completed tickets, in completion order (lock) */
-    bool closed;         /* kvg_hash_sink_free ran: no more wakes, no callbacks (lock) */
-    atomic_bool gone;    /* the same, for the batcher's lock-free skip of the work */
-    atomic_size_t refs;  /* the owner's, and one per ticket not yet freed */
+    kvg_link done;      /* completed tickets, in completion order (lock) */
+    bool closed;        /* kvg_hash_sink_free ran: no more wakes, no callbacks (lock) */
+    atomic_bool gone;   /* the same, for the batcher's lock-free skip of the work */
+    atomic_size_t refs; /* the owner's, and one per ticket not yet freed */
 };
 
 static void sink_unref(kvg_hash_sink *s)
@@ -67,7 +67,7 @@ static void ticket_free(kvg_hash_ticket *t)
 typedef struct batch {
     kvg_link tickets; /* submission order */
     size_t n, bytes, keys;
-    uint64_t first_ns; /* the first job's submission */
+    uint64_t first_ns;  /* the first job's submission */
     kvg_hash_job *jobs; /* the launched copies (not cancelled), JOBS_CAP at most */
     size_t njobs;
     bool hashed; /* the launch failed and the CPU hashed it already: no finish */
@@ -80,7 +80,7 @@ static const uint64_t batch_bounds[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1
 /* Submit to completion ready: a batch's deadline is tens of microseconds, a device batch
  * hundreds; the top buckets catch a stalled device. The sum in microseconds. */
 static const uint64_t queue_bounds_ns[] = {
-    10000,   25000,    50000,    100000,   250000,    500000,    1000000,   2500000,
+    10000,   25000,    50000,    100000,   250000,    500000,    1000000,    2500000,
     5000000, 10000000, 25000000, 50000000, 100000000, 250000000, 1000000000,
 };
 static const kvg_prom_buckets queue_buckets = {
@@ -487,8 +487,7 @@ kvg_hash_batcher *kvg_hash_batcher_new(const kvg_hash_batcher_config *cfg, kvg_h
     if (b->crossover != UINT64_MAX)
         snprintf(cross, sizeof(cross), "%llu bytes", (unsigned long long)b->crossover);
     kvg_log_info("hash batcher: %s (%s), batches of %zu jobs or %llu us, crossover %s", dev->name,
-                 dev->description, b->max_jobs, (unsigned long long)(b->deadline_ns / 1000),
-                 cross);
+                 dev->description, b->max_jobs, (unsigned long long)(b->deadline_ns / 1000), cross);
     return b;
 
 fail_thread:
@@ -625,8 +624,8 @@ static char *put_copy(char **o, const char *src, size_t len)
 static kvg_hash_ticket *ticket_new(const kvg_hash_job *job, uint32_t blocks)
 {
     size_t data = job_bytes(job, blocks) - job->salt_len - job->model_len - job->adapter_len;
-    size_t size = sizeof(kvg_hash_ticket) + (size_t)blocks * sizeof(uint64_t) +
-                  job_bytes(job, blocks);
+    size_t size =
+        sizeof(kvg_hash_ticket) + (size_t)blocks * sizeof(uint64_t) + job_bytes(job, blocks);
     kvg_hash_ticket *t = malloc(size);
     if (!t)
         return NULL;
@@ -735,11 +734,10 @@ void kvg_hash_batcher_write_metrics(const kvg_hash_batcher *b, uint64_t cpu_jobs
     uint64_t n[KVG_HASH_RAN_COUNT];
     for (int r = 0; r < KVG_HASH_RAN_COUNT; r++)
         n[r] = atomic_load_explicit(&m->jobs[r], memory_order_relaxed);
-    kvg_prom_put_u64(out, jobs, KVG_PROM_LABELS({"backend", "cpu"}), n[KVG_HASH_RAN_CPU] + cpu_jobs);
-    kvg_prom_put_u64(out, jobs, KVG_PROM_LABELS({"backend", b->dev->name}),
-                     n[KVG_HASH_RAN_DEVICE]);
-    kvg_prom_put_u64(out, jobs, KVG_PROM_LABELS({"backend", "fallback"}),
-                     n[KVG_HASH_RAN_FALLBACK]);
+    kvg_prom_put_u64(out, jobs, KVG_PROM_LABELS({"backend", "cpu"}),
+                     n[KVG_HASH_RAN_CPU] + cpu_jobs);
+    kvg_prom_put_u64(out, jobs, KVG_PROM_LABELS({"backend", b->dev->name}), n[KVG_HASH_RAN_DEVICE]);
+    kvg_prom_put_u64(out, jobs, KVG_PROM_LABELS({"backend", "fallback"}), n[KVG_HASH_RAN_FALLBACK]);
 
     put_batch_hist(b, out);
 

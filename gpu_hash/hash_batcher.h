@@ -87,11 +87,12 @@ typedef void kvg_hash_done_fn(void *ud, int status, const uint64_t *keys, uint32
 
 /** Hash job on s's loop thread. Returns 1 when it was hashed at once on the CPU (job->keys and
  *  nkeys filled, done not called: a job with no full block, below the crossover, larger than a
- *  batch, the queue full, no memory for its copy, or the batcher stopping), 0 when queued (done comes later through kvg_hash_sink_drain; *ticket names it until
- *  then; ticket may be NULL), or -EINVAL (kvg_hash_batch would refuse the job, or s or done is
- *  NULL). The
- *  job's inputs are copied: the caller may change or free them once this returns; job->keys is
- *  written only in the return-1 case. */
+ *  batch, the queue full, no memory for its copy, or the batcher stopping), 0 when queued
+ *  (done comes later through kvg_hash_sink_drain; *ticket names it until then; ticket may be
+ *  NULL), or -EINVAL (kvg_hash_batch would refuse the job, or s or done is NULL). The job's
+ *  inputs are copied (its full blocks only): the caller may change or free them once this
+ *  returns; job->keys is written only in the return-1 case. The crossover compares the bytes
+ *  of the full blocks hashed (min(len / block_size, max_blocks) blocks, x4 for tokens). */
 int kvg_hash_submit(kvg_hash_sink *s, kvg_hash_job *job, kvg_hash_done_fn *done, void *ud,
                     kvg_hash_ticket **ticket);
 /** On s's loop thread, before done was called: done will not be called; the ticket is gone. */

@@ -47,7 +47,7 @@ typedef struct loop {
     pthread_t owner;
     atomic_int wakes;
     /* Written by callbacks, on the owner's thread. */
-    size_t next_seq;  /* sequence number of the queued job expected next */
+    size_t next_seq; /* sequence number of the queued job expected next */
     size_t completed;
     size_t bad_thread, bad_keys, bad_order, bad_status;
     size_t ran[KVG_HASH_RAN_COUNT];
@@ -272,11 +272,11 @@ static void test_standin(void **state)
     kvg_hash_job r = text_job(data, sizeof(data), 10, ref, 100);
     assert_int_equal(kvg_hash_batch(&r, 1), 0);
 
-    assert_int_equal(dev->ops->launch(dev, 0, &j, 1), 0);        /* launch 1 */
-    assert_int_equal(dev->ops->launch(dev, 0, &j, 1), -EINVAL);  /* slot busy: not counted */
-    assert_int_equal(dev->ops->launch(dev, 1, &j, 1), -EIO);     /* launch 2 */
-    assert_int_equal(dev->ops->finish(dev, 1), -EINVAL);         /* nothing in slot 1 */
-    assert_int_equal(dev->ops->finish(dev, 0), 0);               /* finish 1 */
+    assert_int_equal(dev->ops->launch(dev, 0, &j, 1), 0);       /* launch 1 */
+    assert_int_equal(dev->ops->launch(dev, 0, &j, 1), -EINVAL); /* slot busy: not counted */
+    assert_int_equal(dev->ops->launch(dev, 1, &j, 1), -EIO);    /* launch 2 */
+    assert_int_equal(dev->ops->finish(dev, 1), -EINVAL);        /* nothing in slot 1 */
+    assert_int_equal(dev->ops->finish(dev, 0), 0);              /* finish 1 */
     assert_int_equal(j.nkeys, 100);
     assert_memory_equal(keys, ref, sizeof(ref));
 
@@ -745,8 +745,7 @@ static void test_crossover_measured_wins(void **state)
     assert_non_null(b);
     uint64_t x = kvg_hash_batcher_crossover(b);
     /* Hashing 1 MiB takes the CPU tens of microseconds at least; the device takes nothing. */
-    assert_true(x == 1024 || x == 4096 || x == 16384 || x == 65536 || x == 262144 ||
-                x == 1048576);
+    assert_true(x == 1024 || x == 4096 || x == 16384 || x == 65536 || x == 262144 || x == 1048576);
     char line[96];
     snprintf(line, sizeof(line), "kvgate_hash_crossover_bytes %llu\n", (unsigned long long)x);
     char *m = metrics(b, 0);
