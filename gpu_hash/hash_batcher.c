@@ -513,9 +513,9 @@ void kvg_hash_batcher_free(kvg_hash_batcher *b)
     pthread_cond_signal(&b->qcond);
     pthread_mutex_unlock(&b->qlock);
     pthread_join(b->thread, NULL);
-    b->dev->ops->close(b->dev);
     for (unsigned i = 0; i < b->dev->nslots; i++)
         free(b->slots[i].jobs);
+    b->dev->ops->close(b->dev);
     free(b->slots);
     free(b->collect.jobs);
     pthread_cond_destroy(&b->qcond);

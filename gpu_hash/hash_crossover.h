@@ -10,9 +10,9 @@
 
 /** On the batcher's thread, with no batch in flight: time kvg_hash_batch and a device batch of
  *  one job (launch + finish in slot 0) for jobs of 1 KiB .. 1 MiB of text (powers of 4, block
- *  64), and return the smallest size whose device latency is below the CPU's, or UINT64_MAX
- *  when there is none (or the measure could not run). Device errors are added to *errors; a
- *  failed run does not count as a win. Logs the table at info. */
+ *  64), and return the smallest size whose device latency is below 90% of the CPU's, or
+ *  UINT64_MAX when there is none (or the measure could not run). Device errors are added to
+ * *errors; a failed run does not count as a win. Logs the table at info. */
 uint64_t kvg_hash_crossover_measure(kvg_hash_device *dev, uint64_t *errors);
 
 #endif
