@@ -619,7 +619,7 @@ static void test_faults(void **state)
 static void test_submit_limits(void **state)
 {
     (void)state;
-    kvg_hash_standin_config sc = {.max_batch_bytes = 4096, .finish_delay_us = 20000};
+    kvg_hash_standin_config sc = {.max_batch_bytes = 4096, .finish_delay_us = 100000};
     kvg_hash_batcher_config bc = {.deadline_us = 100, .crossover_bytes = 1, .max_queued = 2};
     kvg_hash_batcher *b = new_batcher(&sc, &bc);
     loop l;
