@@ -5,6 +5,7 @@
 #ifndef KVG_GPU_HASH_H
 #define KVG_GPU_HASH_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -38,6 +39,9 @@ typedef struct kvg_hash_job {
 
 /** The root of a job's chain: a function of (salt, model, adapter, unit, block_size) alone. */
 uint64_t kvg_hash_root(const kvg_hash_job *job);
+/** Whether kvg_hash_batch accepts job (the rules below); for callers that queue a job before
+ *  it is hashed and must refuse it at once. */
+bool kvg_hash_job_valid(const kvg_hash_job *job);
 /** Fill keys and nkeys of each job: d[i] = XXH3(block i, seed root), key[0] = link(root ^ d[0]),
  *  key[i] = link(key[i-1] ^ d[i]), full blocks only (docs/hashing.md). 0, or -EINVAL (a job
  *  with block_size 0 or above KVG_HASH_BLOCK_MAX, an unknown unit, or data/keys NULL where

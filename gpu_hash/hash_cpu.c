@@ -83,7 +83,7 @@ uint64_t kvg_hash_root(const kvg_hash_job *job)
     return XXH3_64bits_digest(&st);
 }
 
-static bool job_valid(const kvg_hash_job *j)
+bool kvg_hash_job_valid(const kvg_hash_job *j)
 {
     if ((unsigned)j->unit >= KVG_HASH_UNIT_COUNT || j->block_size == 0 ||
         j->block_size > KVG_HASH_BLOCK_MAX)
@@ -157,7 +157,7 @@ int kvg_hash_batch(kvg_hash_job *jobs, size_t n)
     if (n && !jobs)
         return -EINVAL;
     for (size_t k = 0; k < n; k++)
-        if (!job_valid(&jobs[k]))
+        if (!kvg_hash_job_valid(&jobs[k]))
             return -EINVAL;
     for (size_t k = 0; k < n; k++) {
         kvg_hash_job *j = &jobs[k];

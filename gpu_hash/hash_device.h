@@ -29,12 +29,12 @@ typedef struct kvg_hash_device_ops {
 
 struct kvg_hash_device {
     const kvg_hash_device_ops *ops;
-    const char *name;          /* "cuda", "standin": the backend label of metrics and explain */
-    unsigned nslots;           /* batches in flight at once (2: one packs while one runs) */
-    size_t max_batch_jobs;     /* jobs in one batch at most */
-    size_t max_batch_bytes;    /* input bytes (data, plus salt, model, adapter) of one batch */
-    size_t max_batch_keys;     /* keys of one batch at most */
-    char description[160];     /* for the start-up log: "NVIDIA H200, sm_90, 139 GiB, 2 streams" */
+    const char *name;       /* "cuda", "standin": the backend label of metrics and explain */
+    unsigned nslots;        /* batches in flight at once (2: one packs while one runs) */
+    size_t max_batch_jobs;  /* jobs in one batch at most */
+    size_t max_batch_bytes; /* input bytes (data, plus salt, model, adapter) of one batch */
+    size_t max_batch_keys;  /* keys of one batch at most */
+    char description[160];  /* for the start-up log: "NVIDIA H200, sm_90, 139 GiB, 2 streams" */
 };
 
 /* Sizes of the CUDA backend's buffers; 0 = its default. */
@@ -52,10 +52,10 @@ int kvg_hash_device_open_cuda(const kvg_hash_device_config *cfg, kvg_hash_device
 
 /* The CPU stand-in: hashes on the batcher's thread with kvg_hash_batch, with faults on request. */
 typedef struct kvg_hash_standin_config {
-    unsigned nslots;         /* 2 when 0 */
-    size_t max_batch_jobs;   /* 4096 when 0 */
-    size_t max_batch_bytes;  /* 64 MiB when 0 */
-    size_t max_batch_keys;   /* 1 << 22 when 0 */
+    unsigned nslots;          /* 2 when 0 */
+    size_t max_batch_jobs;    /* 4096 when 0 */
+    size_t max_batch_bytes;   /* 64 MiB when 0 */
+    size_t max_batch_keys;    /* 1 << 22 when 0 */
     uint32_t finish_delay_us; /* added to every finish: a slow device */
     /* Fault injection, counted over calls since open (1-based; 0 = never): the Nth launch
      * fails with -EIO; the Nth finish fails with -EIO after writing wrong keys into the
