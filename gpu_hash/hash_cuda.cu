@@ -117,6 +117,9 @@ static int cuda_launch(kvg_hash_device *base, unsigned si, kvg_hash_job *jobs, s
     cuda_dev *dev = (cuda_dev *)base;
     if (si >= NSLOTS || dev->slots[si].busy || n > base->max_batch_jobs)
         return -EINVAL;
+    /* The current device is per host thread: open ran on another than the batcher's. */
+    if (cudaSetDevice(dev->ordinal) != cudaSuccess)
+        return -EIO;
     slot *s = &dev->slots[si];
     uint64_t off = 0, keys = 0;
     uint32_t ndev = 0;
@@ -163,11 +166,12 @@ static int cuda_finish(kvg_hash_device *base, unsigned si)
     slot *s = &dev->slots[si];
     s->busy = false;
     if (s->nkeys) {
+        cudaSetDevice(dev->ordinal);
         cudaError_t e = cudaStreamSynchronize(s->stream);
         if (e == cudaSuccess)
             e = cudaGetLastError();
         if (e != cudaSuccess) {
-            cudaGetLastError(); /* clear a sticky-free error; a sticky one stays for the next */
+            cudaGetLastError(); /* clears a recoverable error; a sticky one fails every call */
             return -EIO;
         }
     }
