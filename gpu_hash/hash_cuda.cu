@@ -16,25 +16,15 @@ extern "C" {
 #include "hash_device.h"
 }
 
-#include "xxh3_hd.h"
+#include "hash_pack.h"
 
 #define NSLOTS 2
 #define DEFAULT_JOBS 4096
 #define DEFAULT_BYTES ((size_t)64 << 20)
-/* Blocks start 16-aligned in the packed buffer, so a block whose width is a multiple of 8 is
- * read with 8-byte loads (xxh3_hd.h) instead of byte loads. */
-#define PACK_ALIGN 16
 #define HASH_THREADS 256
 #define CHAIN_THREADS 128
 
-/* A job with keys, as the kernels see it; jobs without a full block are not sent. */
-struct dev_job {
-    uint64_t data_off; /* into the slot's data */
-    uint64_t key_off;  /* its first key's index in the slot's keys */
-    uint64_t root;
-    uint32_t width; /* bytes per block */
-    uint32_t nblocks;
-};
+typedef kvg_hash_dev_job dev_job;
 
 struct slot {
     cudaStream_t stream;
@@ -57,50 +47,21 @@ struct cuda_dev {
     slot slots[NSLOTS];
 };
 
-/* Phase 1: d[b] for every block b of the batch, one thread each. A thread finds its job by a
- * binary search over the jobs' first keys (12 steps for 4096 jobs): no per-block table to copy. */
+/* Phase 1: d[b] for every block b of the batch, one thread each (hash_pack.h). */
 __global__ void block_hash_kernel(const uint8_t *data, const dev_job *jobs, uint32_t njobs,
                                   uint64_t nkeys, uint64_t *d)
 {
     uint64_t b = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (b >= nkeys)
-        return;
-    uint32_t lo = 0, hi = njobs - 1;
-    while (lo < hi) {
-        uint32_t mid = (lo + hi + 1) / 2;
-        if (jobs[mid].key_off <= b)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    const dev_job j = jobs[lo];
-    d[b] = kvg_hd_block_hash(data + j.data_off + (b - j.key_off) * j.width, j.width, j.root);
+    if (b < nkeys)
+        d[b] = kvg_hash_dev_block(data, jobs, njobs, b);
 }
 
-/* Phase 2: each job's chain, in place over its d[]: one multiply per block, sequential. */
+/* Phase 2: each job's chain, in place over its d[]. */
 __global__ void chain_kernel(const dev_job *jobs, uint32_t njobs, uint64_t *keys)
 {
     uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= njobs)
-        return;
-    const dev_job j = jobs[t];
-    uint64_t *k = keys + j.key_off;
-    uint64_t h = j.root;
-    for (uint32_t i = 0; i < j.nblocks; i++) {
-        h = kvg_hd_link(h ^ k[i]);
-        k[i] = h;
-    }
-}
-
-static size_t job_keys(const kvg_hash_job *j)
-{
-    size_t blocks = j->len / j->block_size;
-    return blocks < j->max_blocks ? blocks : j->max_blocks;
-}
-
-static size_t job_width(const kvg_hash_job *j)
-{
-    return j->unit == KVG_HASH_TOKENS ? (size_t)j->block_size * 4 : j->block_size;
+    if (t < njobs)
+        kvg_hash_dev_chain(&jobs[t], keys);
 }
 
 static void enqueue_kernels(slot *s)
@@ -123,22 +84,11 @@ static int cuda_launch(kvg_hash_device *base, unsigned si, kvg_hash_job *jobs, s
     slot *s = &dev->slots[si];
     uint64_t off = 0, keys = 0;
     uint32_t ndev = 0;
-    for (size_t k = 0; k < n; k++) {
-        const kvg_hash_job *j = &jobs[k];
-        size_t nk = job_keys(j);
-        if (!nk)
-            continue;
-        size_t bytes = nk * job_width(j);
-        /* The batcher keeps batches within the limits; a wrong one is refused, not overrun. */
-        if (off + bytes > dev->data_cap || keys + nk > base->max_batch_keys)
-            return -E2BIG;
-        memcpy(s->h_data + off, j->data, bytes);
-        s->h_jobs[ndev] =
-            dev_job{off, keys, kvg_hash_root(j), (uint32_t)job_width(j), (uint32_t)nk};
-        ndev++;
-        off = (off + bytes + PACK_ALIGN - 1) & ~(uint64_t)(PACK_ALIGN - 1);
-        keys += nk;
-    }
+    /* The batcher keeps batches within the limits; a wrong one is refused, not overrun. */
+    int rc = kvg_hash_pack(jobs, n, s->h_data, dev->data_cap, base->max_batch_keys, s->h_jobs,
+                           &ndev, &off, &keys);
+    if (rc)
+        return rc;
     s->jobs = jobs, s->n = n, s->ndev = ndev, s->nkeys = keys;
     if (keys) {
         cudaMemcpyAsync(s->d_data, s->h_data, off, cudaMemcpyHostToDevice, s->stream);
@@ -175,15 +125,7 @@ static int cuda_finish(kvg_hash_device *base, unsigned si)
             return -EIO;
         }
     }
-    uint64_t keys = 0;
-    for (size_t k = 0; k < s->n; k++) {
-        kvg_hash_job *j = &s->jobs[k];
-        size_t nk = job_keys(j);
-        if (nk)
-            memcpy(j->keys, s->h_keys + keys, nk * sizeof(uint64_t));
-        j->nkeys = (uint32_t)nk;
-        keys += nk;
-    }
+    kvg_hash_unpack(s->jobs, s->n, s->h_keys);
     return 0;
 }
 
@@ -272,7 +214,7 @@ extern "C" int kvg_hash_device_open_cuda(const kvg_hash_device_config *cfg, kvg_
      * 64 bytes, and the batcher sends jobs with more keys than this to the CPU. */
     size_t keys = bytes / 16 > ((size_t)1 << 16) ? bytes / 16 : ((size_t)1 << 16);
     dev->ordinal = ordinal;
-    dev->data_cap = bytes + jobs * PACK_ALIGN;
+    dev->data_cap = bytes + jobs * KVG_HASH_PACK_ALIGN;
     dev->base.ops = &cuda_ops;
     dev->base.name = "cuda";
     dev->base.nslots = NSLOTS;

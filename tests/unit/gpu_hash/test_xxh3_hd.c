@@ -2,7 +2,8 @@
 /* Unit tests for gpu_hash/xxh3_hd.h, the XXH3 that the CUDA kernel runs: on the CPU, against
  * libxxhash's XXH3_64bits_withSeed on every length class and boundary, so the device code's
  * arithmetic is checked on machines without a GPU; then the kernel's two phases (block hashes,
- * then one chain per job) emulated on the host against kvg_hash_batch. */
+ * then one chain per job) and the CUDA backend's packing (hash_pack.h) emulated on the host
+ * against kvg_hash_batch. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +17,7 @@
 #include <xxhash.h>
 
 #include "gpu_hash.h"
+#include "hash_pack.h"
 #include "xxh3_hd.h"
 
 #define BUF_MAX (262144 + 64)
@@ -157,13 +159,73 @@ static void test_two_phases_equal_batch(void **state)
     free(want);
 }
 
+/* A batch as hash_cuda.cu runs it, each kernel thread's body called in a loop: pack, every
+ * block's d (the binary search included), every job's chain, unpack; equal to kvg_hash_batch.
+ * Jobs without keys, tokens, and widths that are and are not multiples of 8 are mixed. */
+static void test_packed_batch(void **state)
+{
+    (void)state;
+    static const uint32_t blocks[] = {1, 3, 16, 64, 100, 241, 4096};
+    enum { N = 300, DATA = 1 << 20, CAP = 64 << 20, KEYS = 1 << 20 };
+    unsigned char *src = random_buf(DATA);
+    uint8_t *packed = malloc(CAP);
+    kvg_hash_dev_job *dj = malloc(sizeof(*dj) * N);
+    uint64_t *keys = malloc(sizeof(uint64_t) * KEYS);
+    kvg_hash_job *dev = calloc(N, sizeof(*dev)), *cpu = calloc(N, sizeof(*cpu));
+    assert_true(packed && dj && keys && dev && cpu);
+    for (int round = 0; round < 4; round++) {
+        size_t n = round == 0 ? 1 : (size_t)(rng() % N) + 1;
+        for (size_t k = 0; k < n; k++) {
+            kvg_hash_unit u = (rng() & 1) ? KVG_HASH_TOKENS : KVG_HASH_BYTES;
+            uint32_t b = blocks[rng() % (sizeof(blocks) / sizeof(blocks[0]))];
+            size_t ub = u == KVG_HASH_TOKENS ? 4 : 1, len = (size_t)(rng() % (b * 12 + 1));
+            if (len * ub > DATA)
+                len = DATA / ub;
+            size_t off = (size_t)(rng() % (DATA - len * ub + 1));
+            dev[k] = (kvg_hash_job){
+                .salt = "s",
+                .salt_len = (size_t)(rng() & 1),
+                .unit = u,
+                .data = src + off - off % ub,
+                .len = len,
+                .block_size = b,
+                .max_blocks = (uint32_t)(rng() % 16),
+            };
+            dev[k].keys = malloc(sizeof(uint64_t) * (dev[k].max_blocks + 1));
+            cpu[k] = dev[k];
+            cpu[k].keys = malloc(sizeof(uint64_t) * (dev[k].max_blocks + 1));
+            assert_true(dev[k].keys && cpu[k].keys);
+        }
+        assert_int_equal(kvg_hash_batch(cpu, n), 0);
+        uint32_t ndev = 0;
+        uint64_t nbytes = 0, nkeys = 0;
+        assert_int_equal(kvg_hash_pack(dev, n, packed, CAP, KEYS, dj, &ndev, &nbytes, &nkeys), 0);
+        for (uint64_t b = 0; b < nkeys; b++)
+            keys[b] = kvg_hash_dev_block(packed, dj, ndev, b);
+        for (uint32_t t = 0; t < ndev; t++)
+            kvg_hash_dev_chain(&dj[t], keys);
+        kvg_hash_unpack(dev, n, keys);
+        for (size_t k = 0; k < n; k++) {
+            assert_int_equal(dev[k].nkeys, cpu[k].nkeys);
+            assert_memory_equal(dev[k].keys, cpu[k].keys, sizeof(uint64_t) * cpu[k].nkeys);
+        }
+        if (ndev) { /* one byte short of the last job's end is refused */
+            size_t need = dj[ndev - 1].data_off + (size_t)dj[ndev - 1].nblocks * dj[ndev - 1].width;
+            assert_int_equal(
+                kvg_hash_pack(dev, n, packed, need - 1, KEYS, dj, &ndev, &nbytes, &nkeys), -E2BIG);
+        }
+        for (size_t k = 0; k < n; k++)
+            free(dev[k].keys), free(cpu[k].keys);
+    }
+    free(cpu), free(dev), free(keys), free(dj), free(packed), free(src);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_every_length),
-        cmocka_unit_test(test_boundaries),
-        cmocka_unit_test(test_random),
-        cmocka_unit_test(test_two_phases_equal_batch),
+        cmocka_unit_test(test_every_length), cmocka_unit_test(test_boundaries),
+        cmocka_unit_test(test_random),       cmocka_unit_test(test_two_phases_equal_batch),
+        cmocka_unit_test(test_packed_batch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
