@@ -83,7 +83,7 @@ static void respond(admin_ctx *c, const kvg_route_decision *d, const kvg_body_in
                    ",\"prefix\":{\"unit\":\"%s\",\"length\":%zu,\"block_size\":%u,\"blocks\":%u}"
                    ",\"hash_backend\":\"%s\",\"serving\":%zu,\"candidates\":[",
                    kvg_hash_unit_str(d->unit), d->stream_units, d->block_size, d->nkeys,
-                   kvg_hash_backend(), d->serving);
+                   d->hash_backend ? d->hash_backend : "cpu", d->serving);
     for (size_t i = 0; i < d->ncands; i++) {
         if (i)
             kvg_buf_putc(b, ',');

@@ -331,6 +331,27 @@ static const kvg_field redis_fields[] = {
 static const kvg_fields redis_table = {"redis", redis_fields, KVG_ARRAY_LEN(redis_fields),
                                        check_redis};
 
+static const char *const hash_backend_keywords[KVG_HASH_BACKEND_CHOICE_COUNT] = {"auto", "cpu",
+                                                                                 "cuda", "standin"};
+
+static const kvg_field hash_fields[] = {
+    {.name = "backend",
+     .type = KVG_FIELD_ENUM,
+     .set_in = KVG_SET_CONFIG | KVG_SET_FLAG,
+     .offset = offsetof(kvg_hash_settings, backend),
+     .keywords = hash_backend_keywords,
+     .nkeywords = KVG_HASH_BACKEND_CHOICE_COUNT,
+     .def.u = KVG_HASH_BACKEND_AUTO},
+    U32_FIELD(kvg_hash_settings, batch_deadline_us, 1, 100000, 50),
+    U32_FIELD(kvg_hash_settings, max_batch_jobs, 1, 65536, 4096),
+    U32_FIELD(kvg_hash_settings, batch_mib, 1, 4096, 64),
+    U32_FIELD(kvg_hash_settings, crossover_bytes, 0, 1u << 30, 0),
+    U32_FIELD(kvg_hash_settings, max_queued, 1, 1u << 24, 65536),
+    U32_FIELD(kvg_hash_settings, device, 0, 1024, 0),
+};
+
+static const kvg_fields hash_table = {"hash", hash_fields, KVG_ARRAY_LEN(hash_fields), NULL};
+
 /* "workers": replaces the workers before it; each through the worker's table. */
 static int decode_workers(void *target, const kvg_json *v, const char *path, kvg_fields_ctx *c)
 {
@@ -428,6 +449,11 @@ static const kvg_field config_fields[] = {
      .set_in = KVG_SET_CONFIG | KVG_SET_FLAG,
      .offset = offsetof(kvg_config, redis),
      .object = &redis_table},
+    {.name = "hash",
+     .type = KVG_FIELD_OBJECT,
+     .set_in = KVG_SET_CONFIG | KVG_SET_FLAG,
+     .offset = offsetof(kvg_config, hash),
+     .object = &hash_table},
     {.name = "workers",
      .type = KVG_FIELD_CUSTOM,
      .set_in = KVG_SET_CONFIG,
@@ -513,34 +539,37 @@ int kvg_config_load_file(kvg_config *cfg, const char *path, char *err, size_t er
 
 void kvg_config_usage(FILE *out)
 {
-    fprintf(out,
-            "Usage: kvgate [OPTIONS]\n"
-            "Prefix-cache-aware HTTP/2 gateway for OpenAI-compatible inference workers.\n\n"
-            "  -c, --config FILE          JSON config file (flags override it)\n"
-            "      --listen HOST:PORT     front listener (repeatable; default 0.0.0.0:8080)\n"
-            "      --tls-cert FILE        certificate chain (PEM) for the --listen listeners\n"
-            "      --tls-key FILE         private key (PEM) for the --listen listeners\n"
-            "      --admin-listen HOST:PORT  admin listener (default 127.0.0.1:9090)\n"
-            "      --state DIR            state directory (default ./kvgate-state)\n"
-            "      --threads N            event-loop threads (default: one per core)\n"
-            "      --worker NAME=URL[,model=M]...[,kv_blocks=N][,max_inflight=N][,cache_salt=off]\n"
-            "                             add a worker, e.g. w1=http://127.0.0.1:8001,model=m\n"
-            "                             (repeatable; without model= it serves every model;\n"
-            "                             cache_salt=off for engines without that field)\n"
-            "      --auth keys|open       require API keys (default) or serve anyone (one\n"
-            "                             tenant; only for single-tenant deployments)\n"
-            "      --redis URL            share the prefix map and the state with other\n"
-            "                             replicas: redis://[[user]:password@]host:port[/db]\n"
-            "                             or redis-sentinel://host:port[,host:port...]/master\n"
-            "      --access-log PATH      JSON access log: a file, '-' for stdout, 'off'\n"
-            "      --log-level LEVEL      error, warn, info (default) or debug\n"
-            "      --port-file FILE       write the bound ports here once listening\n"
-            "      --check-config         validate the configuration and exit\n"
-            "  -h, --help                 this text\n"
-            "  -V, --version              print the version\n\n"
-            "Environment: KVGATE_ADMIN_TOKEN sets the admin bearer token, KVGATE_SECRET the\n"
-            "server secret that cache salts derive from (replicas must share it).\n"
-            "Signals: SIGTERM/SIGINT drain and exit, SIGHUP reloads the config file.\n");
+    fprintf(
+        out,
+        "Usage: kvgate [OPTIONS]\n"
+        "Prefix-cache-aware HTTP/2 gateway for OpenAI-compatible inference workers.\n\n"
+        "  -c, --config FILE          JSON config file (flags override it)\n"
+        "      --listen HOST:PORT     front listener (repeatable; default 0.0.0.0:8080)\n"
+        "      --tls-cert FILE        certificate chain (PEM) for the --listen listeners\n"
+        "      --tls-key FILE         private key (PEM) for the --listen listeners\n"
+        "      --admin-listen HOST:PORT  admin listener (default 127.0.0.1:9090)\n"
+        "      --state DIR            state directory (default ./kvgate-state)\n"
+        "      --threads N            event-loop threads (default: one per core)\n"
+        "      --worker NAME=URL[,model=M]...[,kv_blocks=N][,max_inflight=N][,cache_salt=off]\n"
+        "                             add a worker, e.g. w1=http://127.0.0.1:8001,model=m\n"
+        "                             (repeatable; without model= it serves every model;\n"
+        "                             cache_salt=off for engines without that field)\n"
+        "      --auth keys|open       require API keys (default) or serve anyone (one\n"
+        "                             tenant; only for single-tenant deployments)\n"
+        "      --redis URL            share the prefix map and the state with other\n"
+        "                             replicas: redis://[[user]:password@]host:port[/db]\n"
+        "                             or redis-sentinel://host:port[,host:port...]/master\n"
+        "      --hash-backend B       block-key hashing: auto (default: the GPU when one is\n"
+        "                             usable, else the CPU), cpu, or cuda (or refuse to start)\n"
+        "      --access-log PATH      JSON access log: a file, '-' for stdout, 'off'\n"
+        "      --log-level LEVEL      error, warn, info (default) or debug\n"
+        "      --port-file FILE       write the bound ports here once listening\n"
+        "      --check-config         validate the configuration and exit\n"
+        "  -h, --help                 this text\n"
+        "  -V, --version              print the version\n\n"
+        "Environment: KVGATE_ADMIN_TOKEN sets the admin bearer token, KVGATE_SECRET the\n"
+        "server secret that cache salts derive from (replicas must share it).\n"
+        "Signals: SIGTERM/SIGINT drain and exit, SIGHUP reloads the config file.\n");
 }
 
 enum {
@@ -557,6 +586,7 @@ enum {
     OPT_TLS_KEY,
     OPT_AUTH,
     OPT_REDIS,
+    OPT_HASH_BACKEND,
 };
 
 static const struct option long_opts[] = {
@@ -574,6 +604,7 @@ static const struct option long_opts[] = {
     {"tls-key", required_argument, NULL, OPT_TLS_KEY},
     {"auth", required_argument, NULL, OPT_AUTH},
     {"redis", required_argument, NULL, OPT_REDIS},
+    {"hash-backend", required_argument, NULL, OPT_HASH_BACKEND},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, 'V'},
     {NULL, 0, NULL, 0},
@@ -700,6 +731,7 @@ static const struct {
     {OPT_PORT_FILE, "--port-file", "port_file"},
     {OPT_AUTH, "--auth", "auth"},
     {OPT_REDIS, "--redis", "redis.url"},
+    {OPT_HASH_BACKEND, "--hash-backend", "hash.backend"},
 };
 
 int kvg_config_parse_args(kvg_config *cfg, int argc, char **argv, kvg_config_action *action,

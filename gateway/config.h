@@ -80,6 +80,26 @@ typedef struct kvg_redis_settings {
     uint32_t sync_interval_ms;     /* the shared state's version is checked this often */
 } kvg_redis_settings;
 
+/* Block-key hashing (gpu_hash/, docs/hashing.md): which backend, and the batcher's settings
+ * when it is the GPU. Read at start; a reload does not change them. */
+typedef enum kvg_hash_backend_choice {
+    KVG_HASH_BACKEND_AUTO = 0, /* the GPU when one is usable, else the CPU (logged once) */
+    KVG_HASH_BACKEND_CPU,
+    KVG_HASH_BACKEND_CUDA,    /* the GPU, or refuse to start */
+    KVG_HASH_BACKEND_STANDIN, /* the batcher with the CPU stand-in for the GPU (tests) */
+    KVG_HASH_BACKEND_CHOICE_COUNT,
+} kvg_hash_backend_choice;
+
+typedef struct kvg_hash_settings {
+    int backend;                /* kvg_hash_backend_choice (the --hash-backend flag) */
+    uint32_t batch_deadline_us; /* a batch closes this long after its first job */
+    uint32_t max_batch_jobs;    /* or at this many jobs */
+    uint32_t batch_mib;         /* pinned input buffer per batch slot */
+    uint32_t crossover_bytes;   /* jobs with less prompt data hash on the CPU; 0 = measured */
+    uint32_t max_queued;        /* jobs queued for the GPU at most; past it, the CPU */
+    uint32_t device;            /* CUDA device ordinal */
+} kvg_hash_settings;
+
 /* A worker of the config file or of --worker: the registry's definition (router.h), with its
  * strings in the config's arena. */
 typedef kvg_worker_def kvg_config_worker;
@@ -115,6 +135,7 @@ typedef struct kvg_config {
     kvg_health_config health;
     kvg_scrape_config scrape;
     kvg_redis_settings redis;
+    kvg_hash_settings hash;
     kvg_config_worker *workers;
     size_t nworkers;
 } kvg_config;

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The decision step of an exchange: where a request goes, decided at once (the embedded index)
- * or later on the exchange's own loop (a Redis lookup, within redis.lookup_timeout_ms, else the
- * embedded index answers). The one place a request may wait for routing; the CUDA hashing
- * backend is to complete through it too (docs/architecture.md, "The decision step"). */
+ * or later on the exchange's own loop (the GPU's block keys from the hashing batcher; a Redis
+ * lookup, within redis.lookup_timeout_ms, else the embedded index answers). The one place a
+ * request may wait for routing (docs/architecture.md, "The decision step"). */
 #ifndef KVG_GATEWAY_DECIDE_H
 #define KVG_GATEWAY_DECIDE_H
 
@@ -11,6 +11,7 @@
 #include <stdbool.h>
 
 #include "exchange.h"
+#include "hash_batcher.h"
 #include "policy.h"
 #include "router.h"
 
@@ -28,7 +29,9 @@ struct kvg_decide {
     kvg_policy_config policy;
     kvg_worker_set *set; /* referenced while the decision is under way: d borrows from it */
     kvg_decide_done_fn *done;
-    struct event deadline; /* redis.lookup_timeout_ms after the lookup went out */
+    kvg_hash_job job;             /* the request's block keys (keys in x's arena) */
+    kvg_hash_ticket *hash_ticket; /* while the batcher hashes them (hash.backend cuda) */
+    struct event deadline;        /* redis.lookup_timeout_ms after the lookup went out */
     bool deadline_set;
     bool pending;
 };

@@ -375,6 +375,11 @@ static int build_state(kvg_gateway *gw, char *token)
         step = "Redis";
         rc = connect_redis(gw);
     }
+    if (rc == 0) {
+        rc = kvg_gateway_hash_setup(gw);
+        if (rc < 0)
+            return rc; /* logged */
+    }
     if (rc < 0) {
         kvg_log_error("cannot set up %s: %s", step, kvg_strerror(rc));
         return rc;
@@ -430,6 +435,7 @@ static int build_state(kvg_gateway *gw, char *token)
         kvg_tenant_set_unref(ts);
     }
     kvg_admin_add_metrics(gw->admin, kvg_front_stats_write, gw);
+    kvg_admin_add_metrics(gw->admin, kvg_hash_stats_write, gw);
     kvg_admin_set_ready(gw->admin, ready_cb, gw);
     return 0;
 }
@@ -616,6 +622,7 @@ void kvg_gateway_free(kvg_gateway *gw)
         close(gw->access_log_fd);
     kvg_admin_free(gw->admin);
     kvg_redis_free(gw->redis); /* after the admin (its state sync) and the threads (clients) */
+    kvg_hash_batcher_free(gw->hasher); /* after the threads (their sinks) */
     kvg_router_free(gw->router);
     kvg_policy_state_free(gw->policy);
     kvg_tenants_free(gw->tenants);

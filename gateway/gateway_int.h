@@ -55,8 +55,10 @@ struct kvg_gateway {
     kvg_registry *registry;
     kvg_tenants *tenants;
     kvg_policy_state *policy;
-    kvg_router *router; /* the prefix index and the decision metrics */
-    kvg_redis *redis;   /* the shared prefix map and state; NULL without --redis */
+    kvg_router *router;             /* the prefix index and the decision metrics */
+    kvg_redis *redis;               /* the shared prefix map and state; NULL without --redis */
+    kvg_hash_batcher *hasher;       /* GPU block-key hashing (hash.backend); NULL: the CPU */
+    _Atomic uint64_t hash_cpu_jobs; /* jobs hashed at once without a batcher */
     kvg_admin *admin;
     uint8_t secret[64]; /* the server secret: scope salts are HMACs under it */
     size_t secret_len;
@@ -94,6 +96,17 @@ void kvg_gateway_init_limits(kvg_gateway *gw, uint64_t nofile);
 void kvg_gateway_control_wakeup(kvg_gateway *gw);
 /** Start a graceful shutdown (a second call forces it). Control thread only. */
 void kvg_gateway_begin_shutdown(kvg_gateway *gw, const char *why);
+
+/* ---- hashing.c ---- */
+/** Open the GPU hashing backend as hash.backend says: the device and its batcher, or the CPU
+ *  (auto without a usable device: logged once). 0, or KVG_ECONFIG (cuda asked for and not
+ *  usable), logged. */
+int kvg_gateway_hash_setup(kvg_gateway *gw);
+/** A front thread's completion sink (an eventfd on its loop); nothing without a batcher. */
+int kvg_thread_hash_init(kvg_thread *t);
+void kvg_thread_hash_done(kvg_thread *t);
+/** kvgate_hash_* series (registered with the admin module). */
+void kvg_hash_stats_write(kvg_buf *out, void *gw);
 
 /* ---- access_log.c ---- */
 /** Record a finished exchange: access log line and front counters (the exchanges'

@@ -11,6 +11,7 @@
 
 #include "config.h"
 #include "exchange.h"
+#include "hash_batcher.h"
 #include "policy.h"
 #include "router.h"
 #include "tenancy.h"
@@ -43,11 +44,14 @@ struct kvg_thread {
     kvg_snapshot_cache workers;
     kvg_snapshot_cache tenants;
     kvg_snapshot_cache policy;
-    uint64_t rng;            /* xorshift state for request ids */
-    kvg_buf scratch;         /* reused to compose heads without an allocation per request */
-    kvg_salt_cache salts;    /* the scopes' cache salts this thread has computed */
-    kvg_redis_client *redis; /* the shared prefix map on this loop; NULL without Redis */
-    bool draining;           /* shutdown: no new requests, close when idle */
+    uint64_t rng;             /* xorshift state for request ids */
+    kvg_buf scratch;          /* reused to compose heads without an allocation per request */
+    kvg_salt_cache salts;     /* the scopes' cache salts this thread has computed */
+    kvg_redis_client *redis;  /* the shared prefix map on this loop; NULL without Redis */
+    kvg_hash_sink *hash_sink; /* GPU hashing completions for this loop; NULL on the CPU */
+    int hash_fd;              /* eventfd the batcher's thread writes to wake this loop */
+    struct event *hash_ev;
+    bool draining; /* shutdown: no new requests, close when idle */
     bool stopped;
 };
 

@@ -85,6 +85,9 @@ int kvg_thread_init(kvg_thread *t, kvg_gateway *gw, unsigned index, bool is_cont
     /* Front threads ask the shared prefix map; the control thread routes nothing. */
     if (gw->redis && !is_control && kvg_redis_client_new(gw->redis, t->base, &t->redis) < 0)
         goto fail;
+    t->hash_fd = -1;
+    if (!is_control && kvg_thread_hash_init(t) < 0)
+        goto fail;
     t->exchange_env = (kvg_exchange_env){
         .base = t->base,
         .limits = &gw->cfg.limits,
@@ -116,6 +119,7 @@ void kvg_thread_done(kvg_thread *t)
     kvg_snapshot_cache_done(&t->policy);
     kvg_buf_done(&t->scratch);
     kvg_salt_cache_done(&t->salts);
+    kvg_thread_hash_done(t);         /* its event is on t->base */
     kvg_redis_client_free(t->redis); /* its events are on t->base */
     t->redis = NULL;
     if (t->notify_ev)

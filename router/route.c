@@ -129,19 +129,18 @@ static uint64_t root_of(const kvg_hash_job *job)
     return XXH3_64bits_withSeed(job->model_len ? job->model : "", job->model_len, h);
 }
 
-int kvg_router_prepare(kvg_router *rt, kvg_worker_set *set, const kvg_route_request *req,
-                       kvg_arena *arena, kvg_route_decision *out)
+int kvg_router_prepare_job(kvg_router *rt, kvg_worker_set *set, const kvg_route_request *req,
+                           kvg_arena *arena, kvg_route_decision *out, kvg_hash_job *job)
 {
     const kvg_policy_config *pc = req->policy;
     const kvg_body_info *body = req->body;
-    kvg_route_decision d;
-    memset(&d, 0, sizeof(d));
-    uint64_t t0 = req->clock_ns ? req->clock_ns() : 0, t = t0;
+    memset(out, 0, sizeof(*out));
+    uint64_t t0 = req->clock_ns ? req->clock_ns() : 0;
     sync_index(rt, set);
 
-    /* Block keys. */
+    /* Block keys: the job, hashed by the caller (at once, or by the batcher). */
     const kvg_prefix_stream *ps = &body->prefix;
-    kvg_hash_job job = {
+    *job = (kvg_hash_job){
         .salt = req->salt,
         .salt_len = req->salt ? strlen(req->salt) : 0,
         .model = body->model,
@@ -151,23 +150,32 @@ int kvg_router_prepare(kvg_router *rt, kvg_worker_set *set, const kvg_route_requ
         .len = ps->is_tokens ? ps->ntokens : ps->text_len,
         .block_size = ps->is_tokens ? pc->block_tokens : pc->block_bytes,
     };
-    size_t full = job.block_size ? job.len / job.block_size : 0;
-    job.max_blocks = (uint32_t)KVG_MIN(full, (size_t)pc->max_blocks);
-    if (job.max_blocks) {
-        job.keys = kvg_arena_alloc(arena, job.max_blocks * sizeof(uint64_t));
-        if (!job.keys)
+    size_t full = job->block_size ? job->len / job->block_size : 0;
+    job->max_blocks = (uint32_t)KVG_MIN(full, (size_t)pc->max_blocks);
+    if (job->max_blocks) {
+        job->keys = kvg_arena_alloc(arena, job->max_blocks * sizeof(uint64_t));
+        if (!job->keys)
             return -ENOMEM;
     }
-    if (kvg_hash_batch(&job, 1) < 0)
-        job.nkeys = 0; /* a block size out of range: route by load (settings are validated) */
-    d.keys = job.keys;
-    d.nkeys = job.nkeys;
-    d.unit = job.unit;
-    d.block_size = job.block_size;
-    d.stream_units = job.len;
-    d.root = root_of(&job);
-    d.stage_ns[KVG_ROUTE_STAGE_HASH] = lap(req, &t);
+    out->unit = job->unit;
+    out->block_size = job->block_size;
+    out->stream_units = job->len;
+    out->root = root_of(job);
+    out->hash_backend = "cpu";
+    out->start_ns = t0;
+    out->lookup_start_ns = t0; /* until the keys are in: the hash stage's start */
+    return 0;
+}
 
+int kvg_router_prepare_workers(kvg_worker_set *set, const kvg_route_request *req, kvg_arena *arena,
+                               kvg_route_decision *out, const kvg_hash_job *job, int hashed)
+{
+    kvg_route_decision d = *out;
+    uint64_t t = d.lookup_start_ns;
+    d.keys = job->keys;
+    d.nkeys = hashed < 0 ? 0 : job->nkeys; /* a job refused: route by load (settings are
+                                            * validated, so only an out-of-range block size) */
+    d.stage_ns[KVG_ROUTE_STAGE_HASH] = lap(req, &t);
     /* Eligible workers: one pass over the snapshot, reading the fields each worker keeps in its
      * first cache line for this loop. */
     size_t n = kvg_worker_set_count(set);
@@ -176,7 +184,7 @@ int kvg_router_prepare(kvg_router *rt, kvg_worker_set *set, const kvg_route_requ
     d.matched = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*d.matched));
     if (!d.eligible || !d.pcs || !d.matched)
         return -ENOMEM;
-    const char *model = body->model;
+    const char *model = req->body->model;
     bool scraped = req->now_ns && req->engine_load_max_age_ns;
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
@@ -202,10 +210,19 @@ int kvg_router_prepare(kvg_router *rt, kvg_worker_set *set, const kvg_route_requ
         m++;
     }
     d.neligible = m;
-    d.start_ns = t0;
     d.lookup_start_ns = t;
     *out = d;
     return 0;
+}
+
+int kvg_router_prepare(kvg_router *rt, kvg_worker_set *set, const kvg_route_request *req,
+                       kvg_arena *arena, kvg_route_decision *out)
+{
+    kvg_hash_job job;
+    int rc = kvg_router_prepare_job(rt, set, req, arena, out, &job);
+    if (rc < 0)
+        return rc;
+    return kvg_router_prepare_workers(set, req, arena, out, &job, kvg_hash_batch(&job, 1));
 }
 
 void kvg_router_fallback(kvg_router *rt, kvg_route_decision *d)

@@ -672,8 +672,10 @@ struct kvg_route_decision {
                             prefix map's hash tag) */
     kvg_policy_kind policy;
     kvg_policy_reason reason;
-    bool shared;    /* the matches came from the shared prefix map (Redis) */
-    bool fell_back; /* a Redis lookup failed or was late: the embedded index answered */
+    bool shared;              /* the matches came from the shared prefix map (Redis) */
+    bool fell_back;           /* a Redis lookup failed or was late: the embedded index answered */
+    const char *hash_backend; /* what hashed the keys: "cpu" (at once), the GPU's name, or
+                                 "fallback" (the CPU after a device error) */
     uint64_t stage_ns[KVG_ROUTE_STAGE_COUNT]; /* 0 without a clock; PARSE is the caller's */
 
     /* Between kvg_router_prepare and kvg_router_choose (arena): the eligible workers, borrowed
@@ -701,9 +703,20 @@ int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_reque
  * (docs/architecture.md, "The decision step"): prepare, lookup (at once on the embedded index;
  * later from Redis, or the embedded index's answer when Redis fails or is late), choose. */
 
-/** Step 1: block keys, root, eligible workers. 0 or -ENOMEM; *out written (all of it). */
+/** Step 1: block keys, root, eligible workers. 0 or -ENOMEM; *out written (all of it). The
+ *  two halves below with kvg_hash_batch between them. */
 int kvg_router_prepare(kvg_router *rt, kvg_worker_set *set, const kvg_route_request *req,
                        kvg_arena *arena, kvg_route_decision *out);
+/** Step 1a: the hashing job of the request (its keys array from the arena, not yet filled),
+ *  the chain's root and the stream's size into *out (all of it written). 0 or -ENOMEM. The
+ *  job borrows from req's body and salt. */
+int kvg_router_prepare_job(kvg_router *rt, kvg_worker_set *set, const kvg_route_request *req,
+                           kvg_arena *arena, kvg_route_decision *out, kvg_hash_job *job);
+/** Step 1b, once the job is hashed (hashed: kvg_hash_batch's result, at once or from the
+ *  batcher; negative: no keys, the request is routed by load): the keys into out, the hash
+ *  stage's time, the eligible workers. 0 or -ENOMEM. */
+int kvg_router_prepare_workers(kvg_worker_set *set, const kvg_route_request *req, kvg_arena *arena,
+                               kvg_route_decision *out, const kvg_hash_job *job, int hashed);
 /** Step 2: each eligible worker's match. Without a client, or with nothing to match (no keys,
  *  no eligible worker), the embedded index answers now: returns 1. With one, the lookup goes
  *  to Redis and 0 is returned: cb(ud, d, status) comes later on the client's loop, unless
