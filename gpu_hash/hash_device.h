@@ -62,6 +62,9 @@ typedef struct kvg_hash_standin_config {
      * batch (a device error mid-batch must not leak them). */
     uint64_t fail_launch_at;
     uint64_t fail_finish_at;
+    /* The Nth finish writes one wrong key into the batch and returns 0: a device that is
+     * silently wrong, which only an equivalence check can catch (test_cuda_equiv's own test). */
+    uint64_t corrupt_finish_at;
 } kvg_hash_standin_config;
 
 int kvg_hash_device_open_standin(const kvg_hash_standin_config *cfg, kvg_hash_device **out);

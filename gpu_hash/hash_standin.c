@@ -71,7 +71,14 @@ static int standin_finish(kvg_hash_device *dev, unsigned slot)
         write_wrong_keys(sl.jobs, sl.n);
         return -EIO;
     }
-    return kvg_hash_batch(sl.jobs, sl.n);
+    int rc = kvg_hash_batch(sl.jobs, sl.n);
+    if (rc == 0 && s->finishes == s->cfg.corrupt_finish_at)
+        for (size_t k = sl.n; k-- > 0;) /* the last key of the last job that has one */
+            if (sl.jobs[k].nkeys) {
+                sl.jobs[k].keys[sl.jobs[k].nkeys - 1] ^= 1;
+                break;
+            }
+    return rc;
 }
 
 static void standin_close(kvg_hash_device *dev)

@@ -195,8 +195,16 @@ static void test_big_batches(void)
 int main(void)
 {
     char why[200] = "";
+#ifdef KVG_EQUIV_STANDIN
+    /* The harness itself, on every machine: against the CPU stand-in it must pass, and with
+     * KVG_EQUIV_CORRUPT=N (the Nth batch silently one key wrong) it must fail. */
+    const char *corrupt = getenv("KVG_EQUIV_CORRUPT");
+    kvg_hash_standin_config sc = {.corrupt_finish_at = corrupt ? strtoull(corrupt, NULL, 10) : 0};
+    int rc = kvg_hash_device_open_standin(&sc, &dev);
+#else
     kvg_hash_device_config cfg = {0};
     int rc = kvg_hash_device_open_cuda(&cfg, &dev, why, sizeof(why));
+#endif
     if (rc) {
         printf("SKIP: no CUDA backend here: %s\n", why);
         return 77;
