@@ -1,0 +1,165 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvgate-replay's parts: the trace, the block cache the simulated engines and the reference
+ * caches share, the event heap, the router driver, the simulation and its report. */
+#ifndef KVG_REPLAY_H
+#define KVG_REPLAY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "policy.h"
+
+/* Tokens per hash id in the Mooncake traces. */
+#define REPLAY_BLOCK_TOKENS 512u
+
+/* ---- the trace (trace.c) ------------------------------------------------------------------ */
+
+typedef struct replay_request {
+    uint64_t arrival_us; /* timestamp (ms) x time_scale, in virtual microseconds */
+    uint32_t input_tokens;
+    uint32_t output_tokens;
+    uint32_t nblocks; /* hash ids */
+    uint64_t *keys;   /* chain keys of the hash ids (trace-owned), nblocks of them */
+} replay_request;
+
+typedef struct replay_trace {
+    replay_request *reqs; /* sorted by arrival (stable) */
+    size_t n;
+    uint64_t blocks; /* sum of nblocks */
+    uint64_t tokens; /* sum of input_tokens */
+    size_t skipped;  /* bad lines skipped (--on-error skip) */
+    uint64_t *keypool;
+} replay_trace;
+
+/** The chain key of a hash id after the key of the block before it (prev 0 for the first):
+ *  XXH3 of (prev, id), so equal id prefixes give equal keys. */
+uint64_t replay_chain_key(uint64_t prev, uint64_t id);
+/** Read a Mooncake JSON-lines trace ({"timestamp", "input_length", "output_length",
+ *  "hash_ids"} per line; blank lines ignored). A bad line: with skip, a warning naming the
+ *  line goes to stderr and the line is left out; without, "FILE:LINE: what" goes to stderr and
+ *  the read fails. time_scale multiplies the timestamps. 0, KVG_EPARSE, -errno, -ENOMEM. */
+int replay_trace_read(const char *path, double time_scale, bool skip, replay_trace *out);
+void replay_trace_done(replay_trace *t);
+/** Tokens of block i of r: the input's 512-token slice i (the last one may be short). */
+static inline uint32_t replay_block_tokens(const replay_request *r, uint32_t i)
+{
+    uint64_t start = (uint64_t)i * REPLAY_BLOCK_TOKENS;
+    if (r->input_tokens <= start)
+        return 0;
+    uint64_t left = r->input_tokens - start;
+    return left < REPLAY_BLOCK_TOKENS ? (uint32_t)left : REPLAY_BLOCK_TOKENS;
+}
+
+/* ---- block cache (cache.c) ---------------------------------------------------------------- */
+
+/* capacity blocks, each held (pinned: a running sequence uses it) or free in an LRU list. */
+typedef struct replay_cache replay_cache;
+
+int replay_cache_new(uint32_t capacity, replay_cache **out);
+void replay_cache_free(replay_cache *c);
+/** Leading blocks of keys held (pinned or not): the prefix cache hit. */
+uint32_t replay_cache_match(const replay_cache *c, const uint64_t *keys, uint32_t n);
+/** Whether pinning keys fits: the pinned blocks after it would be at most the capacity. */
+bool replay_cache_fits(const replay_cache *c, const uint64_t *keys, uint32_t n);
+/** Pin keys in order: held ones gain a reference, missing ones are inserted in the place of the
+ *  least recently used free block; when none is free, a missing block is not stored. */
+void replay_cache_pin(replay_cache *c, const uint64_t *keys, uint32_t n);
+/** Drop the references of a pin; blocks left unreferenced become the most recently used, keys[0]
+ *  the most recent of all (engines evict a sequence's tail first). Keys not held are ignored. */
+void replay_cache_unpin(replay_cache *c, const uint64_t *keys, uint32_t n);
+uint32_t replay_cache_held(const replay_cache *c);
+
+/* ---- event heap (heap.c) ------------------------------------------------------------------- */
+
+typedef struct replay_event {
+    uint64_t time_us;
+    uint64_t seq; /* insertion order: equal times pop first in, first out */
+    uint32_t req;
+    uint32_t kind;
+} replay_event;
+
+typedef struct replay_heap {
+    replay_event *ev;
+    size_t n, cap;
+    uint64_t next_seq;
+} replay_heap;
+
+void replay_heap_init(replay_heap *h);
+void replay_heap_done(replay_heap *h);
+int replay_heap_push(replay_heap *h, uint64_t time_us, uint32_t req, uint32_t kind);
+/** Pop the earliest event into *out; false when empty. */
+bool replay_heap_pop(replay_heap *h, replay_event *out);
+/** The earliest event, or NULL. */
+static inline const replay_event *replay_heap_top(const replay_heap *h)
+{
+    return h->n ? &h->ev[0] : NULL;
+}
+
+/* ---- router driver (driver.c) ------------------------------------------------------------- */
+
+/* A router and a registry of nworkers simulated workers (w000, w001, ...), each with capacity
+ * blocks in the index; decisions run through the router's own steps. */
+typedef struct replay_router replay_router;
+
+int replay_router_new(const kvg_policy_config *pc, unsigned nworkers, uint32_t capacity,
+                      replay_router **out);
+void replay_router_free(replay_router *r);
+/** Decide where req goes now: the worker's index and its predicted matched blocks. The worker's
+ *  in-flight count (what the policy reads) goes up by one. 0 or -ENOMEM. */
+int replay_router_decide(replay_router *r, const replay_request *req, unsigned *worker,
+                         uint32_t *matched);
+/** The worker produced req's first token: the index learns its blocks. */
+void replay_router_record(replay_router *r, unsigned worker, const replay_request *req,
+                          uint32_t matched);
+/** The worker finished req: its in-flight count goes down by one. */
+void replay_router_done(replay_router *r, unsigned worker);
+
+/* ---- simulation and reports (sim.c, report.c) ----------------------------------------------- */
+
+typedef struct replay_engine_config {
+    unsigned workers;
+    uint32_t capacity;    /* blocks per worker */
+    uint32_t max_running; /* sequences running at once per worker */
+    double prefill_us;    /* per uncached prompt token; prefills run one at a time */
+    double decode_us;     /* per output token after the first, per sequence */
+} replay_engine_config;
+
+/* One row of the report. */
+typedef struct replay_row {
+    char name[32];
+    bool policy;       /* a simulated policy (else a reference: ceiling, pooled LRU) */
+    uint64_t capacity; /* blocks: per worker for a policy, pooled for the LRU, 0 for the ceiling */
+    uint64_t requests, blocks, hit_blocks, tokens, hit_tokens;
+    uint64_t predicted_blocks; /* policy: blocks the chosen worker was predicted to hold */
+    double ttft_p50_ms, ttft_p99_ms, ttft_mean_ms;
+    double imbalance;     /* max / mean requests per worker */
+    uint64_t *per_worker; /* requests per worker (owned), nworkers of them */
+    unsigned nworkers;
+    double seconds; /* wall-clock time of the replay */
+} replay_row;
+
+/** Replay the trace on simulated engines under the policy. 0, -ENOMEM. */
+int replay_simulate(const replay_trace *t, const replay_engine_config *ec,
+                    const kvg_policy_config *pc, replay_row *out);
+/** The infinite cache: every block seen before is a hit (leading run). Also the count of
+ *  distinct blocks. 0, -ENOMEM. */
+int replay_ceiling(const replay_trace *t, replay_row *out, uint64_t *distinct);
+/** One LRU of capacity blocks, fed every request in arrival order (pin then unpin). */
+int replay_pooled_lru(const replay_trace *t, uint64_t capacity, replay_row *out);
+void replay_row_done(replay_row *row);
+
+typedef struct replay_report {
+    const char *trace;
+    const replay_trace *t;
+    const replay_engine_config *ec;
+    uint64_t distinct_blocks;
+    const replay_row *rows;
+    size_t nrows;
+} replay_report;
+
+void replay_report_text(const replay_report *rep, FILE *f);
+void replay_report_json(const replay_report *rep, FILE *f);
+
+#endif

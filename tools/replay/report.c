@@ -1,0 +1,74 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The report: one row per policy and per reference, as a table or as JSON. */
+#include "replay.h"
+
+static double ratio(uint64_t a, uint64_t b)
+{
+    return b ? (double)a / (double)b : 0;
+}
+
+void replay_report_text(const replay_report *rep, FILE *f)
+{
+    const replay_trace *t = rep->t;
+    fprintf(f,
+            "trace %s: %zu requests, %llu blocks (%llu distinct), %llu prompt tokens; %u workers "
+            "x %u blocks\n",
+            rep->trace, t->n, (unsigned long long)t->blocks,
+            (unsigned long long)rep->distinct_blocks, (unsigned long long)t->tokens,
+            rep->ec->workers, rep->ec->capacity);
+    fprintf(f, "%-13s %9s %9s %9s %10s %10s %9s %8s  %s\n", "policy", "block_hit", "token_hit",
+            "predicted", "ttft_p50ms", "ttft_p99ms", "imbalance", "replay_s", "requests/worker");
+    for (size_t i = 0; i < rep->nrows; i++) {
+        const replay_row *r = &rep->rows[i];
+        fprintf(f, "%-13s %9.4f %9.4f ", r->name, ratio(r->hit_blocks, r->blocks),
+                ratio(r->hit_tokens, r->tokens));
+        if (!r->policy) {
+            fprintf(f, "%9s %10s %10s %9s %8.3f  %s\n", "-", "-", "-", "-", r->seconds,
+                    r->capacity ? "(one LRU of workers x capacity)" : "(infinite cache)");
+            continue;
+        }
+        fprintf(f, "%9.4f %10.1f %10.1f %9.3f %8.3f  ", ratio(r->predicted_blocks, r->blocks),
+                r->ttft_p50_ms, r->ttft_p99_ms, r->imbalance, r->seconds);
+        for (unsigned w = 0; w < r->nworkers; w++)
+            fprintf(f, "%s%llu", w ? " " : "", (unsigned long long)r->per_worker[w]);
+        fputc('\n', f);
+    }
+}
+
+void replay_report_json(const replay_report *rep, FILE *f)
+{
+    const replay_trace *t = rep->t;
+    const replay_engine_config *ec = rep->ec;
+    fprintf(f,
+            "{\"requests\":%zu,\"skipped\":%zu,\"blocks\":%llu,\"distinct_blocks\":%llu,"
+            "\"tokens\":%llu,\"workers\":%u,\"capacity\":%u,\"max_running\":%u,"
+            "\"prefill_us\":%.17g,\"decode_us\":%.17g,\"rows\":[",
+            t->n, t->skipped, (unsigned long long)t->blocks,
+            (unsigned long long)rep->distinct_blocks, (unsigned long long)t->tokens, ec->workers,
+            ec->capacity, ec->max_running, ec->prefill_us, ec->decode_us);
+    for (size_t i = 0; i < rep->nrows; i++) {
+        const replay_row *r = &rep->rows[i];
+        fprintf(f,
+                "%s{\"name\":\"%s\",\"kind\":\"%s\",\"capacity\":%llu,\"requests\":%llu,"
+                "\"blocks\":%llu,\"hit_blocks\":%llu,\"tokens\":%llu,\"hit_tokens\":%llu,"
+                "\"block_hit_rate\":%.17g,\"token_hit_rate\":%.17g,\"seconds\":%.6f",
+                i ? "," : "", r->name, r->policy ? "policy" : "reference",
+                (unsigned long long)r->capacity, (unsigned long long)r->requests,
+                (unsigned long long)r->blocks, (unsigned long long)r->hit_blocks,
+                (unsigned long long)r->tokens, (unsigned long long)r->hit_tokens,
+                ratio(r->hit_blocks, r->blocks), ratio(r->hit_tokens, r->tokens), r->seconds);
+        if (r->policy) {
+            fprintf(f,
+                    ",\"predicted_blocks\":%llu,\"predicted_hit_rate\":%.17g,"
+                    "\"ttft_p50_ms\":%.17g,\"ttft_p99_ms\":%.17g,\"ttft_mean_ms\":%.17g,"
+                    "\"imbalance\":%.17g,\"requests_per_worker\":[",
+                    (unsigned long long)r->predicted_blocks, ratio(r->predicted_blocks, r->blocks),
+                    r->ttft_p50_ms, r->ttft_p99_ms, r->ttft_mean_ms, r->imbalance);
+            for (unsigned w = 0; w < r->nworkers; w++)
+                fprintf(f, "%s%llu", w ? "," : "", (unsigned long long)r->per_worker[w]);
+            fputc(']', f);
+        }
+        fputc('}', f);
+    }
+    fputs("]}\n", f);
+}
