@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """kvgate-replay against a small reference written here: the ceiling (every block seen before
-is a hit) and the pooled LRU (one LRU of workers x capacity blocks) of the tool's JSON report
-equal this file's, exactly, on a slice of the Mooncake conversation trace and on generated
+is a hit), the pooled LRU (one LRU of workers x capacity blocks) and Belady's MIN on the same
+capacity of the tool's JSON report equal this file's (pooled_lru <= min <= ceiling), exactly, on a slice of the Mooncake conversation trace and on generated
 traces; a trace whose requests share a prefix gives the hit counts worked out by hand for
 prefix-aware and round-robin routing; round robin spreads requests evenly; bad lines name
 their line number (stop, or skip with --on-error skip)."""
@@ -94,7 +94,40 @@ def pooled_lru(reqs, capacity):
     return hit_blocks, hit_tokens
 
 
-def check_references(path, *args):
+def belady_min(reqs, capacity):
+    """The pooled LRU's accesses (each request's blocks in order) and hits (leading blocks
+    cached when the request arrives); a miss on a full cache evicts the cached block whose next
+    access is farthest, unless the accessed block's own is as far or farther: then it is not
+    kept. A plain scan of the cache per eviction, for small inputs."""
+    seq = [key for r in reqs for key, _ in blocks(r)]
+    after = {}
+    nxt = [0] * len(seq)
+    for i in range(len(seq) - 1, -1, -1):
+        nxt[i] = after.get(seq[i], float("inf"))
+        after[seq[i]] = i
+    cache = {}  # key: its next access
+    hit_blocks = hit_tokens = 0
+    i = 0
+    for r in reqs:
+        bs = blocks(r)
+        for key, tokens in bs:
+            if key not in cache:
+                break
+            hit_blocks += 1
+            hit_tokens += tokens
+        for key, _ in bs:
+            if key not in cache and len(cache) >= capacity:
+                victim = max(cache, key=cache.get, default=None)
+                if victim is None or cache[victim] <= nxt[i]:
+                    i += 1
+                    continue
+                del cache[victim]
+            cache[key] = nxt[i]
+            i += 1
+    return hit_blocks, hit_tokens
+
+
+def check_references(path, *args, check_min=True):
     report = replay_json("--trace", path, "--policies", "round_robin", *args)
     reqs = load(path)
     got = rows(report)
@@ -108,6 +141,12 @@ def check_references(path, *args):
     assert got["pooled_lru"]["capacity"] == pooled
     assert (got["pooled_lru"]["hit_blocks"], got["pooled_lru"]["hit_tokens"]) == \
         pooled_lru(reqs, pooled)
+    got_min = got["min"]
+    assert got_min["capacity"] == pooled and got_min["kind"] == "reference"
+    assert got["pooled_lru"]["hit_blocks"] <= got_min["hit_blocks"] <= hb
+    assert got["pooled_lru"]["hit_tokens"] <= got_min["hit_tokens"] <= ht
+    if check_min:
+        assert (got_min["hit_blocks"], got_min["hit_tokens"]) == belady_min(reqs, pooled)
     return report
 
 
@@ -124,14 +163,16 @@ def conversation_slice(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("args", [
-    ["--capacity", "1"],
-    ["--capacity", "40"],
-    ["--capacity", "300", "--workers", "3"],
-    ["--capacity-fraction", "0.1"],
+# The MIN reference scans the cache per eviction: exact only where the pooled cache is small
+# (the larger ones still check pooled_lru <= min <= ceiling).
+@pytest.mark.parametrize("args,check_min", [
+    (["--capacity", "1"], True),
+    (["--capacity", "40"], True),
+    (["--capacity", "300", "--workers", "3"], False),
+    (["--capacity-fraction", "0.1"], False),
 ])
-def test_references_on_conversation_slice(conversation_slice, args):
-    check_references(conversation_slice, *args)
+def test_references_on_conversation_slice(conversation_slice, args, check_min):
+    check_references(conversation_slice, *args, check_min=check_min)
 
 
 def generated_trace(path, seed, n=400):
@@ -182,7 +223,7 @@ def test_shared_prefix_by_hand(tmp_path):
     blocks_total = n * 5
     # Every request finishes long before the next arrives. Prefix-aware routing sends all to
     # the worker that holds [1..4]: only the first request misses them.
-    for name in ("cost", "prefix_only", "ceiling", "pooled_lru"):
+    for name in ("cost", "prefix_only", "ceiling", "pooled_lru", "min"):
         assert got[name]["blocks"] == blocks_total
         assert got[name]["hit_blocks"] == (n - 1) * 4, name
         assert got[name]["hit_tokens"] == (n - 1) * 4 * BLOCK, name

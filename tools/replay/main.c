@@ -22,7 +22,8 @@ static const char usage[] =
     "Usage: kvgate-replay --trace FILE [OPTIONS]\n"
     "Replay a Mooncake trace offline on simulated engines in virtual time, routed by kvgate's\n"
     "own router under each policy, and report cache hit rates, time to first token and load\n"
-    "beside the ceiling (infinite cache) and one pooled LRU (see docs/replay.md).\n"
+    "beside the ceiling (infinite cache), one pooled LRU and the offline optimum (Belady's\n"
+    "MIN) on the same pooled capacity (see docs/replay.md).\n"
     "\n"
     "  --trace FILE               JSON lines: timestamp (ms), input_length, output_length,\n"
     "                             hash_ids (512-token blocks) (required)\n"
@@ -191,7 +192,7 @@ int main(int argc, char **argv)
     replay_trace t;
     if (replay_trace_read(trace, scale, skip, &t) < 0)
         return 1;
-    size_t nrows = nkinds + 2;
+    size_t nrows = nkinds + 3;
     replay_row *rows = calloc(nrows, sizeof(*rows));
     uint64_t distinct = 0;
     int rc = rows ? replay_ceiling(&t, &rows[nkinds], &distinct) : -ENOMEM;
@@ -203,6 +204,8 @@ int main(int argc, char **argv)
         ec.capacity = capacity;
         rc = replay_pooled_lru(&t, (uint64_t)capacity * ec.workers, &rows[nkinds + 1]);
     }
+    if (rc == 0)
+        rc = replay_min(&t, (uint64_t)capacity * ec.workers, &rows[nkinds + 2]);
     for (size_t i = 0; rc == 0 && i < nkinds; i++) {
         kvg_policy_config pc;
         kvg_policy_config_init(&pc);

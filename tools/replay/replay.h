@@ -116,7 +116,7 @@ void replay_router_record(replay_router *r, unsigned worker, const replay_reques
 /** The worker finished req: its in-flight count goes down by one. */
 void replay_router_done(replay_router *r, unsigned worker);
 
-/* ---- simulation and reports (sim.c, report.c) ----------------------------------------------- */
+/* ---- simulation and reports (sim.c, min.c, report.c) ------------------------------------- */
 
 typedef struct replay_engine_config {
     unsigned workers;
@@ -129,8 +129,8 @@ typedef struct replay_engine_config {
 /* One row of the report. */
 typedef struct replay_row {
     char name[32];
-    bool policy;       /* a simulated policy (else a reference: ceiling, pooled LRU) */
-    uint64_t capacity; /* blocks: per worker for a policy, pooled for the LRU, 0 for the ceiling */
+    bool policy;       /* a simulated policy (else a reference: ceiling, pooled LRU, MIN) */
+    uint64_t capacity; /* blocks: per worker (policy), pooled (LRU, MIN), 0 (ceiling) */
     uint64_t requests, blocks, hit_blocks, tokens, hit_tokens;
     uint64_t predicted_blocks; /* policy: blocks the chosen worker was predicted to hold */
     double ttft_p50_ms, ttft_p99_ms, ttft_mean_ms;
@@ -148,6 +148,10 @@ int replay_simulate(const replay_trace *t, const replay_engine_config *ec,
 int replay_ceiling(const replay_trace *t, replay_row *out, uint64_t *distinct);
 /** One LRU of capacity blocks, fed every request in arrival order (pin then unpin). */
 int replay_pooled_lru(const replay_trace *t, uint64_t capacity, replay_row *out);
+/** Belady's MIN (min.c): the pooled LRU's access sequence (each request's blocks in order,
+ *  requests in arrival order), capacity and hits, with the block used farthest ahead evicted;
+ *  an accessed block that would itself be that one is not kept. 0, -ENOMEM. */
+int replay_min(const replay_trace *t, uint64_t capacity, replay_row *out);
 void replay_row_done(replay_row *row);
 
 typedef struct replay_report {

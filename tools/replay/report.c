@@ -2,6 +2,8 @@
 /* The report: one row per policy and per reference, as a table or as JSON. */
 #include "replay.h"
 
+#include <string.h>
+
 static double ratio(uint64_t a, uint64_t b)
 {
     return b ? (double)a / (double)b : 0;
@@ -24,7 +26,9 @@ void replay_report_text(const replay_report *rep, FILE *f)
                 ratio(r->hit_tokens, r->tokens));
         if (!r->policy) {
             fprintf(f, "%9s %10s %10s %9s %8.3f  %s\n", "-", "-", "-", "-", r->seconds,
-                    r->capacity ? "(one LRU of workers x capacity)" : "(infinite cache)");
+                    !r->capacity                  ? "(infinite cache)"
+                    : strcmp(r->name, "min") == 0 ? "(Belady's MIN on workers x capacity)"
+                                                  : "(one LRU of workers x capacity)");
             continue;
         }
         fprintf(f, "%9.4f %10.1f %10.1f %9.3f %8.3f  ", ratio(r->predicted_blocks, r->blocks),
