@@ -9,6 +9,7 @@
 #include <xxhash.h>
 
 #include "gpu_hash.h"
+#include "xxh3_hd.h"
 
 /* The root's preimage starts with this tag, so a future change of the function can change
  * the tag and never collide with keys of this one. */
@@ -99,23 +100,11 @@ bool kvg_hash_job_valid(const kvg_hash_job *j)
 }
 
 /* link(a) = lo64(a * P) ^ hi64(a * P), the full 128-bit product, P = XXH_PRIME64_1: XXH3's own
- * fold. The only serial step of the chain: one multiply and two XORs, a few cycles. */
-#define LINK_PRIME UINT64_C(0x9E3779B185EBCA87)
-
+ * fold, written once for the CPU and the GPU (xxh3_hd.h). The only serial step of the chain:
+ * one multiply and two XORs, a few cycles. */
 static inline uint64_t link_key(uint64_t a)
 {
-#ifdef __SIZEOF_INT128__
-    unsigned __int128 p = (unsigned __int128)a * LINK_PRIME;
-    return (uint64_t)p ^ (uint64_t)(p >> 64);
-#else
-    /* Four 32x32 products; the same value. */
-    uint64_t alo = (uint32_t)a, ahi = a >> 32, blo = (uint32_t)LINK_PRIME, bhi = LINK_PRIME >> 32;
-    uint64_t lolo = alo * blo, hilo = ahi * blo, lohi = alo * bhi, hihi = ahi * bhi;
-    uint64_t cross = (lolo >> 32) + (uint32_t)hilo + lohi;
-    uint64_t hi = (hilo >> 32) + (cross >> 32) + hihi;
-    uint64_t lo = (cross << 32) | (uint32_t)lolo;
-    return lo ^ hi;
-#endif
+    return kvg_hd_link(a);
 }
 
 /* key[i] = link(key[i-1] ^ d[i]) over n blocks of w bytes, d[i] = XXH3(block i, seed root) and

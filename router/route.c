@@ -168,21 +168,20 @@ int kvg_router_prepare_job(kvg_router *rt, kvg_worker_set *set, const kvg_route_
 }
 
 int kvg_router_prepare_workers(kvg_worker_set *set, const kvg_route_request *req, kvg_arena *arena,
-                               kvg_route_decision *out, const kvg_hash_job *job, int hashed)
+                               kvg_route_decision *d, const kvg_hash_job *job, int hashed)
 {
-    kvg_route_decision d = *out;
-    uint64_t t = d.lookup_start_ns;
-    d.keys = job->keys;
-    d.nkeys = hashed < 0 ? 0 : job->nkeys; /* a job refused: route by load (settings are
-                                            * validated, so only an out-of-range block size) */
-    d.stage_ns[KVG_ROUTE_STAGE_HASH] = lap(req, &t);
+    uint64_t t = d->lookup_start_ns;
+    d->keys = job->keys;
+    d->nkeys = hashed < 0 ? 0 : job->nkeys; /* a job refused: route by load (settings are
+                                             * validated, so only an out-of-range block size) */
+    d->stage_ns[KVG_ROUTE_STAGE_HASH] = lap(req, &t);
     /* Eligible workers: one pass over the snapshot, reading the fields each worker keeps in its
      * first cache line for this loop. */
     size_t n = kvg_worker_set_count(set);
-    d.eligible = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*d.eligible));
-    d.pcs = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*d.pcs));
-    d.matched = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*d.matched));
-    if (!d.eligible || !d.pcs || !d.matched)
+    d->eligible = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*d->eligible));
+    d->pcs = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*d->pcs));
+    d->matched = kvg_arena_alloc(arena, (n ? n : 1) * sizeof(*d->matched));
+    if (!d->eligible || !d->pcs || !d->matched)
         return -ENOMEM;
     const char *model = req->body->model;
     bool scraped = req->now_ns && req->engine_load_max_age_ns;
@@ -191,13 +190,13 @@ int kvg_router_prepare_workers(kvg_worker_set *set, const kvg_route_request *req
         kvg_worker *w = set->workers[i];
         if (!w->serves_all_models && model && !kvg_worker_serves(w, model))
             continue;
-        d.serving++;
+        d->serving++;
         if ((atomic_load_explicit(&w->health, memory_order_relaxed) & HEALTH_DOWN_BIT) ||
             atomic_load_explicit(&w->draining, memory_order_relaxed))
             continue;
-        d.eligible[m] = w;
-        d.matched[m] = 0;
-        d.pcs[m] = (kvg_policy_candidate){
+        d->eligible[m] = w;
+        d->matched[m] = 0;
+        d->pcs[m] = (kvg_policy_candidate){
             .index = (uint32_t)m,
             .inflight = atomic_load_explicit(&w->inflight, memory_order_relaxed),
             .id_hash = w->name_hash,
@@ -205,13 +204,12 @@ int kvg_router_prepare_workers(kvg_worker_set *set, const kvg_route_request *req
         };
         /* The engine's own queue and cache, when scraped recently enough; else unknown (0). */
         if (scraped)
-            kvg_worker_engine_load(w, req->now_ns, req->engine_load_max_age_ns, &d.pcs[m].waiting,
-                                   &d.pcs[m].kv_usage);
+            kvg_worker_engine_load(w, req->now_ns, req->engine_load_max_age_ns, &d->pcs[m].waiting,
+                                   &d->pcs[m].kv_usage);
         m++;
     }
-    d.neligible = m;
-    d.lookup_start_ns = t;
-    *out = d;
+    d->neligible = m;
+    d->lookup_start_ns = t;
     return 0;
 }
 
