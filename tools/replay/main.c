@@ -17,6 +17,7 @@
 #define DEFAULT_PREFILL_US 100.0
 #define DEFAULT_DECODE_US 20000.0
 #define MAX_WORKERS 1024
+#define MAX_POLICIES 32
 
 static const char usage[] =
     "Usage: kvgate-replay --trace FILE [OPTIONS]\n"
@@ -63,15 +64,18 @@ static int parse_u32(const char *s, uint32_t min, uint32_t max, uint32_t *out)
     return 0;
 }
 
-static int parse_policies(const char *list, kvg_policy_kind *kinds, size_t *n)
+static int parse_policies(const char *list, replay_policy *policies, size_t cap, size_t *n)
 {
-    char buf[256];
+    char buf[512];
     if (strlen(list) >= sizeof(buf))
         return -1;
     strcpy(buf, list);
     *n = 0;
     for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (*n == KVG_POLICY_KIND_COUNT || kvg_policy_kind_parse(tok, &kinds[*n]) < 0) {
+        bool repeated = false;
+        for (size_t i = 0; i < *n; i++)
+            repeated |= strcmp(policies[i].name, tok) == 0;
+        if (*n == cap || repeated || replay_policy_parse(tok, &policies[*n]) < 0) {
             fprintf(stderr, "kvgate-replay: --policies: unknown or repeated policy \"%s\"\n", tok);
             return -1;
         }
@@ -122,10 +126,8 @@ int main(int argc, char **argv)
     };
     uint32_t capacity = 0;
     double fraction = DEFAULT_FRACTION, scale = 1.0;
-    kvg_policy_kind kinds[KVG_POLICY_KIND_COUNT] = {KVG_POLICY_COST, KVG_POLICY_PREFIX_ONLY,
-                                                    KVG_POLICY_LEAST_LOADED, KVG_POLICY_ROUND_ROBIN,
-                                                    KVG_POLICY_RANDOM};
-    size_t nkinds = KVG_POLICY_KIND_COUNT;
+    replay_policy policies[MAX_POLICIES];
+    size_t npolicies = replay_policy_all(policies, MAX_POLICIES);
     bool skip = false, json = false;
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -146,7 +148,7 @@ int main(int argc, char **argv)
             bad = parse_double(optarg, 1e-9, 1e6, &fraction);
             break;
         case O_POL:
-            bad = parse_policies(optarg, kinds, &nkinds);
+            bad = parse_policies(optarg, policies, MAX_POLICIES, &npolicies);
             break;
         case O_RUN:
             bad = parse_u32(optarg, 1, 1u << 20, &ec.max_running);
@@ -192,26 +194,11 @@ int main(int argc, char **argv)
     replay_trace t;
     if (replay_trace_read(trace, scale, skip, &t) < 0)
         return 1;
-    size_t nrows = nkinds + 3;
+    size_t nrows = npolicies + REPLAY_REFERENCE_ROWS;
     replay_row *rows = calloc(nrows, sizeof(*rows));
     uint64_t distinct = 0;
-    int rc = rows ? replay_ceiling(&t, &rows[nkinds], &distinct) : -ENOMEM;
-    if (rc == 0) {
-        if (!capacity) {
-            double per = floor(fraction * (double)distinct / ec.workers);
-            capacity = per < 1 ? 1 : per > UINT32_MAX / 2 ? UINT32_MAX / 2 : (uint32_t)per;
-        }
-        ec.capacity = capacity;
-        rc = replay_pooled_lru(&t, (uint64_t)capacity * ec.workers, &rows[nkinds + 1]);
-    }
-    if (rc == 0)
-        rc = replay_min(&t, (uint64_t)capacity * ec.workers, &rows[nkinds + 2]);
-    for (size_t i = 0; rc == 0 && i < nkinds; i++) {
-        kvg_policy_config pc;
-        kvg_policy_config_init(&pc);
-        pc.kind = kinds[i];
-        rc = replay_simulate(&t, &ec, &pc, &rows[i]);
-    }
+    ec.capacity = capacity;
+    int rc = rows ? replay_run(&t, &ec, fraction, policies, npolicies, rows, &distinct) : -ENOMEM;
     if (rc == 0) {
         replay_report rep = {.trace = trace,
                              .t = &t,

@@ -140,9 +140,26 @@ typedef struct replay_row {
     double seconds; /* wall-clock time of the replay */
 } replay_row;
 
+/* A policy to replay: one of kvgate's own (peer REPLAY_PEER_NONE: the real router under kind's
+ * defaults) or a re-implementation of another router's published policy (peers.c). */
+typedef enum replay_peer {
+    REPLAY_PEER_NONE = 0,
+} replay_peer;
+
+typedef struct replay_policy {
+    char name[32]; /* as given to --policies and printed in the report */
+    replay_peer peer;
+    kvg_policy_kind kind; /* peer NONE */
+} replay_policy;
+
+/** The policy named name (a kvgate policy kind or a peer's name). 0 or -EINVAL. */
+int replay_policy_parse(const char *name, replay_policy *out);
+/** Every policy, kvgate's first, into out (at most cap); the count. */
+size_t replay_policy_all(replay_policy *out, size_t cap);
+
 /** Replay the trace on simulated engines under the policy. 0, -ENOMEM. */
-int replay_simulate(const replay_trace *t, const replay_engine_config *ec,
-                    const kvg_policy_config *pc, replay_row *out);
+int replay_simulate(const replay_trace *t, const replay_engine_config *ec, const replay_policy *p,
+                    replay_row *out);
 /** The infinite cache: every block seen before is a hit (leading run). Also the count of
  *  distinct blocks. 0, -ENOMEM. */
 int replay_ceiling(const replay_trace *t, replay_row *out, uint64_t *distinct);
@@ -153,6 +170,20 @@ int replay_pooled_lru(const replay_trace *t, uint64_t capacity, replay_row *out)
  *  an accessed block that would itself be that one is not kept. 0, -ENOMEM. */
 int replay_min(const replay_trace *t, uint64_t capacity, replay_row *out);
 void replay_row_done(replay_row *row);
+
+/** Per-worker capacity that makes the pooled capacity fraction of the distinct blocks:
+ *  floor(fraction x distinct / workers), at least 1, at most UINT32_MAX / 2. */
+uint32_t replay_capacity_for(uint64_t distinct, double fraction, unsigned workers);
+
+/** Every row of one configuration (run.c): the policies, then the ceiling, the pooled LRU and MIN
+ *  on workers x capacity, into rows (npolicies + REPLAY_REFERENCE_ROWS of them, each to be
+ *  released with replay_row_done, also on failure). ec->capacity 0 takes
+ *  replay_capacity_for(distinct, fraction, ec->workers) and writes it back. *distinct gets the
+ *  trace's distinct blocks. 0, -ENOMEM. */
+#define REPLAY_REFERENCE_ROWS 3
+int replay_run(const replay_trace *t, replay_engine_config *ec, double fraction,
+               const replay_policy *policies, size_t npolicies, replay_row *rows,
+               uint64_t *distinct);
 
 typedef struct replay_report {
     const char *trace;

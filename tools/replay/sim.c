@@ -194,16 +194,19 @@ static void row_start(replay_row *row, const replay_trace *t, const char *name)
     row->tokens = t->tokens;
 }
 
-int replay_simulate(const replay_trace *t, const replay_engine_config *ec,
-                    const kvg_policy_config *pc, replay_row *out)
+int replay_simulate(const replay_trace *t, const replay_engine_config *ec, const replay_policy *p,
+                    replay_row *out)
 {
     uint64_t t0 = kvg_now_ns();
     replay_row row;
-    row_start(&row, t, kvg_policy_kind_str(pc->kind));
+    row_start(&row, t, p->name);
     row.policy = true;
     row.capacity = ec->capacity;
     row.nworkers = ec->workers;
     sim s = {.t = t, .ec = ec, .row = &row};
+    kvg_policy_config pc;
+    kvg_policy_config_init(&pc);
+    pc.kind = p->kind;
     replay_heap_init(&s.heap);
     row.per_worker = calloc(ec->workers, sizeof(*row.per_worker));
     s.engines = calloc(ec->workers, sizeof(*s.engines));
@@ -211,7 +214,7 @@ int replay_simulate(const replay_trace *t, const replay_engine_config *ec,
     s.ttft_ms = malloc((t->n ? t->n : 1) * sizeof(*s.ttft_ms));
     int rc = -ENOMEM;
     if (row.per_worker && s.engines && s.rs && s.ttft_ms)
-        rc = replay_router_new(pc, ec->workers, ec->capacity, &s.router);
+        rc = replay_router_new(&pc, ec->workers, ec->capacity, &s.router);
     if (rc == 0)
         rc = run(&s);
     replay_router_free(s.router);
