@@ -59,6 +59,7 @@ typedef struct choice {
     uint64_t key;
     uint64_t bound;  /* the bounded-load limit B */
     bool any_holder; /* some candidate holds at least one block */
+    bool by_cost;    /* cost ranks by total cost: some holder, or some turnover priced */
 } choice;
 
 /* The bound B = ceil((1 + load_factor) x (sum of inflight + 1) / n): the mean load after this
@@ -105,7 +106,9 @@ static inline double kv_usage(const kvg_policy_candidate *c)
  * they compare are the same doubles. */
 static inline double prefill_cost(const choice *ch, const kvg_policy_candidate *c)
 {
-    return ch->cfg->prefill_cost_per_block * (double)(ch->blocks - held(ch, c));
+    double turnover = c->turnover > 0 ? c->turnover : 0; /* NaN: unknown */
+    return (ch->cfg->prefill_cost_per_block + ch->cfg->turnover_cost_per_block * turnover) *
+           (double)(ch->blocks - held(ch, c));
 }
 
 static inline double queue_cost(const choice *ch, const kvg_policy_candidate *c)
@@ -140,7 +143,7 @@ static int compare(const choice *ch, const kvg_policy_candidate *a, const kvg_po
     if (ch->kind == KVG_POLICY_COST) {
         if ((r = (int)over_bound(ch, a) - (int)over_bound(ch, b)) != 0)
             return r;
-        if (ch->any_holder) {
+        if (ch->by_cost) {
             kvg_policy_terms ta, tb;
             score(ch, a, &ta);
             score(ch, b, &tb);
@@ -266,7 +269,7 @@ static bool sort_by_keys(const choice *ch, kvg_policy_candidate *c, size_t n, si
         uint64_t primary;
         if (ch->kind == KVG_POLICY_COST) {
             uint64_t cost = 0;
-            if (ch->any_holder)
+            if (ch->by_cost)
                 cost = cost_bits(prefill_cost(ch, x) + queue_cost(ch, x));
             primary = (over_bound(ch, x) ? 1ull << 63 : 0) | cost;
         } else {
@@ -328,6 +331,10 @@ void kvg_policy_choose_top(const kvg_policy_config *cfg, const kvg_policy_reques
     } else {
         for (size_t i = 0; i < n && !ch.any_holder; i++)
             ch.any_holder = held(&ch, &cands[i]) > 0;
+        /* Cold, and nothing known of turnover: rendezvous alone, so that replicas agree. */
+        ch.by_cost = ch.any_holder;
+        for (size_t i = 0; i < n && !ch.by_cost; i++)
+            ch.by_cost = cfg->turnover_cost_per_block > 0 && cands[i].turnover > 0;
         if (n > UINT32_MAX || !sort_by_keys(&ch, cands, n, top))
             sort(&ch, cands, n);
         why = held(&ch, &cands[0]) > 0 ? KVG_POLICY_REASON_HIT : KVG_POLICY_REASON_COLD;

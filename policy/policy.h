@@ -38,6 +38,7 @@ typedef struct kvg_policy_candidate {
                           computed here (the same value either way) */
     uint32_t waiting;  /* the engine's vllm:num_requests_waiting, scraped; 0 = unknown */
     float kv_usage;    /* the engine's vllm:kv_cache_usage_perc in [0, 1], scraped; 0 = unknown */
+    float turnover;    /* blocks newly cached on it lately over its capacity; 0 = unknown */
 } kvg_policy_candidate;
 
 /** Rank candidates best first, in place, by load alone (least_loaded, round_robin, random; the
@@ -57,11 +58,12 @@ typedef struct kvg_policy_config {
     uint32_t block_tokens; /* token ids per block key for token prompts (default 16) */
     uint32_t max_blocks;   /* block keys per request at most: the rest is not matched (4096) */
     uint32_t cold_blocks;  /* leading blocks whose key places a cold prefix (rendezvous; 4) */
-    double load_factor;    /* bounded load: no worker above (1 + load_factor) x mean (1.0) */
+    double load_factor;    /* bounded load: no worker above (1 + load_factor) x mean (2.0) */
     double prefill_cost_per_block;   /* predicted us to prefill one missing block (200) */
     double queue_cost_per_request;   /* predicted us each request in flight adds (1000) */
     double waiting_cost_per_request; /* us per request waiting in the engine, scraped (5000) */
     double kv_usage_cost;            /* us at a full engine KV cache, scraped (0: off) */
+    double turnover_cost_per_block;  /* us per missing block at turnover 1 (50; 0: off) */
 } kvg_policy_config;
 
 /* The settings' fields, for the admin API, the state file and kvgate admin: policy (a kind's

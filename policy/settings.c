@@ -47,11 +47,12 @@ static const kvg_field policy_fields[] = {
      .set_in = KVG_SET_ANY,
      .offset = offsetof(kvg_policy_config, load_factor),
      .dmax = 100,
-     .def.d = 1.0},
+     .def.d = 2.0},
     COST_FIELD(prefill_cost_per_block, 200),
     COST_FIELD(queue_cost_per_request, 1000),
     COST_FIELD(waiting_cost_per_request, 5000),
     COST_FIELD(kv_usage_cost, 0),
+    COST_FIELD(turnover_cost_per_block, 50),
 };
 
 const kvg_fields kvg_policy_fields = {"policy", policy_fields, KVG_ARRAY_LEN(policy_fields), NULL};

@@ -52,6 +52,7 @@
 #include "router_int.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,6 +98,8 @@ typedef struct wslot {
     uint32_t head;     /* most recently used */
     uint32_t tail;     /* least recently used */
     bool live;
+    double fresh;      /* entries added lately, decayed (fresh_add) */
+    uint64_t fresh_at; /* idx->inserts at fresh's last update */
 } wslot;
 
 /* Open-addressed worker id -> slot map, rebuilt by set_workers. */
@@ -127,7 +130,10 @@ struct kvg_prefix_index {
     uint64_t entries;
     uint64_t evictions;
     uint64_t inserts;
+    uint64_t horizon; /* sum of the live workers' capacities (at least 1): turnover's scale */
 };
+
+static uint64_t capacity_sum(const kvg_prefix_index *idx);
 
 /* Fibonacci hashing: keys are normally hashes already, but this also spreads small sequential
  * ones (tests, a weak hash, worker ids) evenly over the high bits. */
@@ -509,6 +515,7 @@ int kvg_index_set_workers(kvg_prefix_index *idx, const kvg_index_worker *ws, siz
     free(idx->order);
     idx->order = order;
     idx->nworkers = (uint32_t)n;
+    idx->horizon = KVG_MAX(capacity_sum(idx), (uint64_t)1);
     pthread_rwlock_unlock(&idx->lock);
     free(names);
     return 0;
@@ -797,6 +804,37 @@ static size_t recent_run(const kvg_prefix_index *idx, const wslot *w, const uint
 /* Nodes a record remembers from its recent_run (the stack it can spare). */
 #define RECORD_RUN 512
 
+/* Turnover. A worker's entries added lately: each entry added anywhere in the index ages the
+ * sum by exp(-1 / horizon), so an entry counts fully while the fleet adds few others and has
+ * faded to 1/e once the fleet has added as many entries as all workers hold together: a count
+ * over the fleet's own residence time, with no clock. Over the worker's capacity it says how
+ * fast the worker's cache turns over (docs/admin-api.md, turnover_cost_per_block). */
+static double fresh_now(const kvg_prefix_index *idx, const wslot *w)
+{
+    if (w->fresh <= 0)
+        return 0;
+    return w->fresh * exp(-(double)(idx->inserts - w->fresh_at) / (double)idx->horizon);
+}
+
+static void fresh_add(kvg_prefix_index *idx, wslot *w, uint64_t added)
+{
+    if (!added)
+        return;
+    w->fresh = fresh_now(idx, w) + (double)added;
+    w->fresh_at = idx->inserts;
+}
+
+void kvg_index_turnover(kvg_prefix_index *idx, const uint64_t *worker_ids, size_t n, float *out)
+{
+    pthread_rwlock_rdlock(&idx->lock);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t s = id_find(idx, worker_ids[i]);
+        const wslot *w = s == NIL ? NULL : &idx->slots[s];
+        out[i] = w && w->capacity ? (float)(fresh_now(idx, w) / w->capacity) : 0.0f;
+    }
+    pthread_rwlock_unlock(&idx->lock);
+}
+
 int kvg_index_record(kvg_prefix_index *idx, uint64_t worker_id, const uint64_t *keys, size_t nkeys)
 {
     if (!keys && nkeys)
@@ -824,6 +862,7 @@ int kvg_index_record(kvg_prefix_index *idx, uint64_t worker_id, const uint64_t *
      * moved to the front directly, without probing for them: the same result, provided that
      * nothing evicts them meanwhile (no eviction can happen: room checked) and the lock is
      * held throughout (fewer than RECORD_BATCH keys to record). */
+    uint64_t added = 0; /* entries added to w since fresh_add last counted them */
     uint32_t run_nodes[RECORD_RUN];
     size_t run = recent_run(idx, w, keys, KVG_MIN(nkeys, (size_t)RECORD_RUN), run_nodes);
     size_t fresh = nkeys - run;
@@ -837,6 +876,8 @@ int kvg_index_record(kvg_prefix_index *idx, uint64_t worker_id, const uint64_t *
          * millisecond. Readers then see the chain's tail before its head, which matches
          * nothing (matches are leading keys) until the head lands: never a false hit. */
         if (i + 1 < nkeys && (nkeys - 1 - i) % RECORD_BATCH == 0) {
+            fresh_add(idx, w, added);
+            added = 0;
             pthread_rwlock_unlock(&idx->lock);
             pthread_rwlock_wrlock(&idx->lock);
             s = id_find(idx, worker_id); /* set_workers may have run meanwhile */
@@ -882,7 +923,9 @@ int kvg_index_record(kvg_prefix_index *idx, uint64_t worker_id, const uint64_t *
         w->count++;
         idx->entries++;
         idx->inserts++;
+        added++;
     }
+    fresh_add(idx, w, added);
     for (size_t t = run; t-- > 0;) {
         if (w->head != run_nodes[t]) {
             lru_unlink(idx, w, run_nodes[t]);

@@ -435,6 +435,11 @@ void kvg_index_match(kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
  *  and usable). Keys already held cost no allocation. Thread-safe. */
 int kvg_index_record(kvg_prefix_index *idx, uint64_t worker_id, const uint64_t *keys, size_t nkeys);
 
+/** For each of the n worker ids, how fast its entries turn over: the entries added to it lately
+ *  (each entry added anywhere ages the count by exp(-1 / the workers' total capacity)) over its
+ *  capacity; 0 for an unknown id. Read-only; thread-safe. */
+void kvg_index_turnover(kvg_prefix_index *idx, const uint64_t *worker_ids, size_t n, float *out);
+
 typedef struct kvg_index_stats {
     uint64_t entries;   /* (worker, key) entries held */
     uint64_t capacity;  /* sum of the workers' capacities, capped by max_entries */

@@ -184,6 +184,8 @@ def test_isolated_tenants_predict_nothing_from_each_other(simworker, kvgate):
 def test_load_bound_spreads_a_hot_prefix(simworker, kvgate):
     ws = workers(simworker, 4, kv_blocks=8192, time_scale=1, decode_us_per_token=20000)
     gw = kvgate(*ws)
+    # The bound under test, whatever the default: B = ceil((1 + 1) x 17 / 4) = 9.
+    assert gw.admin.put("/admin/v1/policy", json={"load_factor": 1}).status_code == 200
     system = text(21, 2000)
     send(gw, chat(ws[0].model, system, "warm"))
     got = Counter()
@@ -200,7 +202,8 @@ def test_load_bound_spreads_a_hot_prefix(simworker, kvgate):
     for t in threads:
         t.join()
     assert sum(got.values()) == 16
-    # All 16 at once: no worker may take more than about (1 + 0.25) x its share plus one.
+    # All 16 at once: none may take more than the bound allows (9, one of them the warm-up's
+    # holder's own), so the hot prefix spreads.
     assert len(got) >= 3 and max(got.values()) <= 8, got
 
 

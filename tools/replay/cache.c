@@ -182,3 +182,8 @@ uint32_t replay_cache_held(const replay_cache *c)
 {
     return c->used;
 }
+
+uint32_t replay_cache_pinned(const replay_cache *c)
+{
+    return c->pinned;
+}

@@ -4,6 +4,7 @@
 #include "replay.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,7 +28,16 @@ int replay_router_new(const kvg_policy_config *pc, unsigned nworkers, uint32_t c
     replay_router *r = calloc(1, sizeof(*r));
     if (!r)
         return -ENOMEM;
+    /* The settings count in the gateway's blocks (block_tokens tokens each); a trace block is
+     * REPLAY_BLOCK_TOKENS tokens, so the per-block settings scale by their ratio: a trace block
+     * costs as much prefill (and turnover) as the gateway blocks it spans, and max_blocks and
+     * cold_blocks cover as many tokens as they do in the gateway. */
+    double ratio = (double)REPLAY_BLOCK_TOKENS / (pc->block_tokens ? pc->block_tokens : 1);
     r->pc = *pc;
+    r->pc.prefill_cost_per_block = pc->prefill_cost_per_block * ratio;
+    r->pc.turnover_cost_per_block = pc->turnover_cost_per_block * ratio;
+    r->pc.max_blocks = (uint32_t)KVG_MAX(1.0, floor(pc->max_blocks / ratio));
+    r->pc.cold_blocks = (uint32_t)KVG_MAX(1.0, ceil(pc->cold_blocks / ratio));
     r->n = nworkers;
     kvg_arena_init(&r->arena, 0);
     /* No limit of the gateway's own: the simulated engines queue what they cannot run. */

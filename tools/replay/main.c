@@ -40,6 +40,11 @@ static const char usage[] =
     "  --decode-us US             time per output token after the first (default 20000)\n"
     "  --time-scale S             multiply the trace's timestamps by S (default 1; 0.5 = twice\n"
     "                             the request rate)\n"
+    "  --settings JSON            policy settings over the defaults of kvgate's policies, as\n"
+    "                             PUT /admin/v1/policy takes them (e.g. '{\"load_factor\":2}')\n"
+    "  --record decision|first-token  when kvgate's index learns a request's blocks: when it is\n"
+    "                             routed (as the gateway does for streams, default) or at its\n"
+    "                             first token\n"
     "  --on-error skip|stop       a bad trace line: warn and skip it, or stop (default stop)\n"
     "  --format text|json         report format on stdout (default text)\n"
     "  --help, --version\n";
@@ -84,6 +89,36 @@ static int parse_policies(const char *list, replay_policy *policies, size_t cap,
     return *n ? 0 : -1;
 }
 
+/* --settings: a policy settings object (PUT /admin/v1/policy's fields, docs/admin-api.md) over
+ * the defaults of every kvgate policy replayed; its "policy" field, if any, is ignored. */
+static int apply_settings(const char *text, replay_policy *policies, size_t n)
+{
+    kvg_arena arena;
+    kvg_arena_init(&arena, 0);
+    kvg_json *obj = NULL;
+    kvg_json_error err = {0};
+    int rc = kvg_json_parse(text, strlen(text), &arena, NULL, &obj, &err);
+    if (rc < 0 || obj->type != KVG_JSON_OBJECT) {
+        fprintf(stderr, "kvgate-replay: --settings: not a JSON object%s%s\n", rc < 0 ? ": " : "",
+                rc < 0 ? err.message : "");
+        kvg_arena_done(&arena);
+        return -1;
+    }
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        if (policies[i].peer != REPLAY_PEER_NONE)
+            continue;
+        kvg_policy_kind kind = policies[i].cfg.kind;
+        char msg[256];
+        if (kvg_policy_config_apply_json(&policies[i].cfg, obj, msg, sizeof(msg)) < 0) {
+            fprintf(stderr, "kvgate-replay: --settings: %s\n", msg);
+            rc = -1;
+        }
+        policies[i].cfg.kind = kind;
+    }
+    kvg_arena_done(&arena);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     enum {
@@ -98,6 +133,8 @@ int main(int argc, char **argv)
         O_SCALE,
         O_ERR,
         O_FMT,
+        O_SETTINGS,
+        O_RECORD,
         O_HELP,
         O_VER
     };
@@ -113,6 +150,8 @@ int main(int argc, char **argv)
         {"time-scale", required_argument, NULL, O_SCALE},
         {"on-error", required_argument, NULL, O_ERR},
         {"format", required_argument, NULL, O_FMT},
+        {"settings", required_argument, NULL, O_SETTINGS},
+        {"record", required_argument, NULL, O_RECORD},
         {"help", no_argument, NULL, O_HELP},
         {"version", no_argument, NULL, O_VER},
         {NULL, 0, NULL, 0},
@@ -123,12 +162,14 @@ int main(int argc, char **argv)
         .max_running = DEFAULT_MAX_RUNNING,
         .prefill_us = DEFAULT_PREFILL_US,
         .decode_us = DEFAULT_DECODE_US,
+        .record_at_decision = true,
     };
     uint32_t capacity = 0;
     double fraction = DEFAULT_FRACTION, scale = 1.0;
     replay_policy policies[MAX_POLICIES];
     size_t npolicies = replay_policy_all(policies, MAX_POLICIES);
     bool skip = false, json = false;
+    const char *settings = NULL;
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         int bad = 0;
@@ -170,6 +211,13 @@ int main(int argc, char **argv)
             bad = strcmp(optarg, "text") && strcmp(optarg, "json");
             json = strcmp(optarg, "json") == 0;
             break;
+        case O_RECORD:
+            bad = strcmp(optarg, "decision") && strcmp(optarg, "first-token");
+            ec.record_at_decision = strcmp(optarg, "decision") == 0;
+            break;
+        case O_SETTINGS:
+            settings = optarg;
+            break;
         case O_HELP:
             fputs(usage, stdout);
             return 0;
@@ -190,6 +238,9 @@ int main(int argc, char **argv)
         fputs(usage, stderr);
         return 2;
     }
+
+    if (settings && apply_settings(settings, policies, npolicies) < 0)
+        return 2;
 
     replay_trace t;
     if (replay_trace_read(trace, scale, skip, &t) < 0)

@@ -70,6 +70,8 @@ void replay_cache_pin(replay_cache *c, const uint64_t *keys, uint32_t n);
  *  the most recent of all (engines evict a sequence's tail first). Keys not held are ignored. */
 void replay_cache_unpin(replay_cache *c, const uint64_t *keys, uint32_t n);
 uint32_t replay_cache_held(const replay_cache *c);
+/** Held blocks with a reference (used by running sequences). */
+uint32_t replay_cache_pinned(const replay_cache *c);
 
 /* ---- event heap (heap.c) ------------------------------------------------------------------- */
 
@@ -116,14 +118,55 @@ void replay_router_record(replay_router *r, unsigned worker, const replay_reques
 /** The worker finished req: its in-flight count goes down by one. */
 void replay_router_done(replay_router *r, unsigned worker);
 
+/* ---- peer policies (peers.c) --------------------------------------------------------------- */
+
+typedef enum replay_peer {
+    REPLAY_PEER_NONE = 0,
+    REPLAY_PEER_SGLANG, /* "sglang": SGLang router's cache_aware */
+    REPLAY_PEER_DYNAMO, /* "dynamo": NVIDIA Dynamo's KV router, events on, temperature 0 */
+    REPLAY_PEER_LLMD,   /* "llmd": llm-d's default scorers, prefix 3 + queue 2 + KV use 2 */
+    REPLAY_PEER_AIBRIX, /* "aibrix": AIBrix's prefix-cache router */
+    REPLAY_PEER_CHWBL,  /* "chwbl": consistent hashing with bounded load on the first block */
+} replay_peer;
+
+/* What a router can know of a simulated worker when it decides (docs/policies.md says which
+ * peer reads which). */
+typedef struct replay_engine_view {
+    uint32_t inflight;         /* routed there and not finished (the router's own count) */
+    uint32_t running, waiting; /* the engine's running sequences and waiting queue */
+    const replay_cache *cache; /* the engine's cache: what its KV events say it holds */
+    uint32_t capacity;         /* blocks */
+} replay_engine_view;
+
+typedef struct replay_peer_router replay_peer_router;
+
+/** A peer's state for one simulation of nworkers workers of capacity blocks each, for a trace
+ *  of nrequests requests. 0, -ENOMEM. */
+int replay_peer_new(replay_peer kind, unsigned nworkers, uint32_t capacity, size_t nrequests,
+                    replay_peer_router **out);
+void replay_peer_free(replay_peer_router *p);
+/** Decide where request id (req) goes from the workers' views: the worker, and the leading
+ *  blocks the peer believes that worker holds. 0 or -ENOMEM. */
+int replay_peer_decide(replay_peer_router *p, const replay_request *req, uint32_t id,
+                       const replay_engine_view *views, unsigned *worker, uint32_t *predicted);
+/** Request id's first token came on worker (its prefill is over). */
+void replay_peer_first_token(replay_peer_router *p, unsigned worker, const replay_request *req,
+                             uint32_t id);
+/** Request id finished on worker. */
+void replay_peer_done(replay_peer_router *p, unsigned worker, const replay_request *req,
+                      uint32_t id);
+
 /* ---- simulation and reports (sim.c, min.c, report.c) ------------------------------------- */
 
 typedef struct replay_engine_config {
     unsigned workers;
-    uint32_t capacity;    /* blocks per worker */
-    uint32_t max_running; /* sequences running at once per worker */
-    double prefill_us;    /* per uncached prompt token; prefills run one at a time */
-    double decode_us;     /* per output token after the first, per sequence */
+    uint32_t capacity;       /* blocks per worker */
+    uint32_t max_running;    /* sequences running at once per worker */
+    double prefill_us;       /* per uncached prompt token; prefills run one at a time */
+    double decode_us;        /* per output token after the first, per sequence */
+    bool record_at_decision; /* kvgate's index learns a request's blocks when it is routed (the
+                              * gateway records at the worker's 200 head, which vLLM sends for a
+                              * stream when it takes the request), else at its first token */
 } replay_engine_config;
 
 /* One row of the report. */
@@ -142,14 +185,11 @@ typedef struct replay_row {
 
 /* A policy to replay: one of kvgate's own (peer REPLAY_PEER_NONE: the real router under kind's
  * defaults) or a re-implementation of another router's published policy (peers.c). */
-typedef enum replay_peer {
-    REPLAY_PEER_NONE = 0,
-} replay_peer;
 
 typedef struct replay_policy {
     char name[32]; /* as given to --policies and printed in the report */
     replay_peer peer;
-    kvg_policy_kind kind; /* peer NONE */
+    kvg_policy_config cfg; /* peer NONE: the settings (kvg_policy_config_init with the kind) */
 } replay_policy;
 
 /** The policy named name (a kvgate policy kind or a peer's name). 0 or -EINVAL. */

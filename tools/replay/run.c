@@ -8,23 +8,40 @@
 
 #include "common.h"
 
+static const struct {
+    const char *name;
+    replay_peer peer;
+} peers[] = {
+    {"sglang", REPLAY_PEER_SGLANG}, {"dynamo", REPLAY_PEER_DYNAMO}, {"llmd", REPLAY_PEER_LLMD},
+    {"aibrix", REPLAY_PEER_AIBRIX}, {"chwbl", REPLAY_PEER_CHWBL},
+};
+
 int replay_policy_parse(const char *name, replay_policy *out)
 {
     memset(out, 0, sizeof(*out));
     if (strlen(name) >= sizeof(out->name))
         return -EINVAL;
+    for (size_t i = 0; i < KVG_ARRAY_LEN(peers); i++) {
+        if (strcmp(name, peers[i].name) == 0) {
+            out->peer = peers[i].peer;
+            strcpy(out->name, name);
+            return 0;
+        }
+    }
     kvg_policy_kind kind;
     if (kvg_policy_kind_parse(name, &kind) < 0)
         return -EINVAL;
     out->peer = REPLAY_PEER_NONE;
-    out->kind = kind;
+    kvg_policy_config_init(&out->cfg);
+    out->cfg.kind = kind;
     strcpy(out->name, name);
     return 0;
 }
 
 /* The report's order: kvgate's default first, then its other policies, then the peers. */
 static const char *const all_policies[] = {
-    "cost", "prefix_only", "least_loaded", "round_robin", "random",
+    "cost",   "prefix_only", "least_loaded", "round_robin", "random",
+    "sglang", "dynamo",      "llmd",         "aibrix",      "chwbl",
 };
 
 size_t replay_policy_all(replay_policy *out, size_t cap)

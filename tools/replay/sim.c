@@ -13,6 +13,7 @@ enum { EV_FIRST_TOKEN = 0, EV_DONE };
 
 typedef struct engine {
     replay_cache *cache;
+    uint32_t inflight; /* routed here and not finished */
     uint32_t running;
     uint64_t prefill_free_us; /* prefills run one at a time: when the current one ends */
     uint32_t *queue;          /* waiting requests, FIFO ring */
@@ -29,7 +30,9 @@ typedef struct req_state {
 typedef struct sim {
     const replay_trace *t;
     const replay_engine_config *ec;
-    replay_router *router;
+    replay_router *router;    /* kvgate's policies */
+    replay_peer_router *peer; /* or a peer's */
+    replay_engine_view *views;
     engine *engines;
     req_state *rs;
     replay_heap heap;
@@ -96,14 +99,21 @@ static int handle(sim *s, const replay_event *ev)
     engine *e = &s->engines[st->worker];
     if (ev->kind == EV_FIRST_TOKEN) {
         s->ttft_ms[s->nttft++] = (double)(ev->time_us - r->arrival_us) / 1000.0;
-        replay_router_record(s->router, st->worker, r, st->predicted);
+        if (s->peer)
+            replay_peer_first_token(s->peer, st->worker, r, ev->req);
+        else if (!s->ec->record_at_decision)
+            replay_router_record(s->router, st->worker, r, st->predicted);
         uint32_t decode = r->output_tokens ? r->output_tokens - 1 : 0;
         uint64_t done = ev->time_us + (uint64_t)((double)decode * s->ec->decode_us + 0.5);
         return replay_heap_push(&s->heap, done, ev->req, EV_DONE);
     }
     replay_cache_unpin(e->cache, r->keys, r->nblocks);
     e->running--;
-    replay_router_done(s->router, st->worker);
+    e->inflight--;
+    if (s->peer)
+        replay_peer_done(s->peer, st->worker, r, ev->req);
+    else
+        replay_router_done(s->router, st->worker);
     return admit(s, st->worker, ev->time_us);
 }
 
@@ -134,6 +144,27 @@ static void fill_load(replay_row *row)
     row->imbalance = sum ? (double)max * row->nworkers / (double)sum : 0;
 }
 
+static int decide(sim *s, const replay_request *r, uint32_t id, unsigned *w, uint32_t *predicted)
+{
+    if (!s->peer) {
+        int rc = replay_router_decide(s->router, r, w, predicted);
+        if (rc == 0 && s->ec->record_at_decision)
+            replay_router_record(s->router, *w, r, *predicted);
+        return rc;
+    }
+    for (unsigned i = 0; i < s->ec->workers; i++) {
+        const engine *e = &s->engines[i];
+        s->views[i] = (replay_engine_view){
+            .inflight = e->inflight,
+            .running = e->running,
+            .waiting = (uint32_t)e->qlen,
+            .cache = e->cache,
+            .capacity = s->ec->capacity,
+        };
+    }
+    return replay_peer_decide(s->peer, r, id, s->views, w, predicted);
+}
+
 static int run(sim *s)
 {
     const replay_trace *t = s->t;
@@ -155,9 +186,10 @@ static int run(sim *s)
                 return rc;
         }
         unsigned w;
-        int rc = replay_router_decide(s->router, r, &w, &s->rs[i].predicted);
+        int rc = decide(s, r, (uint32_t)i, &w, &s->rs[i].predicted);
         if (rc < 0)
             return rc;
+        s->engines[w].inflight++;
         s->rs[i].worker = w;
         row->per_worker[w]++;
         row->predicted_blocks += s->rs[i].predicted;
@@ -204,20 +236,21 @@ int replay_simulate(const replay_trace *t, const replay_engine_config *ec, const
     row.capacity = ec->capacity;
     row.nworkers = ec->workers;
     sim s = {.t = t, .ec = ec, .row = &row};
-    kvg_policy_config pc;
-    kvg_policy_config_init(&pc);
-    pc.kind = p->kind;
     replay_heap_init(&s.heap);
     row.per_worker = calloc(ec->workers, sizeof(*row.per_worker));
     s.engines = calloc(ec->workers, sizeof(*s.engines));
     s.rs = calloc(t->n ? t->n : 1, sizeof(*s.rs));
     s.ttft_ms = malloc((t->n ? t->n : 1) * sizeof(*s.ttft_ms));
+    s.views = calloc(ec->workers, sizeof(*s.views));
     int rc = -ENOMEM;
-    if (row.per_worker && s.engines && s.rs && s.ttft_ms)
-        rc = replay_router_new(&pc, ec->workers, ec->capacity, &s.router);
+    if (row.per_worker && s.engines && s.rs && s.ttft_ms && s.views)
+        rc = p->peer ? replay_peer_new(p->peer, ec->workers, ec->capacity, t->n, &s.peer)
+                     : replay_router_new(&p->cfg, ec->workers, ec->capacity, &s.router);
     if (rc == 0)
         rc = run(&s);
     replay_router_free(s.router);
+    replay_peer_free(s.peer);
+    free(s.views);
     for (unsigned w = 0; s.engines && w < ec->workers; w++) {
         replay_cache_free(s.engines[w].cache);
         free(s.engines[w].queue);

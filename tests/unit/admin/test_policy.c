@@ -19,10 +19,12 @@ static void test_policy(void **state)
     assert_string_equal(str_field(&r, "policy"), "cost");
     assert_null(r.cache_control);
     /* every setting, the defaults */
-    assert_string_equal(r.body, "{\"policy\":\"cost\",\"block_bytes\":64,\"block_tokens\":16,"
-                                "\"max_blocks\":4096,\"cold_blocks\":4,\"load_factor\":1,"
-                                "\"prefill_cost_per_block\":200,\"queue_cost_per_request\":1000,"
-                                "\"waiting_cost_per_request\":5000,\"kv_usage_cost\":0}");
+    assert_string_equal(
+        r.body,
+        "{\"policy\":\"cost\",\"block_bytes\":64,\"block_tokens\":16,"
+        "\"max_blocks\":4096,\"cold_blocks\":4,\"load_factor\":2,"
+        "\"prefill_cost_per_block\":200,\"queue_cost_per_request\":1000,"
+        "\"waiting_cost_per_request\":5000,\"kv_usage_cost\":0,\"turnover_cost_per_block\":50}");
 
     r = call(f, "PUT", "/admin/v1/policy", AUTH, "{\"policy\":\"round_robin\"}");
     assert_int_equal(r.status, 200);
@@ -61,11 +63,12 @@ static void test_policy(void **state)
     kvg_policy_state_get(f->policy, &cfg);
     assert_int_equal(cfg.kind, KVG_POLICY_ROUND_ROBIN);
     r = call(f, "GET", "/admin/v1/policy", AUTH, NULL);
-    assert_string_equal(r.body,
-                        "{\"policy\":\"round_robin\",\"block_bytes\":64,\"block_tokens\":16,"
-                        "\"max_blocks\":4096,\"cold_blocks\":2,\"load_factor\":0.5,"
-                        "\"prefill_cost_per_block\":200,\"queue_cost_per_request\":1000,"
-                        "\"waiting_cost_per_request\":5000,\"kv_usage_cost\":0}");
+    assert_string_equal(
+        r.body,
+        "{\"policy\":\"round_robin\",\"block_bytes\":64,\"block_tokens\":16,"
+        "\"max_blocks\":4096,\"cold_blocks\":2,\"load_factor\":0.5,"
+        "\"prefill_cost_per_block\":200,\"queue_cost_per_request\":1000,"
+        "\"waiting_cost_per_request\":5000,\"kv_usage_cost\":0,\"turnover_cost_per_block\":50}");
 }
 
 const struct CMUnitTest policy_tests[] = {

@@ -327,6 +327,52 @@ static void test_cost_busy_holder_loses(void **state)
     assert_terms(&t[2], 5, 1200, 10000 + 15000 + 500, true, rdv(7, 1));
 }
 
+/* Turnover: a missing block costs more on a worker whose cache turns over fast; a cold request
+ * then goes to the worker with the lowest turnover (and load) instead of by rendezvous, and
+ * with nothing known of turnover (or its price 0) the rendezvous order stands. */
+static void test_cost_turnover(void **state)
+{
+    (void)state;
+    kvg_policy_config cfg = cfg_of(KVG_POLICY_COST);
+    cfg.turnover_cost_per_block = 100;
+    kvg_policy_request req = {.blocks = 10, .cold_key = 42};
+    kvg_policy_candidate c[3] = {
+        {.index = 0, .inflight = 1, .id_hash = 11, .turnover = 0.5f},
+        {.index = 1, .inflight = 1, .id_hash = 12, .turnover = 0.25f},
+        {.index = 2, .inflight = 1, .id_hash = 13, .turnover = 2.0f},
+    };
+    kvg_policy_terms t[3];
+    kvg_policy_reason why;
+    kvg_policy_choose(&cfg, &req, c, 3, 0, t, &why);
+    assert_int_equal(why, KVG_POLICY_REASON_COLD);
+    /* prefill (200 + 100 x turnover) x 10, queue 5000 x 1 */
+    assert_terms(&t[0], 1, (200 + 25) * 10, 5000, false, rdv(42, 12));
+    assert_terms(&t[1], 0, (200 + 50) * 10, 5000, false, rdv(42, 11));
+    assert_terms(&t[2], 2, (200 + 200) * 10, 5000, false, rdv(42, 13));
+    /* a holder of 8 blocks pays turnover on its 2 missing ones only */
+    kvg_policy_candidate h[2] = {
+        {.index = 0, .inflight = 1, .matched = 8, .id_hash = 11, .turnover = 2.0f},
+        {.index = 1, .inflight = 1, .id_hash = 12, .turnover = 0.0f},
+    };
+    kvg_policy_choose(&cfg, &req, h, 2, 0, t, &why);
+    assert_int_equal(why, KVG_POLICY_REASON_HIT);
+    assert_terms(&t[0], 0, (200 + 200) * 2, 5000, false, rdv(42, 11));
+    assert_terms(&t[1], 1, 200 * 10, 5000, false, rdv(42, 12));
+    /* turnover unknown everywhere, or not priced: a cold request goes by rendezvous */
+    for (int priced = 0; priced < 2; priced++) {
+        kvg_policy_candidate z[3];
+        memcpy(z, c, sizeof(z));
+        for (int i = 0; i < 3; i++)
+            z[i].turnover = priced ? 0.0f : z[i].turnover;
+        cfg.turnover_cost_per_block = priced ? 100 : 0;
+        kvg_policy_candidate want[3];
+        memcpy(want, z, sizeof(want));
+        kvg_policy_choose(&cfg, &req, z, 3, 0, NULL, &why);
+        assert_int_equal(why, KVG_POLICY_REASON_COLD);
+        assert_int_equal(z[0].index, owner(want, 3, 42));
+    }
+}
+
 /* The bounded-load rule, at its edges. */
 static void test_cost_bound(void **state)
 {
@@ -824,8 +870,9 @@ static int apply(kvg_policy_config *cfg, const char *text, char *msg, size_t msg
 
 #define DEFAULT_JSON                                                                               \
     "{\"policy\":\"cost\",\"block_bytes\":64,\"block_tokens\":16,\"max_blocks\":4096,"             \
-    "\"cold_blocks\":4,\"load_factor\":1,\"prefill_cost_per_block\":200,"                          \
-    "\"queue_cost_per_request\":1000,\"waiting_cost_per_request\":5000,\"kv_usage_cost\":0}"
+    "\"cold_blocks\":4,\"load_factor\":2,\"prefill_cost_per_block\":200,"                          \
+    "\"queue_cost_per_request\":1000,\"waiting_cost_per_request\":5000,\"kv_usage_cost\":0,"       \
+    "\"turnover_cost_per_block\":50}"
 
 /* Field by field: the struct has padding that memcmp would compare. */
 static void assert_config_equal(const kvg_policy_config *a, const kvg_policy_config *b)
@@ -840,6 +887,7 @@ static void assert_config_equal(const kvg_policy_config *a, const kvg_policy_con
     assert_true(a->queue_cost_per_request == b->queue_cost_per_request);
     assert_true(a->waiting_cost_per_request == b->waiting_cost_per_request);
     assert_true(a->kv_usage_cost == b->kv_usage_cost);
+    assert_true(a->turnover_cost_per_block == b->turnover_cost_per_block);
 }
 
 static void test_config(void **state)
@@ -855,11 +903,12 @@ static void test_config(void **state)
     assert_int_equal(cfg.block_tokens, 16);
     assert_int_equal(cfg.max_blocks, 4096);
     assert_int_equal(cfg.cold_blocks, 4);
-    assert_true(cfg.load_factor == 1.0);
+    assert_true(cfg.load_factor == 2.0);
     assert_true(cfg.prefill_cost_per_block == 200);
     assert_true(cfg.queue_cost_per_request == 1000);
     assert_true(cfg.waiting_cost_per_request == 5000);
     assert_true(cfg.kv_usage_cost == 0);
+    assert_true(cfg.turnover_cost_per_block == 50);
     kvg_policy_config_to_json(&cfg, &b);
     assert_string_equal(b.data, DEFAULT_JSON);
     /* what to_json writes, apply_json reads back to the same settings */
@@ -885,7 +934,8 @@ static void test_config(void **state)
     const char *full = "{\"policy\":\"round_robin\",\"block_bytes\":16,\"block_tokens\":65536,"
                        "\"max_blocks\":1048576,\"cold_blocks\":1024,\"load_factor\":0,"
                        "\"prefill_cost_per_block\":0.1,\"queue_cost_per_request\":1000000000000,"
-                       "\"waiting_cost_per_request\":1.5e-7,\"kv_usage_cost\":12345.678}";
+                       "\"waiting_cost_per_request\":1.5e-7,\"kv_usage_cost\":12345.678,\"turnover_"
+                       "cost_per_block\":0}";
     assert_int_equal(apply(&cfg, full, msg, sizeof(msg)), 0);
     assert_int_equal(cfg.kind, KVG_POLICY_ROUND_ROBIN);
     assert_int_equal(cfg.block_bytes, 16);
@@ -903,7 +953,8 @@ static void test_config(void **state)
                         "{\"policy\":\"round_robin\",\"block_bytes\":16,\"block_tokens\":65536,"
                         "\"max_blocks\":1048576,\"cold_blocks\":1024,\"load_factor\":0,"
                         "\"prefill_cost_per_block\":0.1,\"queue_cost_per_request\":1000000000000,"
-                        "\"waiting_cost_per_request\":1.5e-07,\"kv_usage_cost\":12345.678}");
+                        "\"waiting_cost_per_request\":1.5e-07,\"kv_usage_cost\":12345.678,"
+                        "\"turnover_cost_per_block\":0}");
     kvg_policy_config_init(&again);
     assert_int_equal(apply(&again, b.data, msg, sizeof(msg)), 0);
     assert_config_equal(&again, &cfg);
@@ -1187,6 +1238,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_least_loaded),
+        cmocka_unit_test(test_cost_turnover),
         cmocka_unit_test(test_ties_rotate),
         cmocka_unit_test(test_round_robin),
         cmocka_unit_test(test_many),
