@@ -43,7 +43,8 @@ static int parse_mooncake(const char *line, size_t len, kvg_arena *arena, double
         return rc;
     if (rc < 0) {
         snprintf(le->buf, sizeof(le->buf), "%s", err.message);
-        *le = (line_error){.field = "json", .why = le->buf};
+        le->field = "json";
+        le->why = le->buf;
         return KVG_EPARSE;
     }
     if (root->type != KVG_JSON_OBJECT) {
@@ -284,7 +285,8 @@ int replay_trace_read(const char *path, const replay_read_options *opt, replay_t
         line_error le = {0};
         if (rc == KVG_ELIMIT) {
             snprintf(le.buf, sizeof(le.buf), "longer than %zu bytes", REPLAY_LINE_MAX);
-            le = (line_error){.field = "line", .why = le.buf};
+            le.field = "line";
+            le.why = le.buf;
         } else if (rc < 0) {
             break;
         } else if (blank(line, len)) {

@@ -167,7 +167,8 @@ static int scope_of(const kvgate_reader *k, const kvg_json *root, const char **t
         get_string(root, "group", &group, le))
         return KVG_EPARSE;
     if (*tenant && kvg_tenant_id_validate(*tenant, "tenant", le->buf, sizeof(le->buf)) < 0) {
-        *le = (line_error){.why = le->buf};
+        le->field = NULL;
+        le->why = le->buf;
         return KVG_EPARSE;
     }
     kvg_sharing sharing = KVG_SHARING_ISOLATED;
@@ -186,7 +187,8 @@ static int scope_of(const kvgate_reader *k, const kvg_json *root, const char **t
         return KVG_EPARSE;
     }
     if (group && kvg_tenant_id_validate(group, "group", le->buf, sizeof(le->buf)) < 0) {
-        *le = (line_error){.why = le->buf};
+        le->field = NULL;
+        le->why = le->buf;
         return KVG_EPARSE;
     }
     /* No tenant is the gateway's open mode: the global scope. */
@@ -209,7 +211,8 @@ int kvgate_parse_line(kvgate_reader *k, const char *line, size_t len, kvg_arena 
         return rc;
     if (rc < 0) {
         snprintf(le->buf, sizeof(le->buf), "%s", err.message);
-        *le = (line_error){.field = "json", .why = le->buf};
+        le->field = "json";
+        le->why = le->buf;
         return KVG_EPARSE;
     }
     if (root->type != KVG_JSON_OBJECT) {
@@ -237,7 +240,8 @@ int kvgate_parse_line(kvgate_reader *k, const char *line, size_t len, kvg_arena 
     if (tidx && strcmp(k->scopes[tidx], scope) != 0) {
         snprintf(le->buf, sizeof(le->buf), "tenant \"%s\" was in scope \"%s\" on an earlier line",
                  tenant, k->scopes[tidx]);
-        *le = (line_error){.field = "sharing", .why = le->buf};
+        le->field = "sharing";
+        le->why = le->buf;
         return KVG_EPARSE;
     }
 
@@ -258,7 +262,8 @@ int kvgate_parse_line(kvgate_reader *k, const char *line, size_t len, kvg_arena 
         return rc;
     if (rc < 0) {
         snprintf(le->buf, sizeof(le->buf), "%s", err.message);
-        *le = (line_error){.field = rc == KVG_ETYPE ? NULL : "request", .why = le->buf};
+        le->field = rc == KVG_ETYPE ? NULL : "request";
+        le->why = le->buf;
         return KVG_EPARSE;
     }
     char salt[KVG_SALT_LEN + 1];
