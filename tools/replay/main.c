@@ -26,13 +26,15 @@
 
 static const char usage[] =
     "Usage: kvgate-replay --trace FILE [OPTIONS]\n"
-    "Replay a Mooncake trace offline on simulated engines in virtual time, routed by kvgate's\n"
+    "Replay a trace offline on simulated engines in virtual time, routed by kvgate's\n"
     "own router under each policy, and report cache hit rates, time to first token and load\n"
     "beside the ceiling (infinite cache), one pooled LRU and the offline optimum (Belady's\n"
     "MIN) on the same pooled capacity (see docs/replay.md).\n"
     "\n"
-    "  --trace FILE               JSON lines: timestamp (ms), input_length, output_length,\n"
-    "                             hash_ids (512-token blocks) (required)\n"
+    "  --trace FILE               JSON lines (required): Mooncake's (timestamp (ms),\n"
+    "                             input_length, output_length, hash_ids of 512-token blocks)\n"
+    "                             or kvgate's (timestamp, tenant, model, prompt or messages,\n"
+    "                             output_length; see docs/replay.md)\n"
     "  --workers N                simulated workers (default 8)\n"
     "  --capacity BLOCKS          KV blocks per worker\n"
     "  --capacity-fraction F      or: per worker F x the trace's distinct blocks / workers,\n"
