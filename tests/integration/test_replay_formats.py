@@ -464,8 +464,8 @@ def test_progress_line_on_a_terminal_only(tmp_path):
     assert proc.stdout == res.stdout.encode()
 
 
-def test_mooncake_speed_unchanged_in_kind(tmp_path):
-    """Not a timing test: the whole conversation trace still replays (the reader's chunks and
+def test_whole_conversation_trace_reads(tmp_path):
+    """The whole conversation trace still reads and replays (the line reader's chunks and
     line limit on real data), with the numbers docs/performance.md records."""
     from test_replay import CONVERSATION
     if not CONVERSATION.is_file():
