@@ -18,16 +18,23 @@
 #define DEFAULT_DECODE_US 20000.0
 #define MAX_WORKERS 1024
 #define MAX_POLICIES 32
+/* Sweeps (--sweep, --svg): the default capacity fractions and worker counts, and the most of
+ * each a list may name. */
+#define DEFAULT_FRACTIONS "0.01,0.02,0.05,0.1,0.2,0.5"
+#define DEFAULT_WORKER_COUNTS "4,8,16,32"
+#define MAX_SWEEP_VALUES 64
 
 static const char usage[] =
     "Usage: kvgate-replay --trace FILE [OPTIONS]\n"
-    "Replay a Mooncake trace offline on simulated engines in virtual time, routed by kvgate's\n"
+    "Replay a trace offline on simulated engines in virtual time, routed by kvgate's\n"
     "own router under each policy, and report cache hit rates, time to first token and load\n"
     "beside the ceiling (infinite cache), one pooled LRU and the offline optimum (Belady's\n"
     "MIN) on the same pooled capacity (see docs/replay.md).\n"
     "\n"
-    "  --trace FILE               JSON lines: timestamp (ms), input_length, output_length,\n"
-    "                             hash_ids (512-token blocks) (required)\n"
+    "  --trace FILE               JSON lines (required): Mooncake's (timestamp (ms),\n"
+    "                             input_length, output_length, hash_ids of 512-token blocks)\n"
+    "                             or kvgate's (timestamp, tenant, model, prompt or messages,\n"
+    "                             output_length; see docs/replay.md)\n"
     "  --workers N                simulated workers (default 8)\n"
     "  --capacity BLOCKS          KV blocks per worker\n"
     "  --capacity-fraction F      or: per worker F x the trace's distinct blocks / workers,\n"
@@ -46,7 +53,19 @@ static const char usage[] =
     "                             routed (as the gateway does for streams, default) or at its\n"
     "                             first token\n"
     "  --on-error skip|stop       a bad trace line: warn and skip it, or stop (default stop)\n"
-    "  --format text|json         report format on stdout (default text)\n"
+    "  --format text|json|csv     report format on stdout (default text)\n"
+    "  --trace-format auto|mooncake|kvgate\n"
+    "                             the trace's format (default auto: a first line with\n"
+    "                             hash_ids is Mooncake, else kvgate: docs/replay.md)\n"
+    "  --shared-scope             kvgate format: every tenant in the global scope (default:\n"
+    "                             each line's tenant, sharing and group, as tenancy/ says)\n"
+    "  --sweep                    every policy and reference at each worker count x capacity\n"
+    "                             fraction below (progress on stderr when it is a terminal)\n"
+    "  --fractions a,b,...        the sweep's capacity fractions (default " DEFAULT_FRACTIONS ")\n"
+    "  --worker-counts a,b,...    the sweep's worker counts (default " DEFAULT_WORKER_COUNTS ";\n"
+    "                             with --svg and no --sweep: --workers)\n"
+    "  --svg FILE                 a chart of block hit rate against capacity fraction per\n"
+    "                             row, one panel per worker count (implies the sweep)\n"
     "  --help, --version\n";
 
 static int parse_double(const char *s, double min, double max, double *out)
@@ -119,6 +138,79 @@ static int apply_settings(const char *text, replay_policy *policies, size_t n)
     return rc;
 }
 
+/* ---- the sweep's lists (--fractions, --worker-counts) ---- */
+
+/* A comma-separated list of numbers in [min, max] (integers when integral), none repeated. */
+static int parse_list(const char *list, double min, double max, bool integral, double *out,
+                      size_t *n)
+{
+    char buf[1024];
+    if (strlen(list) >= sizeof(buf))
+        return -1;
+    strcpy(buf, list);
+    *n = 0;
+    for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        double v;
+        if (*n == MAX_SWEEP_VALUES || parse_double(tok, min, max, &v) < 0 ||
+            (integral && v != floor(v)))
+            return -1;
+        for (size_t i = 0; i < *n; i++)
+            if (out[i] == v)
+                return -1;
+        out[(*n)++] = v;
+    }
+    return *n ? 0 : -1;
+}
+
+typedef struct sweep_opts {
+    bool sweep;
+    const char *svg;
+    double fractions[MAX_SWEEP_VALUES];
+    size_t nfractions;
+    double workers[MAX_SWEEP_VALUES];
+    size_t nworkers; /* 0: the default, or --workers with --svg alone */
+} sweep_opts;
+
+/* The sweep (and the chart), reported on stdout in the format; 0 or 1 (the exit status). */
+static int run_sweep(const char *trace, const replay_trace *t, const replay_engine_config *ec,
+                     const replay_policy *policies, size_t npolicies, const sweep_opts *so,
+                     char format)
+{
+    unsigned workers[MAX_SWEEP_VALUES];
+    size_t nworkers = so->nworkers;
+    for (size_t i = 0; i < nworkers; i++)
+        workers[i] = (unsigned)so->workers[i];
+    if (!nworkers && !so->sweep)
+        workers[nworkers++] = ec->workers;
+    replay_progress progress;
+    replay_progress_init(&progress);
+    replay_sweep s;
+    int rc = replay_sweep_run(t, ec, so->fractions, so->nfractions, workers, nworkers, policies,
+                              npolicies, replay_progress_update, &progress, &s);
+    replay_progress_end(&progress);
+    if (rc < 0) {
+        fprintf(stderr, "kvgate-replay: %s\n", kvg_strerror(rc));
+        return 1;
+    }
+    s.trace = trace;
+    if (format == 'j')
+        replay_sweep_json(&s, stdout);
+    else if (format == 'c')
+        replay_sweep_csv(&s, stdout);
+    else
+        replay_sweep_text(&s, stdout);
+    if (so->svg) {
+        FILE *f = fopen(so->svg, "w");
+        rc = f ? replay_svg_write(&s, f) : -errno;
+        if (f && fclose(f) != 0 && rc == 0)
+            rc = -EIO;
+        if (rc < 0)
+            fprintf(stderr, "kvgate-replay: %s: %s\n", so->svg, kvg_strerror(rc));
+    }
+    replay_sweep_done(&s);
+    return rc < 0 ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     enum {
@@ -135,6 +227,13 @@ int main(int argc, char **argv)
         O_FMT,
         O_SETTINGS,
         O_RECORD,
+        /* formats, sweeps, charts */
+        O_TFMT,
+        O_SHARED,
+        O_SWEEP,
+        O_FRACS,
+        O_WCOUNTS,
+        O_SVG,
         O_HELP,
         O_VER
     };
@@ -152,6 +251,13 @@ int main(int argc, char **argv)
         {"format", required_argument, NULL, O_FMT},
         {"settings", required_argument, NULL, O_SETTINGS},
         {"record", required_argument, NULL, O_RECORD},
+        /* formats, sweeps, charts */
+        {"trace-format", required_argument, NULL, O_TFMT},
+        {"shared-scope", no_argument, NULL, O_SHARED},
+        {"sweep", no_argument, NULL, O_SWEEP},
+        {"fractions", required_argument, NULL, O_FRACS},
+        {"worker-counts", required_argument, NULL, O_WCOUNTS},
+        {"svg", required_argument, NULL, O_SVG},
         {"help", no_argument, NULL, O_HELP},
         {"version", no_argument, NULL, O_VER},
         {NULL, 0, NULL, 0},
@@ -168,8 +274,12 @@ int main(int argc, char **argv)
     double fraction = DEFAULT_FRACTION, scale = 1.0;
     replay_policy policies[MAX_POLICIES];
     size_t npolicies = replay_policy_all(policies, MAX_POLICIES);
-    bool skip = false, json = false;
+    bool skip = false;
     const char *settings = NULL;
+    char format = 't'; /* text, json, csv */
+    replay_format trace_format = REPLAY_FORMAT_AUTO;
+    bool shared_scope = false;
+    sweep_opts so = {0};
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         int bad = 0;
@@ -208,8 +318,32 @@ int main(int argc, char **argv)
             skip = strcmp(optarg, "skip") == 0;
             break;
         case O_FMT:
-            bad = strcmp(optarg, "text") && strcmp(optarg, "json");
-            json = strcmp(optarg, "json") == 0;
+            bad = strcmp(optarg, "text") && strcmp(optarg, "json") && strcmp(optarg, "csv");
+            format = optarg[0];
+            break;
+        /* formats, sweeps, charts */
+        case O_TFMT:
+            bad = -1;
+            for (int i = 0; i < REPLAY_FORMAT_COUNT; i++)
+                if (strcmp(optarg, replay_format_str((replay_format)i)) == 0) {
+                    trace_format = (replay_format)i;
+                    bad = 0;
+                }
+            break;
+        case O_SHARED:
+            shared_scope = true;
+            break;
+        case O_SWEEP:
+            so.sweep = true;
+            break;
+        case O_FRACS:
+            bad = parse_list(optarg, 1e-9, 1e6, false, so.fractions, &so.nfractions);
+            break;
+        case O_WCOUNTS:
+            bad = parse_list(optarg, 1, MAX_WORKERS, true, so.workers, &so.nworkers);
+            break;
+        case O_SVG:
+            so.svg = optarg;
             break;
         case O_RECORD:
             bad = strcmp(optarg, "decision") && strcmp(optarg, "first-token");
@@ -238,13 +372,24 @@ int main(int argc, char **argv)
         fputs(usage, stderr);
         return 2;
     }
+    if (!so.nfractions)
+        parse_list(DEFAULT_FRACTIONS, 0, 1, false, so.fractions, &so.nfractions);
+    if (!so.nworkers && so.sweep)
+        parse_list(DEFAULT_WORKER_COUNTS, 1, MAX_WORKERS, true, so.workers, &so.nworkers);
 
     if (settings && apply_settings(settings, policies, npolicies) < 0)
         return 2;
 
     replay_trace t;
-    if (replay_trace_read(trace, scale, skip, &t) < 0)
+    replay_read_options ro = {
+        .time_scale = scale, .skip = skip, .format = trace_format, .shared_scope = shared_scope};
+    if (replay_trace_read(trace, &ro, &t) < 0)
         return 1;
+    if (so.sweep || so.svg) {
+        int st = run_sweep(trace, &t, &ec, policies, npolicies, &so, format);
+        replay_trace_done(&t);
+        return st;
+    }
     size_t nrows = npolicies + REPLAY_REFERENCE_ROWS;
     replay_row *rows = calloc(nrows, sizeof(*rows));
     uint64_t distinct = 0;
@@ -257,8 +402,10 @@ int main(int argc, char **argv)
                              .distinct_blocks = distinct,
                              .rows = rows,
                              .nrows = nrows};
-        if (json)
+        if (format == 'j')
             replay_report_json(&rep, stdout);
+        else if (format == 'c')
+            replay_report_csv(&rep, stdout);
         else
             replay_report_text(&rep, stdout);
     } else {

@@ -13,6 +13,11 @@
 
 /* Tokens per hash id in the Mooncake traces. */
 #define REPLAY_BLOCK_TOKENS 512u
+/* The longest trace line read (bytes, line feed included); a longer one is a bad line. */
+#define REPLAY_LINE_MAX ((size_t)64 << 20)
+/* Canonical text bytes per token in the kvgate format's text prompts: the gateway's own
+ * estimate (a block_bytes of 64 is ~16 tokens, policy.h), for prefill time and token counts. */
+#define REPLAY_TEXT_BYTES_PER_TOKEN 4u
 
 /* ---- the trace (trace.c) ------------------------------------------------------------------ */
 
@@ -20,9 +25,31 @@ typedef struct replay_request {
     uint64_t arrival_us; /* timestamp (ms) x time_scale, in virtual microseconds */
     uint32_t input_tokens;
     uint32_t output_tokens;
-    uint32_t nblocks; /* hash ids */
-    uint64_t *keys;   /* chain keys of the hash ids (trace-owned), nblocks of them */
+    uint32_t nblocks;      /* block keys: Mooncake hash ids, or the gateway's full blocks */
+    uint32_t block_tokens; /* tokens a full block holds: 512 (Mooncake), the gateway's block
+                              size (kvgate format; text: block_bytes / 4) */
+    uint32_t tenant;       /* index in replay_trace.tenants; 0 (none) in Mooncake traces */
+    uint64_t *keys;        /* block keys (trace-owned), nblocks of them */
 } replay_request;
+
+/* What a trace file holds (docs/replay.md). AUTO: the first non-blank line decides (hash_ids:
+ * Mooncake, else kvgate). */
+typedef enum replay_format {
+    REPLAY_FORMAT_AUTO = 0,
+    REPLAY_FORMAT_MOONCAKE,
+    REPLAY_FORMAT_KVGATE,
+    REPLAY_FORMAT_COUNT,
+} replay_format;
+
+const char *replay_format_str(replay_format f);
+
+/* How a trace is read. */
+typedef struct replay_read_options {
+    double time_scale;    /* multiplies the timestamps */
+    bool skip;            /* a bad line is skipped with a warning (else the read fails) */
+    replay_format format; /* AUTO: detected */
+    bool shared_scope;    /* kvgate format: every tenant in the "global" scope */
+} replay_read_options;
 
 typedef struct replay_trace {
     replay_request *reqs; /* sorted by arrival (stable) */
@@ -30,26 +57,31 @@ typedef struct replay_trace {
     uint64_t blocks; /* sum of nblocks */
     uint64_t tokens; /* sum of input_tokens */
     size_t skipped;  /* bad lines skipped (--on-error skip) */
+    replay_format format;
+    char **tenants; /* names by index; tenants[0] is "" (no tenant); ntenants >= 1 */
+    size_t ntenants;
     uint64_t *keypool;
 } replay_trace;
 
 /** The chain key of a hash id after the key of the block before it (prev 0 for the first):
  *  XXH3 of (prev, id), so equal id prefixes give equal keys. */
 uint64_t replay_chain_key(uint64_t prev, uint64_t id);
-/** Read a Mooncake JSON-lines trace ({"timestamp", "input_length", "output_length",
- *  "hash_ids"} per line; blank lines ignored). A bad line: with skip, a warning naming the
- *  line goes to stderr and the line is left out; without, "FILE:LINE: what" goes to stderr and
- *  the read fails. time_scale multiplies the timestamps. 0, KVG_EPARSE, -errno, -ENOMEM. */
-int replay_trace_read(const char *path, double time_scale, bool skip, replay_trace *out);
+/** Read a JSON-lines trace, Mooncake ({"timestamp", "input_length", "output_length",
+ *  "hash_ids"} per line) or kvgate (requests with tenants, keys from the gateway's own
+ *  canonical stream and block hashing: trace_kvgate.c); blank lines ignored; lines at most
+ *  REPLAY_LINE_MAX bytes. A bad line: with skip, a warning naming the line goes to stderr and
+ *  the line is left out; without, "FILE:LINE: what" goes to stderr and the read fails.
+ *  0, KVG_EPARSE, -errno, -ENOMEM; *out written on success only (release: replay_trace_done). */
+int replay_trace_read(const char *path, const replay_read_options *opt, replay_trace *out);
 void replay_trace_done(replay_trace *t);
-/** Tokens of block i of r: the input's 512-token slice i (the last one may be short). */
+/** Tokens of block i of r: the input's block_tokens slice i (the last one may be short). */
 static inline uint32_t replay_block_tokens(const replay_request *r, uint32_t i)
 {
-    uint64_t start = (uint64_t)i * REPLAY_BLOCK_TOKENS;
+    uint64_t start = (uint64_t)i * r->block_tokens;
     if (r->input_tokens <= start)
         return 0;
     uint64_t left = r->input_tokens - start;
-    return left < REPLAY_BLOCK_TOKENS ? (uint32_t)left : REPLAY_BLOCK_TOKENS;
+    return left < r->block_tokens ? (uint32_t)left : r->block_tokens;
 }
 
 /* ---- block cache (cache.c) ---------------------------------------------------------------- */
@@ -236,5 +268,66 @@ typedef struct replay_report {
 
 void replay_report_text(const replay_report *rep, FILE *f);
 void replay_report_json(const replay_report *rep, FILE *f);
+/** A header line, then one line per row: name, kind, workers, capacity and the JSON report's
+ *  counts and rates (the policy-only columns empty for references). */
+void replay_report_csv(const replay_report *rep, FILE *f);
+
+/* ---- sweeps (sweep.c), their progress line (progress.c) and chart (svg.c) ------------------ */
+
+/* One configuration of a sweep: every row of replay_run at workers x fraction. */
+typedef struct replay_sweep_point {
+    unsigned workers;
+    double fraction;
+    uint32_t capacity; /* blocks per worker, replay_capacity_for */
+    replay_row *rows;  /* nrows of them (owned) */
+} replay_sweep_point;
+
+typedef struct replay_sweep {
+    const char *trace;
+    const replay_trace *t;
+    uint64_t distinct_blocks;
+    replay_sweep_point *points; /* worker counts in the given order, each with every fraction in
+                                   the given order */
+    size_t npoints;
+    size_t nrows; /* per point: the policies, then REPLAY_REFERENCE_ROWS */
+    double seconds;
+} replay_sweep;
+
+/* Called after each point (done of total), from the sweep's thread. */
+typedef void replay_progress_fn(void *ud, size_t done, size_t total,
+                                const replay_sweep_point *last);
+
+/** Run replay_run at every worker count x capacity fraction, with base's other engine settings
+ *  (its workers and capacity are ignored). progress may be NULL. 0, -ENOMEM, -EINVAL (no
+ *  fraction or no worker count); *out written on success (release: replay_sweep_done). */
+int replay_sweep_run(const replay_trace *t, const replay_engine_config *base,
+                     const double *fractions, size_t nfractions, const unsigned *workers,
+                     size_t nworkers, const replay_policy *policies, size_t npolicies,
+                     replay_progress_fn *progress, void *ud, replay_sweep *out);
+void replay_sweep_done(replay_sweep *s);
+/** One line per point and row: workers, fraction, capacity (per worker), row, block_hit,
+ *  token_hit, ttft_p99 (ms) and imbalance (policies only). Text table, JSON (an object with
+ *  the trace's totals and "rows") or CSV (a header line). */
+void replay_sweep_text(const replay_sweep *s, FILE *f);
+void replay_sweep_json(const replay_sweep *s, FILE *f);
+void replay_sweep_csv(const replay_sweep *s, FILE *f);
+
+/** A progress line on stderr ("\r", rewritten in place) when stderr is a terminal: the state
+ *  of a replay_progress_fn. Nothing at all when it is not one. */
+typedef struct replay_progress {
+    bool tty;
+    uint64_t start_ns;
+} replay_progress;
+
+void replay_progress_init(replay_progress *p);
+replay_progress_fn replay_progress_update;
+/** Clear the line (a terminal only). */
+void replay_progress_end(replay_progress *p);
+
+/** Write an SVG chart of the sweep (svg.c): block hit rate against the pooled capacity as a
+ *  fraction of the distinct blocks (log axis), one panel per worker count, one polyline per
+ *  row (policies, ceiling, pooled LRU, MIN), axes with ticks, a legend, and a title naming
+ *  the trace. 0, or -EIO when writing fails. */
+int replay_svg_write(const replay_sweep *s, FILE *f);
 
 #endif

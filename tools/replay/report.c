@@ -76,3 +76,27 @@ void replay_report_json(const replay_report *rep, FILE *f)
     }
     fputs("]}\n", f);
 }
+
+void replay_report_csv(const replay_report *rep, FILE *f)
+{
+    fputs("name,kind,workers,capacity,requests,blocks,hit_blocks,tokens,hit_tokens,"
+          "block_hit_rate,token_hit_rate,predicted_blocks,predicted_hit_rate,ttft_p50_ms,"
+          "ttft_p99_ms,ttft_mean_ms,imbalance,seconds\n",
+          f);
+    for (size_t i = 0; i < rep->nrows; i++) {
+        const replay_row *r = &rep->rows[i];
+        fprintf(f, "%s,%s,%u,%llu,%llu,%llu,%llu,%llu,%llu,%.17g,%.17g,", r->name,
+                r->policy ? "policy" : "reference", rep->ec->workers,
+                (unsigned long long)r->capacity, (unsigned long long)r->requests,
+                (unsigned long long)r->blocks, (unsigned long long)r->hit_blocks,
+                (unsigned long long)r->tokens, (unsigned long long)r->hit_tokens,
+                ratio(r->hit_blocks, r->blocks), ratio(r->hit_tokens, r->tokens));
+        if (r->policy)
+            fprintf(f, "%llu,%.17g,%.17g,%.17g,%.17g,%.17g,",
+                    (unsigned long long)r->predicted_blocks, ratio(r->predicted_blocks, r->blocks),
+                    r->ttft_p50_ms, r->ttft_p99_ms, r->ttft_mean_ms, r->imbalance);
+        else
+            fputs(",,,,,,", f);
+        fprintf(f, "%.6f\n", r->seconds);
+    }
+}
