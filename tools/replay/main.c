@@ -111,6 +111,7 @@ int main(int argc, char **argv)
         {"format", required_argument, NULL, O_FMT},
         {"help", no_argument, NULL, O_HELP},
         {"version", no_argument, NULL, O_VER},
+        REPLAY_LIVE_OPTIONS,
         {NULL, 0, NULL, 0},
     };
     const char *trace = NULL;
@@ -127,6 +128,8 @@ int main(int argc, char **argv)
                                                     KVG_POLICY_RANDOM};
     size_t nkinds = KVG_POLICY_KIND_COUNT;
     bool skip = false, json = false;
+    replay_live_options live; /* live mode and the slice: live_cli.c */
+    replay_live_options_init(&live);
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         int bad = 0;
@@ -170,11 +173,19 @@ int main(int argc, char **argv)
             break;
         case O_HELP:
             fputs(usage, stdout);
+            fputs(replay_live_usage, stdout);
             return 0;
         case O_VER:
             printf("kvgate-replay %s\n", KVG_VERSION);
             return 0;
         default:
+            if (c >= REPLAY_LIVE_OPT_BASE) {
+                if (replay_live_option(&live, c, optarg) < 0) {
+                    replay_live_options_done(&live);
+                    return 2;
+                }
+                break;
+            }
             fputs(usage, stderr);
             return 2;
         }
@@ -186,13 +197,24 @@ int main(int argc, char **argv)
     }
     if (!trace || optind < argc) {
         fputs(usage, stderr);
+        replay_live_options_done(&live);
         return 2;
     }
 
     replay_trace t;
-    if (replay_trace_read(trace, scale, skip, &t) < 0)
+    if (replay_trace_read(trace, scale, skip, &t) < 0) {
+        replay_live_options_done(&live);
         return 1;
-    size_t nrows = nkinds + 3;
+    }
+    if (replay_trace_slice(&t, live.first, live.count) < 0) {
+        fprintf(stderr, "kvgate-replay: --first %zu: the trace has %zu requests\n", live.first,
+                t.n);
+        replay_trace_done(&t);
+        replay_live_options_done(&live);
+        return 1;
+    }
+    replay_live_errors live_errs = {0};
+    size_t nrows = nkinds + 3 + (live.cfg.url ? 1 : 0);
     replay_row *rows = calloc(nrows, sizeof(*rows));
     uint64_t distinct = 0;
     int rc = rows ? replay_ceiling(&t, &rows[nkinds], &distinct) : -ENOMEM;
@@ -212,13 +234,16 @@ int main(int argc, char **argv)
         pc.kind = kinds[i];
         rc = replay_simulate(&t, &ec, &pc, &rows[i]);
     }
+    if (rc == 0 && live.cfg.url) /* the live row last, after the offline ones it is compared to */
+        rc = replay_live_run(&t, &live.cfg, &rows[nrows - 1], &live_errs);
     if (rc == 0) {
         replay_report rep = {.trace = trace,
                              .t = &t,
                              .ec = &ec,
                              .distinct_blocks = distinct,
                              .rows = rows,
-                             .nrows = nrows};
+                             .nrows = nrows,
+                             .live = live.cfg.url ? &live_errs : NULL};
         if (json)
             replay_report_json(&rep, stdout);
         else
@@ -230,5 +255,10 @@ int main(int argc, char **argv)
         replay_row_done(&rows[i]);
     free(rows);
     replay_trace_done(&t);
-    return rc == 0 ? 0 : 1;
+    replay_live_options_done(&live);
+    bool failed = live_errs.status || live_errs.timeout || live_errs.connection ||
+                  live_errs.protocol || live_errs.tokens || live_errs.unsent || live_errs.first[0];
+    if (rc == 0 && failed)
+        fprintf(stderr, "kvgate-replay: live: some requests failed (%s)\n", live_errs.first);
+    return rc == 0 && !failed ? 0 : 1;
 }
