@@ -51,7 +51,7 @@ typedef struct run_state {
     live_run run;
     const replay_trace *t;
     live_req *reqs;
-    char **auth; /* "Bearer KEY" per key */
+    char **auth;     /* "Bearer KEY" per key */
     size_t next;     /* next request to send */
     size_t finished; /* requests ended */
     uint64_t t0_ns;
@@ -83,8 +83,8 @@ static int parse_url(live_run *run, const char *url)
     const char *scheme = u ? evhttp_uri_get_scheme(u) : NULL;
     const char *host = u ? evhttp_uri_get_host(u) : NULL;
     int port = u ? evhttp_uri_get_port(u) : -1;
-    if (!u || !scheme || strcmp(scheme, "http") != 0 || !host || !host[0] ||
-        strlen(host) > 255 || port == 0 || port > 65535) {
+    if (!u || !scheme || strcmp(scheme, "http") != 0 || !host || !host[0] || strlen(host) > 255 ||
+        port == 0 || port > 65535) {
         fprintf(stderr, "kvgate-replay: --live %s: expected http://HOST[:PORT][/PATH]\n", url);
         goto out;
     }
@@ -362,8 +362,7 @@ static void on_progress(evutil_socket_t fd, short what, void *arg)
     const replay_live_errors *e = s->errs;
     fprintf(stderr, "kvgate-replay: live: %.0f s: sent %zu/%zu, done %zu, errors %llu\n",
             (double)(kvg_now_ns() - s->t0_ns) / 1e9, s->next, s->t->n, s->finished,
-            (unsigned long long)(e->status + e->timeout + e->connection + e->protocol +
-                                 e->tokens));
+            (unsigned long long)(e->status + e->timeout + e->connection + e->protocol + e->tokens));
 }
 
 static void on_sigint(evutil_socket_t fd, short what, void *arg)

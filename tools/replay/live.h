@@ -54,7 +54,7 @@ typedef struct live_req {
     struct event deadline;
     /* transport state */
     bool h2;
-    void *conn;       /* the transport's connection, while in flight */
+    void *conn;        /* the transport's connection, while in flight */
     int32_t stream_id; /* HTTP/2 */
     kvg_link link;     /* on its HTTP/2 connection's list, or the HTTP/1.1 pending queue */
 } live_req;

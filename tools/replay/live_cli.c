@@ -3,7 +3,6 @@
 #include "replay.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -122,9 +121,8 @@ static int read_keys(replay_live_options *o, const char *path)
 int replay_live_option(replay_live_options *o, int opt, const char *arg)
 {
     static const char *const names[] = {
-        "live",     "http",  "connections", "h1-connections", "tenants",  "tenant-block",
-        "api-key",  "api-keys", "model",    "max-tokens",     "timeout-ms", "first",
-        "requests", "quiet",
+        "live",     "http",  "connections", "h1-connections", "tenants", "tenant-block", "api-key",
+        "api-keys", "model", "max-tokens",  "timeout-ms",     "first",   "requests",     "quiet",
     };
     replay_live_config *c = &o->cfg;
     uint64_t v = 0;
@@ -162,10 +160,9 @@ int replay_live_option(replay_live_options *o, int opt, const char *arg)
         break;
     case 8:
         /* The name goes into JSON as it is: a plain token. */
-        rc = arg[0] && strlen(arg) < 256 && strspn(arg,
-                                                   "abcdefghijklmnopqrstuvwxyz"
-                                                   "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-/:@+") ==
-                                                       strlen(arg)
+        rc = arg[0] && strlen(arg) < 256 &&
+                     strspn(arg, "abcdefghijklmnopqrstuvwxyz"
+                                 "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-/:@+") == strlen(arg)
                  ? 0
                  : KVG_ECONFIG;
         c->model = arg;

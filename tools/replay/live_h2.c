@@ -214,8 +214,7 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
     if (what & BEV_EVENT_EOF)
         snprintf(buf, sizeof(buf), "closed by the gateway");
     else
-        snprintf(buf, sizeof(buf), "%s",
-                 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+        snprintf(buf, sizeof(buf), "%s", evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
     conn_fail(c, buf);
 }
 
@@ -288,11 +287,9 @@ void live_h2_send(live_h2 *h, live_req *q)
         return;
     }
     h2conn *c = h->conns[slot];
-    const replay_live_config *cfg = h->run->cfg;
     char clen[24];
     snprintf(clen, sizeof(clen), "%zu", q->body.len);
-#define NV(n, v)                                                                                   \
-    {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, strlen(v), NGHTTP2_NV_FLAG_NONE}
+#define NV(n, v) {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, strlen(v), NGHTTP2_NV_FLAG_NONE}
     nghttp2_nv hdrs[] = {
         NV(":method", "POST"),
         NV(":scheme", "http"),
@@ -305,7 +302,6 @@ void live_h2_send(live_h2 *h, live_req *q)
     };
 #undef NV
     size_t nh = KVG_ARRAY_LEN(hdrs) - (q->authorization ? 0 : 1);
-    (void)cfg;
     nghttp2_data_provider dp = {.source.ptr = q, .read_callback = read_body};
     int32_t id = nghttp2_submit_request(c->session, NULL, hdrs, nh, &dp, q);
     if (id < 0) {

@@ -190,7 +190,7 @@ const char *replay_live_http_str(replay_live_http h);
 int replay_live_http_parse(const char *s, replay_live_http *out);
 
 typedef struct replay_live_config {
-    const char *url;         /* http://host:port[/prefix] of the gateway (borrowed) */
+    const char *url; /* http://host:port[/prefix] of the gateway (borrowed) */
     replay_live_http http;
     uint32_t connections;    /* HTTP/2 connections (streams spread round robin) */
     uint32_t h1_max;         /* HTTP/1.1 connections at most (one request each at a time) */
@@ -199,9 +199,9 @@ typedef struct replay_live_config {
     const char *const *keys; /* API keys (borrowed); tenant t sends keys[t % nkeys]; may be 0 */
     size_t nkeys;
     const char *model;
-    uint32_t max_tokens;  /* cap of the trace's output_length (0: none); at least 1 is asked */
-    uint32_t timeout_ms;  /* per request, from its send to its last byte */
-    bool quiet;           /* no progress lines on stderr */
+    uint32_t max_tokens; /* cap of the trace's output_length (0: none); at least 1 is asked */
+    uint32_t timeout_ms; /* per request, from its send to its last byte */
+    bool quiet;          /* no progress lines on stderr */
 } replay_live_config;
 
 /* Errors of a live run, by kind. */
@@ -253,7 +253,9 @@ void replay_live_text(kvg_buf *out, const replay_request *r);
         {"timeout-ms", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 10},                        \
         {"first", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 11},                             \
         {"requests", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 12},                          \
-        {"quiet", no_argument, NULL, REPLAY_LIVE_OPT_BASE + 13}
+    {                                                                                              \
+        "quiet", no_argument, NULL, REPLAY_LIVE_OPT_BASE + 13                                      \
+    }
 
 /* The help text of those flags. */
 extern const char replay_live_usage[];
