@@ -239,23 +239,23 @@ void replay_live_text(kvg_buf *out, const replay_request *r);
 /* getopt_long values of the live and slice flags: main's table includes REPLAY_LIVE_OPTIONS and
  * hands any value >= REPLAY_LIVE_OPT_BASE to replay_live_option. */
 #define REPLAY_LIVE_OPT_BASE 1000
-#define REPLAY_LIVE_OPTIONS                                                                        \
-    {"live", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 0},                                   \
-        {"http", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 1},                               \
-        {"connections", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 2},                        \
-        {"h1-connections", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 3},                     \
-        {"tenants", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 4},                            \
-        {"tenant-block", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 5},                       \
-        {"api-key", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 6},                            \
-        {"api-keys", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 7},                           \
-        {"model", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 8},                              \
-        {"max-tokens", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 9},                         \
-        {"timeout-ms", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 10},                        \
-        {"first", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 11},                             \
-        {"requests", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 12},                          \
-    {                                                                                              \
-        "quiet", no_argument, NULL, REPLAY_LIVE_OPT_BASE + 13                                      \
-    }
+/* clang-format off */
+#define REPLAY_LIVE_OPTIONS \
+    {"live", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 0}, \
+    {"http", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 1}, \
+    {"connections", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 2}, \
+    {"h1-connections", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 3}, \
+    {"tenants", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 4}, \
+    {"tenant-block", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 5}, \
+    {"api-key", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 6}, \
+    {"api-keys", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 7}, \
+    {"model", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 8}, \
+    {"max-tokens", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 9}, \
+    {"timeout-ms", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 10}, \
+    {"first", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 11}, \
+    {"requests", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 12}, \
+    {"quiet", no_argument, NULL, REPLAY_LIVE_OPT_BASE + 13}
+/* clang-format on */
 
 /* The help text of those flags. */
 extern const char replay_live_usage[];
