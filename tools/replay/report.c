@@ -78,11 +78,15 @@ void replay_report_json(const replay_report *rep, FILE *f)
                 (unsigned long long)r->tokens, (unsigned long long)r->hit_tokens,
                 ratio(r->hit_blocks, r->blocks), ratio(r->hit_tokens, r->tokens), r->seconds);
         if (r->policy) {
+            if (r->live) /* nothing predicted here: the gateway's /metrics has it */
+                fputs(",\"predicted_blocks\":null,\"predicted_hit_rate\":null", f);
+            else
+                fprintf(f, ",\"predicted_blocks\":%llu,\"predicted_hit_rate\":%.17g",
+                        (unsigned long long)r->predicted_blocks,
+                        ratio(r->predicted_blocks, r->blocks));
             fprintf(f,
-                    ",\"predicted_blocks\":%llu,\"predicted_hit_rate\":%.17g,"
-                    "\"ttft_p50_ms\":%.17g,\"ttft_p99_ms\":%.17g,\"ttft_mean_ms\":%.17g,"
+                    ",\"ttft_p50_ms\":%.17g,\"ttft_p99_ms\":%.17g,\"ttft_mean_ms\":%.17g,"
                     "\"imbalance\":%.17g,\"requests_per_worker\":[",
-                    (unsigned long long)r->predicted_blocks, ratio(r->predicted_blocks, r->blocks),
                     r->ttft_p50_ms, r->ttft_p99_ms, r->ttft_mean_ms, r->imbalance);
             for (unsigned w = 0; w < r->nworkers; w++)
                 fprintf(f, "%s%llu", w ? "," : "", (unsigned long long)r->per_worker[w]);
