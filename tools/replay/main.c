@@ -260,6 +260,7 @@ int main(int argc, char **argv)
         {"svg", required_argument, NULL, O_SVG},
         {"help", no_argument, NULL, O_HELP},
         {"version", no_argument, NULL, O_VER},
+        REPLAY_LIVE_OPTIONS,
         {NULL, 0, NULL, 0},
     };
     const char *trace = NULL;
@@ -280,6 +281,8 @@ int main(int argc, char **argv)
     replay_format trace_format = REPLAY_FORMAT_AUTO;
     bool shared_scope = false;
     sweep_opts so = {0};
+    replay_live_options live; /* live mode and the slice: live_cli.c */
+    replay_live_options_init(&live);
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         int bad = 0;
@@ -354,11 +357,19 @@ int main(int argc, char **argv)
             break;
         case O_HELP:
             fputs(usage, stdout);
+            fputs(replay_live_usage, stdout);
             return 0;
         case O_VER:
             printf("kvgate-replay %s\n", KVG_VERSION);
             return 0;
         default:
+            if (c >= REPLAY_LIVE_OPT_BASE) {
+                if (replay_live_option(&live, c, optarg) < 0) {
+                    replay_live_options_done(&live);
+                    return 2;
+                }
+                break;
+            }
             fputs(usage, stderr);
             return 2;
         }
@@ -370,6 +381,7 @@ int main(int argc, char **argv)
     }
     if (!trace || optind < argc) {
         fputs(usage, stderr);
+        replay_live_options_done(&live);
         return 2;
     }
     if (!so.nfractions)
@@ -383,25 +395,39 @@ int main(int argc, char **argv)
     replay_trace t;
     replay_read_options ro = {
         .time_scale = scale, .skip = skip, .format = trace_format, .shared_scope = shared_scope};
-    if (replay_trace_read(trace, &ro, &t) < 0)
+    if (replay_trace_read(trace, &ro, &t) < 0) {
+        replay_live_options_done(&live);
         return 1;
+    }
+    if (replay_trace_slice(&t, live.first, live.count) < 0) {
+        fprintf(stderr, "kvgate-replay: --first %zu: the trace has %zu requests\n", live.first,
+                t.n);
+        replay_trace_done(&t);
+        replay_live_options_done(&live);
+        return 1;
+    }
     if (so.sweep || so.svg) {
         int st = run_sweep(trace, &t, &ec, policies, npolicies, &so, format);
         replay_trace_done(&t);
+        replay_live_options_done(&live);
         return st;
     }
-    size_t nrows = npolicies + REPLAY_REFERENCE_ROWS;
+    replay_live_errors live_errs = {0};
+    size_t nrows = npolicies + REPLAY_REFERENCE_ROWS + (live.cfg.url ? 1 : 0);
     replay_row *rows = calloc(nrows, sizeof(*rows));
     uint64_t distinct = 0;
     ec.capacity = capacity;
     int rc = rows ? replay_run(&t, &ec, fraction, policies, npolicies, rows, &distinct) : -ENOMEM;
+    if (rc == 0 && live.cfg.url) /* the live row last, after the offline ones it is compared to */
+        rc = replay_live_run(&t, &live.cfg, &rows[nrows - 1], &live_errs);
     if (rc == 0) {
         replay_report rep = {.trace = trace,
                              .t = &t,
                              .ec = &ec,
                              .distinct_blocks = distinct,
                              .rows = rows,
-                             .nrows = nrows};
+                             .nrows = nrows,
+                             .live = live.cfg.url ? &live_errs : NULL};
         if (format == 'j')
             replay_report_json(&rep, stdout);
         else if (format == 'c')
@@ -415,5 +441,10 @@ int main(int argc, char **argv)
         replay_row_done(&rows[i]);
     free(rows);
     replay_trace_done(&t);
-    return rc == 0 ? 0 : 1;
+    replay_live_options_done(&live);
+    bool failed = live_errs.status || live_errs.timeout || live_errs.connection ||
+                  live_errs.protocol || live_errs.tokens || live_errs.unsent || live_errs.first[0];
+    if (rc == 0 && failed)
+        fprintf(stderr, "kvgate-replay: live: some requests failed (%s)\n", live_errs.first);
+    return rc == 0 && !failed ? 0 : 1;
 }

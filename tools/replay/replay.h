@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "common.h"
 #include "policy.h"
 
 /* Tokens per hash id in the Mooncake traces. */
@@ -205,6 +206,7 @@ typedef struct replay_engine_config {
 typedef struct replay_row {
     char name[32];
     bool policy;       /* a simulated policy (else a reference: ceiling, pooled LRU, MIN) */
+    bool live;         /* measured through a gateway (live mode): policy too, nothing predicted */
     uint64_t capacity; /* blocks: per worker (policy), pooled (LRU, MIN), 0 (ceiling) */
     uint64_t requests, blocks, hit_blocks, tokens, hit_tokens;
     uint64_t predicted_blocks; /* policy: blocks the chosen worker was predicted to hold */
@@ -264,6 +266,7 @@ typedef struct replay_report {
     uint64_t distinct_blocks;
     const replay_row *rows;
     size_t nrows;
+    const struct replay_live_errors *live; /* live mode's errors; NULL offline */
 } replay_report;
 
 void replay_report_text(const replay_report *rep, FILE *f);
@@ -329,5 +332,109 @@ void replay_progress_end(replay_progress *p);
  *  row (policies, ceiling, pooled LRU, MIN), axes with ticks, a legend, and a title naming
  *  the trace. 0, or -EIO when writing fails. */
 int replay_svg_write(const replay_sweep *s, FILE *f);
+
+/* ---- slices (trace.c) ---------------------------------------------------------------------- */
+
+/** Keep requests [first, first + count) of the trace in arrival order (count 0: all from first
+ *  on), their arrivals moved so the slice starts at 0, the totals recomputed. KVG_ECONFIG when
+ *  first is past the end. */
+int replay_trace_slice(replay_trace *t, size_t first, size_t count);
+
+/* ---- live mode (live.c, live_text.c, live_h1.c, live_h2.c; docs/replay.md "Live mode") ---- */
+
+typedef enum replay_live_http {
+    REPLAY_LIVE_H2 = 0, /* every request over HTTP/2 (prior knowledge, cleartext) */
+    REPLAY_LIVE_H1,     /* every request over HTTP/1.1 */
+    REPLAY_LIVE_MIXED,  /* even requests over HTTP/2, odd ones over HTTP/1.1 */
+    REPLAY_LIVE_HTTP_COUNT,
+} replay_live_http;
+
+/** "2", "1.1", "mixed"; replay_live_http_parse is its inverse (0 or KVG_ECONFIG). */
+const char *replay_live_http_str(replay_live_http h);
+int replay_live_http_parse(const char *s, replay_live_http *out);
+
+typedef struct replay_live_config {
+    const char *url; /* http://host:port[/prefix] of the gateway (borrowed) */
+    replay_live_http http;
+    uint32_t connections;    /* HTTP/2 connections (streams spread round robin) */
+    uint32_t h1_max;         /* HTTP/1.1 connections at most (one request each at a time) */
+    uint32_t tenants;        /* tenant = chain key of block tenant_block mod tenants */
+    uint32_t tenant_block;   /* 0: the first block (or the last one, when fewer) */
+    const char *const *keys; /* API keys (borrowed); tenant t sends keys[t % nkeys]; may be 0 */
+    size_t nkeys;
+    const char *model;
+    uint32_t max_tokens; /* cap of the trace's output_length (0: none); at least 1 is asked */
+    uint32_t timeout_ms; /* per request, from its send to its last byte */
+    bool quiet;          /* no progress lines on stderr */
+} replay_live_config;
+
+/* Errors of a live run, by kind. */
+typedef struct replay_live_errors {
+    uint64_t status;     /* a response other than 2xx */
+    uint64_t timeout;    /* no end within timeout_ms */
+    uint64_t connection; /* connect failed, connection or stream closed early, stream reset */
+    uint64_t protocol;   /* a 2xx stream without [DONE], a bad event, or usage missing */
+    uint64_t tokens;     /* usage.prompt_tokens differs from the trace's input_length */
+    uint64_t unsent;     /* not sent: the run was interrupted (SIGINT) */
+    char first[200];     /* the first error's description */
+} replay_live_errors;
+
+/** Send every request of t through the gateway at its arrival (t's timestamps, already scaled,
+ *  counted from the start of the run; open loop) as a streaming /v1/completions request whose
+ *  prompt is the pseudo-text of its blocks, and fill *out (name "live") with what the workers
+ *  reported: hit blocks = cached_tokens / 512, hit tokens = cached_tokens, TTFT from the
+ *  scheduled arrival to the first generated text, requests per worker by x-kvgate-worker
+ *  (workers ordered by name). The row owns its per_worker array (replay_row_done). Errors are
+ *  counted in *errs, never fatal. Returns 0 (also when requests failed), KVG_ECONFIG for a bad
+ *  URL or a gateway that refuses connections (said on stderr), -ENOMEM. */
+int replay_live_run(const replay_trace *t, const replay_live_config *cfg, replay_row *out,
+                    replay_live_errors *errs);
+
+/** Append the pseudo-text of r's prompt to out: input_tokens tokens of 5 bytes (" " and four
+ *  lowercase letters), token j of block i drawn from (chain key i, j), so equal key prefixes
+ *  give equal text, a short block is the start of the full block with its key, and the
+ *  simworker's tokenizer cuts the concatenation exactly at block boundaries. Tokens past the
+ *  last hash id's block (a trace whose input outruns its ids) draw from the last key. Check
+ *  out->failed. */
+void replay_live_text(kvg_buf *out, const replay_request *r);
+
+/* ---- live mode's command line (live_cli.c) -------------------------------------------------- */
+
+/* getopt_long values of the live and slice flags: main's table includes REPLAY_LIVE_OPTIONS and
+ * hands any value >= REPLAY_LIVE_OPT_BASE to replay_live_option. */
+#define REPLAY_LIVE_OPT_BASE 1000
+/* clang-format off */
+#define REPLAY_LIVE_OPTIONS \
+    {"live", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 0}, \
+    {"http", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 1}, \
+    {"connections", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 2}, \
+    {"h1-connections", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 3}, \
+    {"tenants", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 4}, \
+    {"tenant-block", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 5}, \
+    {"api-key", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 6}, \
+    {"api-keys", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 7}, \
+    {"model", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 8}, \
+    {"max-tokens", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 9}, \
+    {"timeout-ms", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 10}, \
+    {"first", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 11}, \
+    {"requests", required_argument, NULL, REPLAY_LIVE_OPT_BASE + 12}, \
+    {"quiet", no_argument, NULL, REPLAY_LIVE_OPT_BASE + 13}
+/* clang-format on */
+
+/* The help text of those flags. */
+extern const char replay_live_usage[];
+
+typedef struct replay_live_options {
+    replay_live_config cfg; /* cfg.url NULL: offline only */
+    size_t first, count;    /* the slice (count 0: to the end) */
+    char **keys;            /* owned: --api-key and the lines of --api-keys */
+    size_t nkeys;
+} replay_live_options;
+
+void replay_live_options_init(replay_live_options *o);
+void replay_live_options_done(replay_live_options *o);
+/** Take one flag (opt from REPLAY_LIVE_OPTIONS). A bad value or an unreadable key file is said
+ *  on stderr: KVG_ECONFIG; -ENOMEM. */
+int replay_live_option(replay_live_options *o, int opt, const char *arg);
 
 #endif

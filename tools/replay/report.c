@@ -31,12 +31,25 @@ void replay_report_text(const replay_report *rep, FILE *f)
                                                   : "(one LRU of workers x capacity)");
             continue;
         }
-        fprintf(f, "%9.4f %10.1f %10.1f %9.3f %8.3f  ", ratio(r->predicted_blocks, r->blocks),
-                r->ttft_p50_ms, r->ttft_p99_ms, r->imbalance, r->seconds);
+        if (r->live)
+            fprintf(f, "%9s ", "-"); /* the gateway's prediction is on its /metrics */
+        else
+            fprintf(f, "%9.4f ", ratio(r->predicted_blocks, r->blocks));
+        fprintf(f, "%10.1f %10.1f %9.3f %8.3f  ", r->ttft_p50_ms, r->ttft_p99_ms, r->imbalance,
+                r->seconds);
         for (unsigned w = 0; w < r->nworkers; w++)
             fprintf(f, "%s%llu", w ? " " : "", (unsigned long long)r->per_worker[w]);
         fputc('\n', f);
     }
+    const struct replay_live_errors *e = rep->live;
+    if (e)
+        fprintf(f,
+                "live errors: status %llu, timeout %llu, connection %llu, protocol %llu, tokens "
+                "%llu, unsent %llu%s%s\n",
+                (unsigned long long)e->status, (unsigned long long)e->timeout,
+                (unsigned long long)e->connection, (unsigned long long)e->protocol,
+                (unsigned long long)e->tokens, (unsigned long long)e->unsent,
+                e->first[0] ? "; first: " : "", e->first);
 }
 
 void replay_report_json(const replay_report *rep, FILE *f)
@@ -56,17 +69,24 @@ void replay_report_json(const replay_report *rep, FILE *f)
                 "%s{\"name\":\"%s\",\"kind\":\"%s\",\"capacity\":%llu,\"requests\":%llu,"
                 "\"blocks\":%llu,\"hit_blocks\":%llu,\"tokens\":%llu,\"hit_tokens\":%llu,"
                 "\"block_hit_rate\":%.17g,\"token_hit_rate\":%.17g,\"seconds\":%.6f",
-                i ? "," : "", r->name, r->policy ? "policy" : "reference",
+                i ? "," : "", r->name,
+                r->live     ? "live"
+                : r->policy ? "policy"
+                            : "reference",
                 (unsigned long long)r->capacity, (unsigned long long)r->requests,
                 (unsigned long long)r->blocks, (unsigned long long)r->hit_blocks,
                 (unsigned long long)r->tokens, (unsigned long long)r->hit_tokens,
                 ratio(r->hit_blocks, r->blocks), ratio(r->hit_tokens, r->tokens), r->seconds);
         if (r->policy) {
+            if (r->live) /* nothing predicted here: the gateway's /metrics has it */
+                fputs(",\"predicted_blocks\":null,\"predicted_hit_rate\":null", f);
+            else
+                fprintf(f, ",\"predicted_blocks\":%llu,\"predicted_hit_rate\":%.17g",
+                        (unsigned long long)r->predicted_blocks,
+                        ratio(r->predicted_blocks, r->blocks));
             fprintf(f,
-                    ",\"predicted_blocks\":%llu,\"predicted_hit_rate\":%.17g,"
-                    "\"ttft_p50_ms\":%.17g,\"ttft_p99_ms\":%.17g,\"ttft_mean_ms\":%.17g,"
+                    ",\"ttft_p50_ms\":%.17g,\"ttft_p99_ms\":%.17g,\"ttft_mean_ms\":%.17g,"
                     "\"imbalance\":%.17g,\"requests_per_worker\":[",
-                    (unsigned long long)r->predicted_blocks, ratio(r->predicted_blocks, r->blocks),
                     r->ttft_p50_ms, r->ttft_p99_ms, r->ttft_mean_ms, r->imbalance);
             for (unsigned w = 0; w < r->nworkers; w++)
                 fprintf(f, "%s%llu", w ? "," : "", (unsigned long long)r->per_worker[w]);
@@ -74,7 +94,23 @@ void replay_report_json(const replay_report *rep, FILE *f)
         }
         fputc('}', f);
     }
-    fputs("]}\n", f);
+    fputc(']', f);
+    const struct replay_live_errors *e = rep->live;
+    if (e) {
+        fprintf(f,
+                ",\"live_errors\":{\"status\":%llu,\"timeout\":%llu,\"connection\":%llu,"
+                "\"protocol\":%llu,\"tokens\":%llu,\"unsent\":%llu,\"first\":",
+                (unsigned long long)e->status, (unsigned long long)e->timeout,
+                (unsigned long long)e->connection, (unsigned long long)e->protocol,
+                (unsigned long long)e->tokens, (unsigned long long)e->unsent);
+        kvg_buf b;
+        kvg_buf_init(&b);
+        kvg_buf_json_string(&b, e->first, strlen(e->first));
+        fputs(b.failed || !b.data ? "\"\"" : b.data, f);
+        kvg_buf_done(&b);
+        fputc('}', f);
+    }
+    fputs("}\n", f);
 }
 
 void replay_report_csv(const replay_report *rep, FILE *f)

@@ -361,3 +361,22 @@ void replay_trace_done(replay_trace *t)
     free(t->keypool);
     memset(t, 0, sizeof(*t));
 }
+
+int replay_trace_slice(replay_trace *t, size_t first, size_t count)
+{
+    if (first > t->n || (first == t->n && t->n > 0))
+        return KVG_ECONFIG;
+    size_t n = t->n - first;
+    if (count && count < n)
+        n = count;
+    memmove(t->reqs, t->reqs + first, n * sizeof(*t->reqs));
+    t->n = n;
+    t->blocks = t->tokens = 0;
+    uint64_t base = n ? t->reqs[0].arrival_us : 0;
+    for (size_t i = 0; i < n; i++) {
+        t->reqs[i].arrival_us -= base;
+        t->blocks += t->reqs[i].nblocks;
+        t->tokens += t->reqs[i].input_tokens;
+    }
+    return 0;
+}
