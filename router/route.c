@@ -430,7 +430,8 @@ void kvg_router_write_metrics(kvg_router *rt, kvg_buf *out)
     kvg_prom_put_header(
         out, "kvgate_route_decisions_total", KVG_PROM_COUNTER,
         "Routing decisions by policy and by why the chosen worker won (hit: it holds a "
-        "prefix; cold: no worker does, rendezvous placement; load: load alone).");
+        "prefix; cold: no worker does, placed by turnover and load or by rendezvous; load: "
+        "load alone).");
     for (int k = 0; k < KVG_POLICY_KIND_COUNT; k++)
         for (int r = 0; r < KVG_POLICY_REASON_COUNT; r++) {
             uint64_t v = atomic_load_explicit(&rt->decisions[k][r], memory_order_relaxed);
