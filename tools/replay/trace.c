@@ -176,7 +176,8 @@ static int next_line(line_reader *lr, const char **line, size_t *len)
     size_t scanned = lr->start;
     bool too_long = false;
     for (;;) {
-        char *nl = memchr(lr->buf + scanned, '\n', lr->end - scanned);
+        /* (an empty buffer may not be allocated yet: memchr takes no NULL, even for 0 bytes) */
+        char *nl = lr->end > scanned ? memchr(lr->buf + scanned, '\n', lr->end - scanned) : NULL;
         if (nl || (lr->eof && lr->end > lr->start)) {
             size_t stop = nl ? (size_t)(nl - lr->buf) + 1 : lr->end;
             *line = lr->buf + lr->start;
