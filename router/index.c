@@ -98,8 +98,7 @@ typedef struct wslot {
     uint32_t head;     /* most recently used */
     uint32_t tail;     /* least recently used */
     bool live;
-    double fresh;      /* entries added lately, decayed (fresh_add) */
-    uint64_t fresh_at; /* idx->inserts at fresh's last update */
+    double fresh; /* entries added lately, decayed, as of idx->fresh_base (see fresh_add) */
 } wslot;
 
 /* Open-addressed worker id -> slot map, rebuilt by set_workers. */
@@ -130,10 +129,12 @@ struct kvg_prefix_index {
     uint64_t entries;
     uint64_t evictions;
     uint64_t inserts;
-    uint64_t horizon; /* sum of the live workers' capacities (at least 1): turnover's scale */
+    uint64_t horizon;    /* sum of the live workers' capacities (at least 1): turnover's scale */
+    uint64_t fresh_base; /* idx->inserts when every slot's fresh was last brought up to date */
 };
 
 static uint64_t capacity_sum(const kvg_prefix_index *idx);
+static void fresh_rebase(kvg_prefix_index *idx);
 
 /* Fibonacci hashing: keys are normally hashes already, but this also spreads small sequential
  * ones (tests, a weak hash, worker ids) evenly over the high bits. */
@@ -515,6 +516,8 @@ int kvg_index_set_workers(kvg_prefix_index *idx, const kvg_index_worker *ws, siz
     free(idx->order);
     idx->order = order;
     idx->nworkers = (uint32_t)n;
+    if (idx->horizon)
+        fresh_rebase(idx); /* under the old horizon, before it changes */
     idx->horizon = KVG_MAX(capacity_sum(idx), (uint64_t)1);
     pthread_rwlock_unlock(&idx->lock);
     free(names);
@@ -808,29 +811,47 @@ static size_t recent_run(const kvg_prefix_index *idx, const wslot *w, const uint
  * sum by exp(-1 / horizon), so an entry counts fully while the fleet adds few others and has
  * faded to 1/e once the fleet has added as many entries as all workers hold together: a count
  * over the fleet's own residence time, with no clock. Over the worker's capacity it says how
- * fast the worker's cache turns over (docs/admin-api.md, turnover_cost_per_block). */
-static double fresh_now(const kvg_prefix_index *idx, const wslot *w)
+ * fast the worker's cache turns over (docs/admin-api.md, turnover_cost_per_block).
+ *
+ * Kept as forward decay (Cormode et al. 2009): a slot's fresh is its count as of fresh_base, an
+ * entry added at t counts exp((t - fresh_base) / horizon), and the count now is fresh x
+ * exp(-(inserts - fresh_base) / horizon): one exp per decision, whatever the number of
+ * workers, where decaying each slot would take one per worker. fresh_rebase brings every slot
+ * to the present before the factors grow large (and before the horizon changes). */
+#define FRESH_REBASE 32.0 /* horizons between rebases: e^32 ~ 8e13 keeps doubles exact enough */
+
+static double fresh_age(const kvg_prefix_index *idx)
 {
-    if (w->fresh <= 0)
-        return 0;
-    return w->fresh * exp(-(double)(idx->inserts - w->fresh_at) / (double)idx->horizon);
+    return (double)(idx->inserts - idx->fresh_base) / (double)idx->horizon;
 }
 
+/* Write lock held. */
+static void fresh_rebase(kvg_prefix_index *idx)
+{
+    double decay = exp(-fresh_age(idx));
+    for (uint32_t i = 0; i < idx->nslots; i++)
+        idx->slots[i].fresh *= decay;
+    idx->fresh_base = idx->inserts;
+}
+
+/* Write lock held; added entries were just added to w (idx->inserts counts them). */
 static void fresh_add(kvg_prefix_index *idx, wslot *w, uint64_t added)
 {
     if (!added)
         return;
-    w->fresh = fresh_now(idx, w) + (double)added;
-    w->fresh_at = idx->inserts;
+    if (fresh_age(idx) > FRESH_REBASE)
+        fresh_rebase(idx);
+    w->fresh += (double)added * exp(fresh_age(idx));
 }
 
 void kvg_index_turnover(kvg_prefix_index *idx, const uint64_t *worker_ids, size_t n, float *out)
 {
     pthread_rwlock_rdlock(&idx->lock);
+    double decay = exp(-fresh_age(idx));
     for (size_t i = 0; i < n; i++) {
         uint32_t s = id_find(idx, worker_ids[i]);
         const wslot *w = s == NIL ? NULL : &idx->slots[s];
-        out[i] = w && w->capacity ? (float)(fresh_now(idx, w) / w->capacity) : 0.0f;
+        out[i] = w && w->capacity ? (float)(w->fresh * decay / w->capacity) : 0.0f;
     }
     pthread_rwlock_unlock(&idx->lock);
 }

@@ -291,25 +291,21 @@ void kvg_router_lookup_cancel(kvg_route_decision *d, bool timed_out)
     d->lookup_op = NULL;
 }
 
-/* The candidates' turnover, from the embedded index: it learns every record, Redis or not. */
-static void fill_turnover(kvg_router *rt, kvg_route_decision *d)
+/* The candidates' turnover, from the embedded index: it learns every record, Redis or not.
+ * Scratch from the decision's arena; without it turnover stays unknown (0) and the cost ignores
+ * it. */
+static void fill_turnover(kvg_router *rt, kvg_arena *arena, kvg_route_decision *d)
 {
     size_t m = d->neligible;
-    uint64_t ids_stack[64] = {0}; /* zeroed: gcc cannot see that m > 0 fills them */
-    float out_stack[64];
-    uint64_t *ids = m <= 64 ? ids_stack : malloc(m * sizeof(*ids));
-    float *out = m <= 64 ? out_stack : malloc(m * sizeof(*out));
-    if (ids && out) {
-        for (size_t i = 0; i < m; i++)
-            ids[i] = d->eligible[i]->id;
-        kvg_index_turnover(rt->index, ids, m, out);
-        for (size_t i = 0; i < m; i++)
-            d->pcs[i].turnover = out[i];
-    } /* else: memory; turnover stays unknown (0) and the cost ignores it */
-    if (ids != ids_stack)
-        free(ids);
-    if (out != out_stack)
-        free(out);
+    uint64_t *ids = kvg_arena_alloc(arena, m * sizeof(*ids));
+    float *out = kvg_arena_alloc(arena, m * sizeof(*out));
+    if (!ids || !out)
+        return;
+    for (size_t i = 0; i < m; i++)
+        ids[i] = d->eligible[i]->id;
+    kvg_index_turnover(rt->index, ids, m, out);
+    for (size_t i = 0; i < m; i++)
+        d->pcs[i].turnover = out[i];
 }
 
 int kvg_router_choose(kvg_router *rt, const kvg_route_request *req, kvg_arena *arena,
@@ -323,7 +319,7 @@ int kvg_router_choose(kvg_router *rt, const kvg_route_request *req, kvg_arena *a
     for (size_t i = 0; i < m; i++)
         d->pcs[i].matched = d->matched[i];
     if (pc->turnover_cost_per_block > 0 && m && d->nkeys)
-        fill_turnover(rt, d);
+        fill_turnover(rt, arena, d);
     size_t ranked = req->rank_limit && req->rank_limit < m ? req->rank_limit : m;
     kvg_policy_terms *terms = kvg_arena_alloc(arena, (ranked ? ranked : 1) * sizeof(*terms));
     if (!terms)

@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -257,6 +258,73 @@ static void test_lru_refresh(void **state)
 }
 
 /* ---- worker changes -------------------------------------------------------------------------- */
+
+/* Turnover: entries added to a worker lately over its capacity, every entry added anywhere
+ * ageing the count by exp(-1 / total capacity); the same across rebases (every 32 horizons) and
+ * across set_workers. */
+static void record_fresh(kvg_prefix_index *idx, uint64_t id, uint64_t *next, size_t n)
+{
+    uint64_t keys[200];
+    while (n) {
+        size_t k = n < 200 ? n : 200;
+        for (size_t i = 0; i < k; i++)
+            keys[i] = (*next)++;
+        assert_int_equal(kvg_index_record(idx, id, keys, k), 0);
+        n -= k;
+    }
+}
+
+static void assert_turnover(kvg_prefix_index *idx, double want_a, double want_b)
+{
+    uint64_t ids[3] = {1, 2, 99};
+    float out[3];
+    kvg_index_turnover(idx, ids, 3, out);
+    assert_true(fabs(out[0] - want_a) <= 1e-4 * (want_a + 1e-3));
+    assert_true(fabs(out[1] - want_b) <= 1e-4 * (want_b + 1e-3));
+    assert_true(out[2] == 0); /* unknown worker */
+}
+
+static void test_turnover(void **state)
+{
+    (void)state;
+    kvg_prefix_index *idx = new_index(0, 0);
+    kvg_index_worker ws[] = {
+        {.id = 1, .name = "a", .capacity = 100},
+        {.id = 2, .name = "b", .capacity = 100},
+    };
+    assert_int_equal(kvg_index_set_workers(idx, ws, 2), 0); /* horizon 200 */
+    uint64_t next = 1000;
+    assert_turnover(idx, 0, 0);
+    record_fresh(idx, 1, &next, 50);
+    assert_turnover(idx, 0.5, 0);
+    /* 200 more on b: a ages by e^-1; b evicts as it goes, but counts every entry added */
+    record_fresh(idx, 2, &next, 200);
+    double a = 0.5 * exp(-1.0), b = 2.0;
+    assert_turnover(idx, a, b);
+    /* keys already held add nothing (a record's first keys end most recent: these are held) */
+    uint64_t held[3] = {next - 200, next - 199, next - 198};
+    assert_int_equal(kvg_index_record(idx, 2, held, 3), 0);
+    assert_turnover(idx, a, b);
+    /* past several rebases (32 horizons = 6400 entries), 100 at a time on b */
+    for (int r = 0; r < 80; r++) {
+        record_fresh(idx, 2, &next, 100);
+        a *= exp(-0.5);
+        b = b * exp(-0.5) + 1.0;
+    }
+    assert_turnover(idx, a, b);
+    /* a new set of workers (horizon 300) keeps the counts and ages them from then on */
+    kvg_index_worker ws2[] = {
+        {.id = 1, .name = "a", .capacity = 100},
+        {.id = 2, .name = "b", .capacity = 100},
+        {.id = 3, .name = "c", .capacity = 100},
+    };
+    assert_int_equal(kvg_index_set_workers(idx, ws2, 3), 0);
+    assert_turnover(idx, a, b);
+    record_fresh(idx, 3, &next, 300);
+    assert_turnover(idx, a * exp(-1.0), b * exp(-1.0));
+    check(idx);
+    kvg_index_free(idx);
+}
 
 static void test_set_workers(void **state)
 {
@@ -1039,23 +1107,15 @@ static void test_many_holders(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_long_chains),
-        cmocka_unit_test(test_empty),
-        cmocka_unit_test(test_one_chain),
-        cmocka_unit_test(test_gap),
-        cmocka_unit_test(test_many_holders),
-        cmocka_unit_test(test_several_workers),
-        cmocka_unit_test(test_lru),
-        cmocka_unit_test(test_lru_refresh),
-        cmocka_unit_test(test_set_workers),
-        cmocka_unit_test(test_max_entries),
-        cmocka_unit_test(test_zero_and_repeated_keys),
-        cmocka_unit_test(test_growth),
-        cmocka_unit_test(test_many_workers),
-        cmocka_unit_test(test_metrics),
-        cmocka_unit_test(test_alloc_failures),
-        cmocka_unit_test(test_model),
-        cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_long_chains),  cmocka_unit_test(test_empty),
+        cmocka_unit_test(test_one_chain),    cmocka_unit_test(test_gap),
+        cmocka_unit_test(test_many_holders), cmocka_unit_test(test_several_workers),
+        cmocka_unit_test(test_lru),          cmocka_unit_test(test_lru_refresh),
+        cmocka_unit_test(test_turnover),     cmocka_unit_test(test_set_workers),
+        cmocka_unit_test(test_max_entries),  cmocka_unit_test(test_zero_and_repeated_keys),
+        cmocka_unit_test(test_growth),       cmocka_unit_test(test_many_workers),
+        cmocka_unit_test(test_metrics),      cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_model),        cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
