@@ -276,6 +276,16 @@ def test_bad_lines_skipped_with_their_numbers(tmp_path):
     assert rows(report)["ceiling"]["hit_blocks"] == 4
 
 
+def test_timestamp_past_the_clock_under_time_scale(tmp_path):
+    # 1e15 ms x 1e6 is past any 64-bit microsecond count: a line error, not a wrapped arrival.
+    path = tmp_path / "far.jsonl"
+    path.write_text('{"timestamp": 1e15, "input_length": 512, "output_length": 1, "hash_ids": [1]}\n')
+    res = replay("--trace", path, "--time-scale", "1000000")
+    assert res.returncode == 1
+    assert f"{path}:1: timestamp: too large with this --time-scale" in res.stderr
+    assert replay("--trace", path, "--format", "json").returncode == 0
+
+
 def test_usage_errors():
     assert replay().returncode == 2
     assert replay("--trace", "x", "--policies", "nope").returncode == 2

@@ -26,25 +26,11 @@ import pytest
 from canon_reference import canonical_stream
 from conftest import binary
 from test_hashing import spec_keys
+from test_replay import CONVERSATION, replay, replay_json, rows
 
 SECRET = b"kvgate-replay: a fixed secret that keeps scopes apart"
 BLOCK_BYTES, BLOCK_TOKENS, BYTES_PER_TOKEN = 64, 16, 4
 SVG = "{http://www.w3.org/2000/svg}"
-
-
-def replay(*args, timeout=120, **kw):
-    return subprocess.run([str(binary("kvgate-replay")), *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, **kw)
-
-
-def replay_json(*args):
-    res = replay(*args, "--format", "json")
-    assert res.returncode == 0, f"exit {res.returncode}\n{res.stdout}\n{res.stderr}"
-    return json.loads(res.stdout)
-
-
-def rows(report):
-    return {r["name"]: r for r in report["rows"]}
 
 
 def write_lines(path, objs):
@@ -467,7 +453,6 @@ def test_progress_line_on_a_terminal_only(tmp_path):
 def test_whole_conversation_trace_reads(tmp_path):
     """The whole conversation trace still reads and replays (the line reader's chunks and
     line limit on real data), with the numbers docs/performance.md records."""
-    from test_replay import CONVERSATION
     if not CONVERSATION.is_file():
         pytest.skip(f"{CONVERSATION} not found")
     report = replay_json("--trace", CONVERSATION, "--policies", "round_robin")

@@ -16,33 +16,19 @@
   lands within 5 points of the offline prediction.
 """
 import json
-import pathlib
 import random
 import socket
-import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 
-from conftest import binary
+from test_replay import CONVERSATION, replay
 
 BLOCK = 512
 TOKEN_BYTES = 5
 MODEL = "sim-model"
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-TRACES = next((d for d in (ROOT.parent / "shared" / "traces" / "mooncake",
-                           pathlib.Path("/work/shared/traces/mooncake")) if d.is_dir()),
-              ROOT.parent / "shared" / "traces" / "mooncake")
-CONVERSATION = TRACES / "conversation_trace.jsonl"
-
-
-def replay(*args, timeout=120):
-    return subprocess.run([str(binary("kvgate-replay")), *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout)
-
-
 def write_trace(path, reqs):
     path.write_text("".join(json.dumps(r) + "\n" for r in reqs))
     return path

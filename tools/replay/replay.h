@@ -244,6 +244,11 @@ int replay_pooled_lru(const replay_trace *t, uint64_t capacity, replay_row *out)
  *  an accessed block that would itself be that one is not kept. 0, -ENOMEM. */
 int replay_min(const replay_trace *t, uint64_t capacity, replay_row *out);
 void replay_row_done(replay_row *row);
+/** a / b, 0 when b is 0: the report's rates. */
+static inline double replay_ratio(uint64_t a, uint64_t b)
+{
+    return b ? (double)a / (double)b : 0;
+}
 
 /** Per-worker capacity that makes the pooled capacity fraction of the distinct blocks:
  *  floor(fraction x distinct / workers), at least 1, at most UINT32_MAX / 2. */

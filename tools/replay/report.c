@@ -4,11 +4,6 @@
 
 #include <string.h>
 
-static double ratio(uint64_t a, uint64_t b)
-{
-    return b ? (double)a / (double)b : 0;
-}
-
 void replay_report_text(const replay_report *rep, FILE *f)
 {
     const replay_trace *t = rep->t;
@@ -22,8 +17,8 @@ void replay_report_text(const replay_report *rep, FILE *f)
             "predicted", "ttft_p50ms", "ttft_p99ms", "imbalance", "replay_s", "requests/worker");
     for (size_t i = 0; i < rep->nrows; i++) {
         const replay_row *r = &rep->rows[i];
-        fprintf(f, "%-13s %9.4f %9.4f ", r->name, ratio(r->hit_blocks, r->blocks),
-                ratio(r->hit_tokens, r->tokens));
+        fprintf(f, "%-13s %9.4f %9.4f ", r->name, replay_ratio(r->hit_blocks, r->blocks),
+                replay_ratio(r->hit_tokens, r->tokens));
         if (!r->policy) {
             fprintf(f, "%9s %10s %10s %9s %8.3f  %s\n", "-", "-", "-", "-", r->seconds,
                     !r->capacity                  ? "(infinite cache)"
@@ -34,7 +29,7 @@ void replay_report_text(const replay_report *rep, FILE *f)
         if (r->live)
             fprintf(f, "%9s ", "-"); /* the gateway's prediction is on its /metrics */
         else
-            fprintf(f, "%9.4f ", ratio(r->predicted_blocks, r->blocks));
+            fprintf(f, "%9.4f ", replay_ratio(r->predicted_blocks, r->blocks));
         fprintf(f, "%10.1f %10.1f %9.3f %8.3f  ", r->ttft_p50_ms, r->ttft_p99_ms, r->imbalance,
                 r->seconds);
         for (unsigned w = 0; w < r->nworkers; w++)
@@ -76,14 +71,15 @@ void replay_report_json(const replay_report *rep, FILE *f)
                 (unsigned long long)r->capacity, (unsigned long long)r->requests,
                 (unsigned long long)r->blocks, (unsigned long long)r->hit_blocks,
                 (unsigned long long)r->tokens, (unsigned long long)r->hit_tokens,
-                ratio(r->hit_blocks, r->blocks), ratio(r->hit_tokens, r->tokens), r->seconds);
+                replay_ratio(r->hit_blocks, r->blocks), replay_ratio(r->hit_tokens, r->tokens),
+                r->seconds);
         if (r->policy) {
             if (r->live) /* nothing predicted here: the gateway's /metrics has it */
                 fputs(",\"predicted_blocks\":null,\"predicted_hit_rate\":null", f);
             else
                 fprintf(f, ",\"predicted_blocks\":%llu,\"predicted_hit_rate\":%.17g",
                         (unsigned long long)r->predicted_blocks,
-                        ratio(r->predicted_blocks, r->blocks));
+                        replay_ratio(r->predicted_blocks, r->blocks));
             fprintf(f,
                     ",\"ttft_p50_ms\":%.17g,\"ttft_p99_ms\":%.17g,\"ttft_mean_ms\":%.17g,"
                     "\"imbalance\":%.17g,\"requests_per_worker\":[",
@@ -126,11 +122,12 @@ void replay_report_csv(const replay_report *rep, FILE *f)
                 (unsigned long long)r->capacity, (unsigned long long)r->requests,
                 (unsigned long long)r->blocks, (unsigned long long)r->hit_blocks,
                 (unsigned long long)r->tokens, (unsigned long long)r->hit_tokens,
-                ratio(r->hit_blocks, r->blocks), ratio(r->hit_tokens, r->tokens));
+                replay_ratio(r->hit_blocks, r->blocks), replay_ratio(r->hit_tokens, r->tokens));
         if (r->policy)
             fprintf(f, "%llu,%.17g,%.17g,%.17g,%.17g,%.17g,",
-                    (unsigned long long)r->predicted_blocks, ratio(r->predicted_blocks, r->blocks),
-                    r->ttft_p50_ms, r->ttft_p99_ms, r->ttft_mean_ms, r->imbalance);
+                    (unsigned long long)r->predicted_blocks,
+                    replay_ratio(r->predicted_blocks, r->blocks), r->ttft_p50_ms, r->ttft_p99_ms,
+                    r->ttft_mean_ms, r->imbalance);
         else
             fputs(",,,,,,", f);
         fprintf(f, "%.6f\n", r->seconds);

@@ -73,11 +73,6 @@ static void put_escaped(FILE *f, const char *s)
     }
 }
 
-static double ratio(uint64_t a, uint64_t b)
-{
-    return b ? (double)a / (double)b : 0;
-}
-
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -156,7 +151,7 @@ static void panel(const replay_sweep *s, unsigned workers, const double *fracs, 
                     continue;
                 const replay_row *r = &p->rows[j];
                 fprintf(f, "%s%.1f,%.1f", k ? " " : "", XPOS(p->fraction),
-                        YPOS(ratio(r->hit_blocks, r->blocks)));
+                        YPOS(replay_ratio(r->hit_blocks, r->blocks)));
                 break;
             }
         fputs("\"/>\n", f);
@@ -193,7 +188,7 @@ int replay_svg_write(const replay_sweep *s, FILE *f)
         if (!seen)
             workers[nw++] = p->workers;
         for (size_t j = 0; j < s->nrows; j++)
-            top = KVG_MAX(top, ratio(p->rows[j].hit_blocks, p->rows[j].blocks));
+            top = KVG_MAX(top, replay_ratio(p->rows[j].hit_blocks, p->rows[j].blocks));
     }
     qsort(fracs, nf, sizeof(*fracs), cmp_double);
     double ymax = KVG_MAX(0.1, ceil(top * 10 - 1e-9) / 10);

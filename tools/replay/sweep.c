@@ -63,11 +63,6 @@ void replay_sweep_done(replay_sweep *s)
     memset(s, 0, sizeof(*s));
 }
 
-static double ratio(uint64_t a, uint64_t b)
-{
-    return b ? (double)a / (double)b : 0;
-}
-
 void replay_sweep_text(const replay_sweep *s, FILE *f)
 {
     const replay_trace *t = s->t;
@@ -83,7 +78,8 @@ void replay_sweep_text(const replay_sweep *s, FILE *f)
         for (size_t j = 0; j < s->nrows; j++) {
             const replay_row *r = &p->rows[j];
             fprintf(f, "%7u %9g %10u %-13s %9.4f %9.4f ", p->workers, p->fraction, p->capacity,
-                    r->name, ratio(r->hit_blocks, r->blocks), ratio(r->hit_tokens, r->tokens));
+                    r->name, replay_ratio(r->hit_blocks, r->blocks),
+                    replay_ratio(r->hit_tokens, r->tokens));
             if (r->policy)
                 fprintf(f, "%10.1f %9.3f\n", r->ttft_p99_ms, r->imbalance);
             else
@@ -110,8 +106,8 @@ void replay_sweep_json(const replay_sweep *s, FILE *f)
                     "\"block_hit_rate\":%.17g,\"token_hit_rate\":%.17g",
                     i || j ? "," : "", p->workers, p->fraction, p->capacity, r->name,
                     r->policy ? "policy" : "reference", (unsigned long long)r->hit_blocks,
-                    (unsigned long long)r->hit_tokens, ratio(r->hit_blocks, r->blocks),
-                    ratio(r->hit_tokens, r->tokens));
+                    (unsigned long long)r->hit_tokens, replay_ratio(r->hit_blocks, r->blocks),
+                    replay_ratio(r->hit_tokens, r->tokens));
             if (r->policy)
                 fprintf(f, ",\"ttft_p99_ms\":%.17g,\"imbalance\":%.17g}", r->ttft_p99_ms,
                         r->imbalance);
@@ -134,7 +130,7 @@ void replay_sweep_csv(const replay_sweep *s, FILE *f)
             fprintf(f, "%u,%.17g,%u,%s,%s,%llu,%llu,%.17g,%.17g,", p->workers, p->fraction,
                     p->capacity, r->name, r->policy ? "policy" : "reference",
                     (unsigned long long)r->hit_blocks, (unsigned long long)r->hit_tokens,
-                    ratio(r->hit_blocks, r->blocks), ratio(r->hit_tokens, r->tokens));
+                    replay_ratio(r->hit_blocks, r->blocks), replay_ratio(r->hit_tokens, r->tokens));
             if (r->policy)
                 fprintf(f, "%.17g,%.17g\n", r->ttft_p99_ms, r->imbalance);
             else

@@ -18,8 +18,7 @@ uint64_t replay_chain_key(uint64_t prev, uint64_t id)
     return XXH3_64bits(in, sizeof(in));
 }
 
-/* A non-negative integer member that fits in max; NULL or a message. */
-static const char *get_uint(const kvg_json *obj, const char *key, uint64_t max, uint64_t *out)
+const char *trace_get_uint(const kvg_json *obj, const char *key, uint64_t max, uint64_t *out)
 {
     const kvg_json *v = kvg_json_get(obj, key);
     if (!v)
@@ -31,14 +30,12 @@ static const char *get_uint(const kvg_json *obj, const char *key, uint64_t max, 
     return NULL;
 }
 
-/* One Mooncake line into r (keys appended to b's pool). 0, or KVG_EPARSE with le filled, or
- * -ENOMEM. */
-static int parse_mooncake(const char *line, size_t len, kvg_arena *arena, double scale,
-                          trace_builder *b, replay_request *r, line_error *le)
+int trace_line_open(const char *line, size_t len, kvg_arena *arena, double scale,
+                    const kvg_json **root, uint64_t *arrival_us, line_error *le)
 {
-    kvg_json *root;
+    kvg_json *obj;
     kvg_json_error err = {0};
-    int rc = kvg_json_parse(line, len, arena, NULL, &root, &err);
+    int rc = kvg_json_parse(line, len, arena, NULL, &obj, &err);
     if (rc == -ENOMEM)
         return rc;
     if (rc < 0) {
@@ -47,22 +44,44 @@ static int parse_mooncake(const char *line, size_t len, kvg_arena *arena, double
         le->why = le->buf;
         return KVG_EPARSE;
     }
-    if (root->type != KVG_JSON_OBJECT) {
+    if (obj->type != KVG_JSON_OBJECT) {
         *le = (line_error){.field = "line", .why = "expected a JSON object"};
         return KVG_EPARSE;
     }
-    uint64_t in, outl;
-    const char *why;
-    const kvg_json *ts = kvg_json_get(root, "timestamp");
+    const kvg_json *ts = kvg_json_get(obj, "timestamp");
     if (!ts || ts->type != KVG_JSON_NUMBER || !(ts->u.num.value >= 0) || ts->u.num.value > 1e15) {
-        *le = (line_error){"timestamp", ts ? "expected a non-negative number" : "missing", {0}};
+        *le = (line_error){.field = "timestamp",
+                           .why = ts ? "expected a non-negative number" : "missing"};
         return KVG_EPARSE;
     }
-    if ((why = get_uint(root, "input_length", UINT32_MAX, &in))) {
+    /* ms x scale in us; a product past 2^62 us (146,000 years) would not convert */
+    double us = ts->u.num.value * scale * 1000.0 + 0.5;
+    if (!(us < 0x1p62)) {
+        *le = (line_error){.field = "timestamp", .why = "too large with this --time-scale"};
+        return KVG_EPARSE;
+    }
+    *root = obj;
+    *arrival_us = (uint64_t)us;
+    return 0;
+}
+
+/* One Mooncake line into r (keys appended to b's pool). 0, or KVG_EPARSE with le filled, or
+ * -ENOMEM. */
+static int parse_mooncake(const char *line, size_t len, kvg_arena *arena, double scale,
+                          trace_builder *b, replay_request *r, line_error *le)
+{
+    const kvg_json *root;
+    uint64_t arrival_us;
+    int rc = trace_line_open(line, len, arena, scale, &root, &arrival_us, le);
+    if (rc < 0)
+        return rc;
+    uint64_t in, outl;
+    const char *why;
+    if ((why = trace_get_uint(root, "input_length", UINT32_MAX, &in))) {
         *le = (line_error){"input_length", why, {0}};
         return KVG_EPARSE;
     }
-    if ((why = get_uint(root, "output_length", UINT32_MAX, &outl))) {
+    if ((why = trace_get_uint(root, "output_length", UINT32_MAX, &outl))) {
         *le = (line_error){"output_length", why, {0}};
         return KVG_EPARSE;
     }
@@ -90,7 +109,7 @@ static int parse_mooncake(const char *line, size_t len, kvg_arena *arena, double
         keys[i] = prev;
     }
     *r = (replay_request){
-        .arrival_us = (uint64_t)(ts->u.num.value * scale * 1000.0 + 0.5),
+        .arrival_us = arrival_us,
         .input_tokens = (uint32_t)in,
         .output_tokens = (uint32_t)outl,
         .block_tokens = REPLAY_BLOCK_TOKENS,

@@ -23,6 +23,13 @@ typedef struct line_error {
     char buf[160];
 } line_error;
 
+/** A line that must be a JSON object with a "timestamp" (ms, 0..1e15): the object in *root (in
+ *  arena) and the arrival, timestamp x scale, in us. 0, KVG_EPARSE (le says what), -ENOMEM. */
+int trace_line_open(const char *line, size_t len, kvg_arena *arena, double scale,
+                    const kvg_json **root, uint64_t *arrival_us, line_error *le);
+/** A non-negative integer member that fits in max: NULL, or what is wrong ("missing", ...). */
+const char *trace_get_uint(const kvg_json *obj, const char *key, uint64_t max, uint64_t *out);
+
 /** Room for n more keys at the end of the pool: *at is where to write them (they count once
  *  trace_pool_commit is called). 0, -ENOMEM. */
 int trace_pool_reserve(trace_builder *b, size_t n, uint64_t **at);

@@ -204,32 +204,15 @@ static int scope_of(const kvgate_reader *k, const kvg_json *root, const char **t
 int kvgate_parse_line(kvgate_reader *k, const char *line, size_t len, kvg_arena *arena,
                       double time_scale, trace_builder *b, replay_request *r, line_error *le)
 {
-    kvg_json *root;
-    kvg_json_error err = {0};
-    int rc = kvg_json_parse(line, len, arena, NULL, &root, &err);
-    if (rc == -ENOMEM)
+    const kvg_json *root;
+    uint64_t arrival_us;
+    int rc = trace_line_open(line, len, arena, time_scale, &root, &arrival_us, le);
+    if (rc < 0)
         return rc;
-    if (rc < 0) {
-        snprintf(le->buf, sizeof(le->buf), "%s", err.message);
-        le->field = "json";
-        le->why = le->buf;
-        return KVG_EPARSE;
-    }
-    if (root->type != KVG_JSON_OBJECT) {
-        *le = (line_error){.field = "line", .why = "expected a JSON object"};
-        return KVG_EPARSE;
-    }
-    const kvg_json *ts = kvg_json_get(root, "timestamp");
-    if (!ts || ts->type != KVG_JSON_NUMBER || !(ts->u.num.value >= 0) || ts->u.num.value > 1e15) {
-        *le = (line_error){.field = "timestamp",
-                           .why = ts ? "expected a non-negative number" : "missing"};
-        return KVG_EPARSE;
-    }
-    const kvg_json *ol = kvg_json_get(root, "output_length");
-    if (!ol || ol->type != KVG_JSON_NUMBER || !ol->u.num.is_int || ol->u.num.ival < 0 ||
-        ol->u.num.ival > UINT32_MAX) {
-        *le = (line_error){.field = "output_length",
-                           .why = ol ? "expected a non-negative integer" : "missing"};
+    uint64_t output_length;
+    const char *why = trace_get_uint(root, "output_length", UINT32_MAX, &output_length);
+    if (why) {
+        *le = (line_error){.field = "output_length", .why = why};
         return KVG_EPARSE;
     }
     const char *tenant;
@@ -256,6 +239,7 @@ int kvgate_parse_line(kvgate_reader *k, const char *line, size_t len, kvg_arena 
     }
     kvg_body_info info;
     kvg_body_plan plan;
+    kvg_json_error err = {0};
     rc = kvg_body_scan_plan(line, len, chat ? KVG_BODY_API_CHAT : KVG_BODY_API_COMPLETIONS, NULL,
                             arena, &plan, &info, &err);
     if (rc == -ENOMEM)
@@ -302,9 +286,9 @@ int kvgate_parse_line(kvgate_reader *k, const char *line, size_t len, kvg_arena 
     if (job.nkeys)
         memcpy(keys, job.keys, job.nkeys * sizeof(*keys));
     *r = (replay_request){
-        .arrival_us = (uint64_t)(ts->u.num.value * time_scale * 1000.0 + 0.5),
+        .arrival_us = arrival_us,
         .input_tokens = (uint32_t)tokens,
-        .output_tokens = (uint32_t)ol->u.num.ival,
+        .output_tokens = (uint32_t)output_length,
         .block_tokens = (uint32_t)block_tokens,
         .tenant = tidx,
     };
