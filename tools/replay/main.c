@@ -16,7 +16,6 @@
 #define DEFAULT_MAX_RUNNING 32
 #define DEFAULT_PREFILL_US 100.0
 #define DEFAULT_DECODE_US 20000.0
-#define MAX_WORKERS 1024
 #define MAX_POLICIES 32
 /* Sweeps (--sweep, --svg): the default capacity fractions and worker counts, and the most of
  * each a list may name. */
@@ -292,7 +291,7 @@ int main(int argc, char **argv)
             trace = optarg;
             break;
         case O_WORKERS:
-            bad = parse_u32(optarg, 1, MAX_WORKERS, &u);
+            bad = parse_u32(optarg, 1, REPLAY_MAX_WORKERS, &u);
             ec.workers = u;
             break;
         case O_CAP:
@@ -343,7 +342,7 @@ int main(int argc, char **argv)
             bad = parse_list(optarg, 1e-9, 1e6, false, so.fractions, &so.nfractions);
             break;
         case O_WCOUNTS:
-            bad = parse_list(optarg, 1, MAX_WORKERS, true, so.workers, &so.nworkers);
+            bad = parse_list(optarg, 1, REPLAY_MAX_WORKERS, true, so.workers, &so.nworkers);
             break;
         case O_SVG:
             so.svg = optarg;
@@ -387,7 +386,7 @@ int main(int argc, char **argv)
     if (!so.nfractions)
         parse_list(DEFAULT_FRACTIONS, 0, 1, false, so.fractions, &so.nfractions);
     if (!so.nworkers && so.sweep)
-        parse_list(DEFAULT_WORKER_COUNTS, 1, MAX_WORKERS, true, so.workers, &so.nworkers);
+        parse_list(DEFAULT_WORKER_COUNTS, 1, REPLAY_MAX_WORKERS, true, so.workers, &so.nworkers);
 
     if (settings && apply_settings(settings, policies, npolicies) < 0)
         return 2;

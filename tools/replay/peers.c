@@ -74,6 +74,8 @@ static int cmp_point(const void *a, const void *b)
 int replay_peer_new(replay_peer kind, unsigned nworkers, uint32_t capacity, size_t nrequests,
                     replay_peer_router **out)
 {
+    if (!nworkers || nworkers > REPLAY_MAX_WORKERS)
+        return -EINVAL;
     replay_peer_router *p = calloc(1, sizeof(*p));
     if (!p)
         return -ENOMEM;
@@ -167,6 +169,36 @@ static unsigned tie_pick(uint32_t id, unsigned n)
     return n ? (unsigned)(kvg_policy_mix64(id + 0x5bd1e995u) % n) : 0;
 }
 
+/* The workers with the highest value offered so far, every tie kept (offer -x for the lowest x;
+ * integers offered are exact in a double). */
+typedef struct best_of {
+    double value;
+    unsigned n;
+    unsigned tied[REPLAY_MAX_WORKERS];
+} best_of;
+
+static void best_init(best_of *b)
+{
+    b->value = -INFINITY;
+    b->n = 0;
+}
+
+static void best_offer(best_of *b, unsigned w, double value)
+{
+    if (value > b->value) {
+        b->value = value;
+        b->n = 0;
+    }
+    if (value == b->value && b->n < KVG_ARRAY_LEN(b->tied))
+        b->tied[b->n++] = w;
+}
+
+/* One of the tied best for request id (tie_pick). */
+static unsigned best_pick(const best_of *b, uint32_t id)
+{
+    return b->tied[tie_pick(id, b->n)];
+}
+
 /* ---- SGLang: cache_aware ------------------------------------------------------------------- */
 
 static unsigned sglang(replay_peer_router *p, const replay_request *r, uint32_t id,
@@ -186,35 +218,19 @@ static unsigned sglang(replay_peer_router *p, const replay_request *r, uint32_t 
         pick = argmin; /* shortest queue; the tree still learns the request */
     } else {
         /* The tree's longest match over every worker, and a worker that holds it. */
-        uint32_t best = 0;
-        unsigned tied[1024], ntied = 0;
-        for (unsigned w = 0; w < p->n; w++) {
-            uint32_t m = replay_cache_match(p->index[w], r->keys, r->nblocks);
-            if (m > best) {
-                best = m;
-                ntied = 0;
-            }
-            if (m == best && ntied < KVG_ARRAY_LEN(tied))
-                tied[ntied++] = w;
-        }
-        double rate = r->input_tokens ? (double)tokens_of(r, best) / r->input_tokens : 0;
-        if (best && rate > SGL_CACHE_THRESHOLD) {
-            pick = tied[tie_pick(id, ntied)];
-        } else {
+        best_of b;
+        best_init(&b);
+        for (unsigned w = 0; w < p->n; w++)
+            best_offer(&b, w, replay_cache_match(p->index[w], r->keys, r->nblocks));
+        uint32_t matched = (uint32_t)b.value;
+        double rate = r->input_tokens ? (double)tokens_of(r, matched) / r->input_tokens : 0;
+        if (!matched || rate <= SGL_CACHE_THRESHOLD) {
             /* The smallest tree: the most room for new text. */
-            uint32_t small = UINT32_MAX;
-            ntied = 0;
-            for (unsigned w = 0; w < p->n; w++) {
-                uint32_t h = replay_cache_held(p->index[w]);
-                if (h < small) {
-                    small = h;
-                    ntied = 0;
-                }
-                if (h == small && ntied < KVG_ARRAY_LEN(tied))
-                    tied[ntied++] = w;
-            }
-            pick = tied[tie_pick(id, ntied)];
+            best_init(&b);
+            for (unsigned w = 0; w < p->n; w++)
+                best_offer(&b, w, -(double)replay_cache_held(p->index[w]));
         }
+        pick = best_pick(&b, id);
     }
     *predicted = replay_cache_match(p->index[pick], r->keys, r->nblocks);
     remember(p->index[pick], r->keys, r->nblocks);
@@ -226,36 +242,29 @@ static unsigned sglang(replay_peer_router *p, const replay_request *r, uint32_t 
 static unsigned dynamo(replay_peer_router *p, const replay_request *r, uint32_t id,
                        const replay_engine_view *v, uint32_t *predicted)
 {
-    double best = INFINITY;
-    unsigned tied[1024], ntied = 0;
+    best_of b;
+    best_init(&b);
+    uint32_t overlap[REPLAY_MAX_WORKERS];
+    uint64_t fresh[REPLAY_MAX_WORKERS];
     for (unsigned w = 0; w < p->n; w++) {
         /* The overlap is what the engine's KV events say it holds. */
-        uint32_t overlap = replay_cache_match(v[w].cache, r->keys, r->nblocks);
-        uint64_t fresh =
-            r->input_tokens - KVG_MIN(tokens_of(r, overlap), (uint64_t)r->input_tokens);
+        overlap[w] = replay_cache_match(v[w].cache, r->keys, r->nblocks);
+        fresh[w] = r->input_tokens - KVG_MIN(tokens_of(r, overlap[w]), (uint64_t)r->input_tokens);
         double prefill_blocks =
-            (double)(p->active_prefill[w] + fresh) / (double)REPLAY_BLOCK_TOKENS;
+            (double)(p->active_prefill[w] + fresh[w]) / (double)REPLAY_BLOCK_TOKENS;
         /* Decode blocks: the worker's active blocks with this request's new ones. */
         uint32_t active_hit = 0;
         for (uint32_t i = 0; i < r->nblocks; i++)
             active_hit += replay_cache_match(p->index[w], &r->keys[i], 1);
         double decode_blocks =
             (double)replay_cache_pinned(p->index[w]) + (double)(r->nblocks - active_hit);
-        double logit = DYN_OVERLAP_WEIGHT * prefill_blocks + decode_blocks;
-        if (logit < best) {
-            best = logit;
-            ntied = 0;
-        }
-        if (logit == best && ntied < KVG_ARRAY_LEN(tied))
-            tied[ntied++] = w;
+        best_offer(&b, w, -(DYN_OVERLAP_WEIGHT * prefill_blocks + decode_blocks));
     }
-    unsigned pick = tied[tie_pick(id, ntied)];
-    uint32_t overlap = replay_cache_match(v[pick].cache, r->keys, r->nblocks);
-    uint64_t fresh = r->input_tokens - KVG_MIN(tokens_of(r, overlap), (uint64_t)r->input_tokens);
-    p->charged[id] = (uint32_t)KVG_MIN(fresh, (uint64_t)UINT32_MAX);
+    unsigned pick = best_pick(&b, id);
+    p->charged[id] = (uint32_t)KVG_MIN(fresh[pick], (uint64_t)UINT32_MAX);
     p->active_prefill[pick] += p->charged[id];
     replay_cache_pin(p->index[pick], r->keys, r->nblocks);
-    *predicted = overlap;
+    *predicted = overlap[pick];
     return pick;
 }
 
@@ -272,23 +281,17 @@ static unsigned llmd(replay_peer_router *p, const replay_request *r, uint32_t id
         qmax = KVG_MAX(qmax, v[w].waiting);
         qmin = KVG_MIN(qmin, v[w].waiting);
     }
-    double best = -INFINITY;
-    unsigned tied[1024], ntied = 0;
+    best_of b;
+    best_init(&b);
     for (unsigned w = 0; w < p->n; w++) {
         uint32_t m = replay_cache_match(p->index[w], r->keys, limit);
         double prefix = limit ? (double)m / limit : 0;
         double queue = qmax == qmin ? 1.0 : (double)(qmax - v[w].waiting) / (double)(qmax - qmin);
         double kv =
             v[w].capacity ? 1.0 - (double)replay_cache_pinned(v[w].cache) / v[w].capacity : 0;
-        double score = LLMD_W_PREFIX * prefix + LLMD_W_QUEUE * queue + LLMD_W_KV * kv;
-        if (score > best) {
-            best = score;
-            ntied = 0;
-        }
-        if (score == best && ntied < KVG_ARRAY_LEN(tied))
-            tied[ntied++] = w;
+        best_offer(&b, w, LLMD_W_PREFIX * prefix + LLMD_W_QUEUE * queue + LLMD_W_KV * kv);
     }
-    unsigned pick = tied[tie_pick(id, ntied)];
+    unsigned pick = best_pick(&b, id);
     *predicted = replay_cache_match(p->index[pick], r->keys, limit);
     remember(p->index[pick], r->keys, limit);
     return pick;
@@ -316,17 +319,11 @@ static uint32_t aibrix_match(const replay_peer_router *p, const replay_request *
 
 static unsigned least_running(const replay_engine_view *v, unsigned n, uint32_t id)
 {
-    uint32_t min = UINT32_MAX;
-    unsigned tied[1024], ntied = 0;
-    for (unsigned w = 0; w < n; w++) {
-        if (v[w].inflight < min) {
-            min = v[w].inflight;
-            ntied = 0;
-        }
-        if (v[w].inflight == min && ntied < KVG_ARRAY_LEN(tied))
-            tied[ntied++] = w;
-    }
-    return tied[tie_pick(id, ntied)];
+    best_of b;
+    best_init(&b);
+    for (unsigned w = 0; w < n; w++)
+        best_offer(&b, w, -(double)v[w].inflight);
+    return best_pick(&b, id);
 }
 
 static unsigned aibrix(replay_peer_router *p, const replay_request *r, uint32_t id,

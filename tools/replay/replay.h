@@ -12,6 +12,9 @@
 #include "common.h"
 #include "policy.h"
 
+/* Most simulated workers (--workers, --worker-counts; the peers' scratch is sized by it). */
+#define REPLAY_MAX_WORKERS 1024
+
 /* Tokens per hash id in the Mooncake traces. */
 #define REPLAY_BLOCK_TOKENS 512u
 /* The longest trace line read (bytes, line feed included); a longer one is a bad line. */
@@ -173,8 +176,8 @@ typedef struct replay_engine_view {
 
 typedef struct replay_peer_router replay_peer_router;
 
-/** A peer's state for one simulation of nworkers workers of capacity blocks each, for a trace
- *  of nrequests requests. 0, -ENOMEM. */
+/** A peer's state for one simulation of nworkers (1..REPLAY_MAX_WORKERS) workers of capacity
+ *  blocks each, for a trace of nrequests requests. 0, -EINVAL, -ENOMEM. */
 int replay_peer_new(replay_peer kind, unsigned nworkers, uint32_t capacity, size_t nrequests,
                     replay_peer_router **out);
 void replay_peer_free(replay_peer_router *p);
