@@ -39,11 +39,13 @@ static void put_candidate(kvg_buf *b, const kvg_route_candidate *rc)
     kvg_buf_puts(b, "{\"worker\":");
     kvg_buf_json_string(b, name, strlen(name));
     kvg_buf_printf(b,
-                   ",\"matched_blocks\":%u,\"inflight\":%u,\"waiting\":%u,\"kv_usage\":%.4f,"
-                   "\"prefill_cost\":%.3f,\"queue_cost\":%.3f,\"total_cost\":%.3f,"
-                   "\"over_bound\":%s,\"rendezvous\":\"%s\"}",
-                   rc->matched, rc->inflight, rc->waiting, (double)rc->kv_usage,
-                   rc->terms.prefill_cost, rc->terms.queue_cost, rc->terms.total,
+                   ",\"matched_blocks\":%u,\"inflight\":%u,\"pending_blocks\":%u,"
+                   "\"waiting\":%u,\"kv_usage\":%.4f,\"prefill_cost\":%.3f,\"queue_cost\":%.3f,"
+                   "\"pending_cost\":%.3f,\"total_cost\":%.3f,\"over_bound\":%s,"
+                   "\"rendezvous\":\"%s\"}",
+                   rc->matched, rc->inflight, rc->pending, rc->waiting, (double)rc->kv_usage,
+                   rc->terms.prefill_cost, rc->terms.queue_cost, rc->terms.pending_cost,
+                   rc->terms.total,
                    rc->terms.over_bound ? "true" : "false", hex);
 }
 

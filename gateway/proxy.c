@@ -27,6 +27,7 @@ typedef struct proxy_req {
     size_t next;
     kvg_worker *worker; /* current attempt, one of cands */
     bool inflight_held;
+    uint32_t pending_held; /* blocks added to worker's pending count (kvg_worker_pending_add) */
     bool stale_retry_used; /* one free retry after a pooled connection turned out dead */
     kvg_upstream *up;
     int status; /* status passed to the client */
@@ -86,8 +87,19 @@ static proxy_route classify(const char *path)
 
 /* ---- finishing ------------------------------------------------------------------------------- */
 
+/* The worker has started answering (or the attempt ended): its prefill of this prompt is no
+ * longer queued ahead of other requests. */
+static void release_pending(proxy_req *r)
+{
+    if (r->pending_held && r->worker) {
+        kvg_worker_pending_done(r->worker, r->pending_held);
+        r->pending_held = 0;
+    }
+}
+
 static void release_worker(proxy_req *r)
 {
+    release_pending(r);
     if (r->inflight_held && r->worker) {
         kvg_worker_inflight_release(r->worker);
         r->inflight_held = false;
@@ -205,6 +217,10 @@ static void up_head(void *ud, int status, const kvg_header *hdrs, size_t n, int6
     kvg_exchange_add_header(x, "x-request-id", 12, x->request_id, strlen(x->request_id));
     r->status = status;
     r->ttfb_ns = kvg_now_ns() - x->start_ns;
+    /* An error answer computed nothing; a 200's prompt is computed by its first body byte
+     * (up_data): vLLM streams its head before the first token. */
+    if (status != 200)
+        release_pending(r);
     /* The engine took the request: it holds the prompt's blocks from now on (it computes them
      * before its first token). */
     if (status == 200)
@@ -216,6 +232,7 @@ static void up_head(void *ud, int status, const kvg_header *hdrs, size_t n, int6
 static void up_data(void *ud, const char *data, size_t len)
 {
     proxy_req *r = ud;
+    release_pending(r);
     if (r->status == 200 && r->api != KVG_BODY_API_OTHER)
         kvg_usage_scan_feed(&r->usage, data, len);
     kvg_exchange_write(r->x, data, len);
@@ -360,6 +377,8 @@ static void try_next(proxy_req *r)
         r->worker = w;
         r->inflight_held = true;
         r->attempt_matched = r->route.cands[r->next - 1].matched;
+        r->pending_held = r->route.nkeys - KVG_MIN(r->attempt_matched, r->route.nkeys);
+        kvg_worker_pending_add(w, r->pending_held);
         x->worker_name = kvg_arena_strdup(&x->arena, kvg_worker_name(w));
         int rc = 0;
         struct evbuffer *body = body_for(r, w, &rc);

@@ -59,7 +59,8 @@ typedef struct choice {
     uint64_t key;
     uint64_t bound;  /* the bounded-load limit B */
     bool any_holder; /* some candidate holds at least one block */
-    bool by_cost;    /* cost ranks by total cost: some holder, or some turnover priced */
+    bool by_cost;    /* cost ranks by total cost: some holder, or turnover or pending priced */
+    double pending_weight; /* us per pending block in this decision (pending_cost()) */
 } choice;
 
 /* The bound B = ceil((1 + load_factor) x (sum of inflight + 1) / n): the mean load after this
@@ -118,12 +119,24 @@ static inline double queue_cost(const choice *ch, const kvg_policy_candidate *c)
            cfg->waiting_cost_per_request * (double)c->waiting + cfg->kv_usage_cost * kv_usage(c);
 }
 
+/* The wait behind the prefills this gateway has already sent the candidate. At full weight only
+ * when every candidate holds as many of the request's blocks as every other (a cold request, or
+ * one whose held part is common to all): then going where the queue of prefill work is shortest
+ * costs no cache hit. Where candidates hold different amounts, pending_hit_weight of it: pricing
+ * the wait at full weight there trades hit rate for the TTFT tail (docs/policies.md has the
+ * measured trade). */
+static inline double pending_cost(const choice *ch, const kvg_policy_candidate *c)
+{
+    return ch->pending_weight * (double)c->pending;
+}
+
 static void score(const choice *ch, const kvg_policy_candidate *c, kvg_policy_terms *t)
 {
     t->index = c->index;
     t->prefill_cost = prefill_cost(ch, c);
     t->queue_cost = queue_cost(ch, c);
-    t->total = t->prefill_cost + t->queue_cost;
+    t->pending_cost = pending_cost(ch, c);
+    t->total = t->prefill_cost + t->queue_cost + t->pending_cost;
     t->over_bound = over_bound(ch, c);
     t->rendezvous = ch->blocks ? rendezvous_of(ch->key, c) : 0;
 }
@@ -157,7 +170,8 @@ static int compare(const choice *ch, const kvg_policy_candidate *a, const kvg_po
         return r; /* highest score first */
     if ((r = cmp_u64(a->id_hash, b->id_hash)) != 0 || (r = cmp_u64(a->index, b->index)) != 0 ||
         (r = cmp_u64(a->inflight, b->inflight)) != 0 ||
-        (r = cmp_u64(a->matched, b->matched)) != 0 || (r = cmp_u64(a->waiting, b->waiting)) != 0)
+        (r = cmp_u64(a->matched, b->matched)) != 0 || (r = cmp_u64(a->waiting, b->waiting)) != 0 ||
+        (r = cmp_u64(a->pending, b->pending)) != 0)
         return r;
     uint32_t ka, kb;
     memcpy(&ka, &a->kv_usage, sizeof(ka));
@@ -270,7 +284,7 @@ static bool sort_by_keys(const choice *ch, kvg_policy_candidate *c, size_t n, si
         if (ch->kind == KVG_POLICY_COST) {
             uint64_t cost = 0;
             if (ch->by_cost)
-                cost = cost_bits(prefill_cost(ch, x) + queue_cost(ch, x));
+                cost = cost_bits(prefill_cost(ch, x) + queue_cost(ch, x) + pending_cost(ch, x));
             primary = (over_bound(ch, x) ? 1ull << 63 : 0) | cost;
         } else {
             primary = (uint64_t)(UINT32_MAX - held(ch, x));
@@ -329,10 +343,19 @@ void kvg_policy_choose_top(const kvg_policy_config *cfg, const kvg_policy_reques
         /* No block, no key to agree on: load decides, with rotated ties. */
         kvg_policy_rank(prefix_aware ? KVG_POLICY_LEAST_LOADED : ch.kind, cands, n, rotation);
     } else {
-        for (size_t i = 0; i < n && !ch.any_holder; i++)
-            ch.any_holder = held(&ch, &cands[i]) > 0;
-        /* Cold, and nothing known of turnover: rendezvous alone, so that replicas agree. */
-        ch.by_cost = ch.any_holder;
+        uint32_t most = 0, least = UINT32_MAX;
+        bool pending = false;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t h = held(&ch, &cands[i]);
+            most = KVG_MAX(most, h);
+            least = KVG_MIN(least, h);
+            pending |= cands[i].pending > 0;
+        }
+        ch.any_holder = most > 0;
+        ch.pending_weight = cfg->pending_cost_per_block * (most == least ? 1 : cfg->pending_hit_weight);
+        /* Cold, and nothing known of turnover or pending work: rendezvous alone, so that
+         * replicas agree. */
+        ch.by_cost = ch.any_holder || (pending && ch.pending_weight > 0);
         for (size_t i = 0; i < n && !ch.by_cost; i++)
             ch.by_cost = cfg->turnover_cost_per_block > 0 && cands[i].turnover > 0;
         if (n > UINT32_MAX || !sort_by_keys(&ch, cands, n, top))

@@ -39,6 +39,7 @@ typedef struct kvg_policy_candidate {
     uint32_t waiting;  /* the engine's vllm:num_requests_waiting, scraped; 0 = unknown */
     float kv_usage;    /* the engine's vllm:kv_cache_usage_perc in [0, 1], scraped; 0 = unknown */
     float turnover;    /* blocks newly cached on it lately over its capacity; 0 = unknown */
+    uint32_t pending;  /* blocks it has still to prefill for requests this gateway sent it */
 } kvg_policy_candidate;
 
 /** Rank candidates best first, in place, by load alone (least_loaded, round_robin, random; the
@@ -64,6 +65,10 @@ typedef struct kvg_policy_config {
     double waiting_cost_per_request; /* us per request waiting in the engine, scraped (5000) */
     double kv_usage_cost;            /* us at a full engine KV cache, scraped (0: off) */
     double turnover_cost_per_block;  /* us per missing block at turnover 1 (50; 0: off) */
+    double pending_cost_per_block;   /* us per block the worker has still to prefill for this
+                                        gateway (200; 0: off) */
+    double pending_hit_weight;       /* share of that term where candidates hold different
+                                        amounts of the prefix (0..1; 0) */
 } kvg_policy_config;
 
 /* The settings' fields, for the admin API, the state file and kvgate admin: policy (a kind's
@@ -138,7 +143,9 @@ typedef struct kvg_policy_terms {
     uint32_t index;      /* the candidate's caller identifier */
     double prefill_cost; /* prefill_cost_per_block x (blocks - matched) */
     double queue_cost;   /* queue_cost_per_request x inflight + waiting + kv_usage terms */
-    double total;        /* prefill_cost + queue_cost */
+    double pending_cost; /* pending_cost_per_block x pending, times pending_hit_weight unless
+                            every candidate holds the same number of blocks */
+    double total;        /* prefill_cost + queue_cost + pending_cost */
     bool over_bound;     /* inflight + 1 > the bounded-load limit */
     uint64_t rendezvous; /* rendezvous score of (cold_key, id_hash) */
 } kvg_policy_terms;

@@ -53,6 +53,13 @@ static const kvg_field policy_fields[] = {
     COST_FIELD(waiting_cost_per_request, 5000),
     COST_FIELD(kv_usage_cost, 0),
     COST_FIELD(turnover_cost_per_block, 50),
+    COST_FIELD(pending_cost_per_block, 200),
+    {.name = "pending_hit_weight",
+     .type = KVG_FIELD_DOUBLE,
+     .set_in = KVG_SET_ANY,
+     .offset = offsetof(kvg_policy_config, pending_hit_weight),
+     .dmax = 1,
+     .def.d = 0},
 };
 
 const kvg_fields kvg_policy_fields = {"policy", policy_fields, KVG_ARRAY_LEN(policy_fields), NULL};

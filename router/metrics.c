@@ -30,6 +30,11 @@ static uint64_t inflight_value(const kvg_worker *w)
     return kvg_worker_inflight(w);
 }
 
+static uint64_t pending_value(const kvg_worker *w)
+{
+    return kvg_worker_pending(w);
+}
+
 static uint64_t max_inflight_value(const kvg_worker *w)
 {
     return w->spec->max_inflight;
@@ -115,6 +120,10 @@ void kvg_registry_write_metrics(kvg_registry *reg, kvg_buf *out)
                draining_value);
     put_simple(out, set, "kvgate_worker_inflight", KVG_PROM_GAUGE,
                "Requests this gateway has in flight to the worker.", inflight_value);
+    put_simple(out, set, "kvgate_worker_pending_blocks", KVG_PROM_GAUGE,
+               "Prompt blocks this gateway sent the worker that it has not started answering: "
+               "prefill work queued ahead of the next request.",
+               pending_value);
     put_simple(out, set, "kvgate_worker_max_inflight", KVG_PROM_GAUGE,
                "Most requests this gateway sends the worker at once.", max_inflight_value);
 

@@ -199,6 +199,7 @@ int kvg_router_prepare_workers(kvg_worker_set *set, const kvg_route_request *req
         d->pcs[m] = (kvg_policy_candidate){
             .index = (uint32_t)m,
             .inflight = atomic_load_explicit(&w->inflight, memory_order_relaxed),
+            .pending = atomic_load_explicit(&w->pending, memory_order_relaxed),
             .id_hash = w->name_hash,
             .id_mix = w->rendezvous_id,
         };
@@ -340,6 +341,7 @@ int kvg_router_choose(kvg_router *rt, const kvg_route_request *req, kvg_arena *a
             .worker = d->eligible[c->index],
             .matched = c->matched,
             .inflight = c->inflight,
+            .pending = c->pending,
             .waiting = c->waiting,
             .kv_usage = c->kv_usage,
             .terms = terms[i],

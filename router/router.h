@@ -200,6 +200,12 @@ uint32_t kvg_worker_inflight(const kvg_worker *w);
 /** Reserve an in-flight slot if under max_inflight; false when full. */
 bool kvg_worker_inflight_try_acquire(kvg_worker *w);
 void kvg_worker_inflight_release(kvg_worker *w);
+/** Blocks the worker has still to prefill for requests this gateway sent it (all threads): a
+ *  request adds its missing blocks when it is sent and takes them off when the first byte of
+ *  its answer arrives (or it ends first). Saturates at 0 and UINT32_MAX. */
+uint32_t kvg_worker_pending(const kvg_worker *w);
+void kvg_worker_pending_add(kvg_worker *w, uint32_t blocks);
+void kvg_worker_pending_done(kvg_worker *w, uint32_t blocks);
 
 /** Count one finished request: HTTP status sent to the client (0 when the client went away
  *  before a status), total duration and time to first response byte (0 if none). */
@@ -651,6 +657,7 @@ typedef struct kvg_route_candidate {
     kvg_worker *worker; /* borrowed from the snapshot given to kvg_router_decide */
     uint32_t matched;   /* leading blocks it holds */
     uint32_t inflight;  /* as the policy saw it */
+    uint32_t pending;   /* blocks it has still to prefill for this gateway, as the policy saw */
     uint32_t waiting;   /* the engine's scraped queue as the policy saw it; 0 = unknown */
     float kv_usage;     /* the engine's scraped KV cache usage, 0..1; 0 = unknown */
     kvg_policy_terms terms;

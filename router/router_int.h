@@ -53,6 +53,7 @@ struct kvg_worker {
     uint64_t id;
     _Atomic uint32_t health;
     _Atomic uint32_t inflight;
+    _Atomic uint32_t pending; /* blocks still to prefill (kvg_worker_pending_add) */
     _Atomic bool draining;
     bool serves_all_models; /* spec->nmodels == 0 */
     uint64_t name_hash;     /* XXH3-64 of the name: the rendezvous identity, same on replicas */

@@ -447,6 +447,7 @@ int kvg_router_worker_new(worker_spec *spec, kvg_worker_source source, unsigned 
     atomic_init(&w->retired, false);
     atomic_init(&w->health, 0u);
     atomic_init(&w->inflight, 0u);
+    atomic_init(&w->pending, 0u);
     atomic_init(&w->retries, 0u);
     for (size_t i = 0; i < WORKER_CODES; i++)
         atomic_init(&w->codes[i], 0u);
@@ -620,6 +621,31 @@ void kvg_worker_inflight_release(kvg_worker *w)
             return;
     } while (!atomic_compare_exchange_weak_explicit(&w->inflight, &cur, cur - 1,
                                                     memory_order_relaxed, memory_order_relaxed));
+}
+
+void kvg_worker_pending_add(kvg_worker *w, uint32_t blocks)
+{
+    uint32_t cur = atomic_load_explicit(&w->pending, memory_order_relaxed);
+    uint32_t next;
+    do {
+        next = blocks > UINT32_MAX - cur ? UINT32_MAX : cur + blocks;
+    } while (!atomic_compare_exchange_weak_explicit(&w->pending, &cur, next, memory_order_relaxed,
+                                                    memory_order_relaxed));
+}
+
+void kvg_worker_pending_done(kvg_worker *w, uint32_t blocks)
+{
+    uint32_t cur = atomic_load_explicit(&w->pending, memory_order_relaxed);
+    uint32_t next;
+    do {
+        next = blocks > cur ? 0 : cur - blocks;
+    } while (!atomic_compare_exchange_weak_explicit(&w->pending, &cur, next, memory_order_relaxed,
+                                                    memory_order_relaxed));
+}
+
+uint32_t kvg_worker_pending(const kvg_worker *w)
+{
+    return atomic_load_explicit(&w->pending, memory_order_relaxed);
 }
 
 void kvg_worker_record(kvg_worker *w, int status, uint64_t duration_ns, uint64_t ttfb_ns)

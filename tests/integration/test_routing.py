@@ -14,7 +14,7 @@ from collections import Counter
 import httpx
 import pytest
 
-from gwhelpers import CHAT, COMPL, assert_openai_error, http
+from gwhelpers import CHAT, COMPL, assert_openai_error, http, wait_for
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
          "november oscar papa quebec romeo sierra tango uniform victor whiskey xray").split()
@@ -248,9 +248,11 @@ def test_explain_contract(simworker, kvgate):
     assert ex["hash_backend"] == "cpu" and ex["serving"] == 2
     assert ex["chosen"] == ex["candidates"][0]["worker"]
     for c in ex["candidates"]:
-        assert set(c) == {"worker", "matched_blocks", "inflight", "waiting", "kv_usage",
-                          "prefill_cost", "queue_cost", "total_cost", "over_bound", "rendezvous"}
+        assert set(c) == {"worker", "matched_blocks", "inflight", "pending_blocks", "waiting",
+                          "kv_usage", "prefill_cost", "queue_cost", "pending_cost", "total_cost",
+                          "over_bound", "rendezvous"}
         assert c["waiting"] == 0 and c["kv_usage"] == 0  # scraping is off by default
+        assert c["pending_blocks"] == 0 and c["pending_cost"] == 0  # nothing in flight
         assert c["total_cost"] == pytest.approx(c["prefill_cost"] + c["queue_cost"], abs=1e-3)
     assert set(ex["timing_us"]) == {"parse", "hash", "lookup", "choose", "total"}
     # Explaining is not routing: nothing was counted or recorded.
@@ -343,3 +345,63 @@ def test_matched_blocks_count_the_worker_that_answered(simworker, kvgate):
     m = gw.scrape()
     assert gw.metric("kvgate_route_blocks_total", m, kind="matched") == want
     assert gw.metric("kvgate_route_blocks_total", m, kind="hashed") > want
+
+
+def test_pending_prefill_steers_cold_requests_and_clears_at_the_first_token(simworker, kvgate):
+    """A streamed request's missing blocks count as the worker's pending prefill from the moment
+    it is sent until its first token (the simworker, like vLLM, sends the head first); a cold
+    request meanwhile goes to the other worker whatever the rendezvous says; an error answer
+    and a finished request leave nothing pending."""
+    ws = workers(simworker, 2, kv_blocks=4096, time_scale=1, prefill_us_per_token=2000)
+    gw = kvgate(*ws)
+    # Turnover off: without the pending term a cold request would go by rendezvous alone.
+    assert gw.admin.put("/admin/v1/policy", json={"turnover_cost_per_block": 0}).status_code == 200
+    model = ws[0].model
+    long_body = chat(model, text(900, 8000), "go", stream=True)
+    blocks = explain(gw, long_body)["prefix"]["blocks"]
+    seen = {}
+
+    def stream():
+        with httpx.Client(timeout=30) as c, c.stream("POST", gw.url + CHAT, json=long_body) as r:
+            assert r.status_code == 200
+            seen["worker"] = r.headers["x-kvgate-worker"]
+            seen["head"] = True
+            for _ in r.iter_raw():
+                pass
+
+    t = threading.Thread(target=stream)
+    t.start()
+    assert wait_for(lambda: seen.get("head"), 10)
+    busy = seen["worker"]
+    idle = next(w.name for w in ws if w.name != busy)
+    # The head is out, the first token is not (about 2000 tokens x 2 ms of prefill).
+    assert gw.metric("kvgate_worker_pending_blocks", worker=busy) == blocks
+    assert gw.metric("kvgate_worker_pending_blocks", worker=idle) == 0
+    # Cold requests whose rendezvous owner is the busy worker go to the idle one, and explain
+    # shows why.
+    moved = 0
+    for seed in range(40):
+        cold = chat(model, text(1000 + seed, 600), "q")
+        ex = explain(gw, cold)
+        by = {c["worker"]: c for c in ex["candidates"]}
+        assert by[busy]["pending_blocks"] == blocks
+        assert by[busy]["pending_cost"] == pytest.approx(200 * blocks)
+        assert by[idle]["pending_cost"] == 0
+        assert ex["chosen"] == idle and ex["reason"] == "cold"
+        owner = max(ex["candidates"], key=lambda c: c["rendezvous"])["worker"]
+        moved += owner == busy
+    assert moved > 0  # some of them would have gone to the busy worker by rendezvous
+    t.join(30)
+    assert not t.is_alive() and seen["worker"] == busy
+    assert wait_for(lambda: gw.metric("kvgate_worker_pending_blocks", worker=busy) == 0, 5)
+
+
+def test_pending_prefill_is_released_by_error_answers(simworker, kvgate):
+    bad = simworker(time_scale=0, error_rate=1.0)
+    gw = kvgate(bad)
+    body = chat(bad.model, text(901, 3000), "q")
+    for _ in range(3):
+        r = http.post(gw.url + CHAT, json=body)
+        assert r.status_code == 500
+    assert gw.metric("kvgate_worker_pending_blocks", worker=bad.name) == 0
+    assert gw.metric("kvgate_worker_inflight", worker=bad.name) == 0

@@ -36,6 +36,7 @@ int replay_router_new(const kvg_policy_config *pc, unsigned nworkers, uint32_t c
     r->pc = *pc;
     r->pc.prefill_cost_per_block = pc->prefill_cost_per_block * ratio;
     r->pc.turnover_cost_per_block = pc->turnover_cost_per_block * ratio;
+    r->pc.pending_cost_per_block = pc->pending_cost_per_block * ratio;
     r->pc.max_blocks = (uint32_t)KVG_MAX(1.0, floor(pc->max_blocks / ratio));
     r->pc.cold_blocks = (uint32_t)KVG_MAX(1.0, ceil(pc->cold_blocks / ratio));
     r->n = nworkers;
@@ -96,6 +97,14 @@ static unsigned worker_index(const replay_router *r, const kvg_worker *w)
     return 0; /* not reached: candidates come from r->set */
 }
 
+/* The blocks a request still has to prefill on the chosen worker, as the gateway counts them:
+ * its keys past those the index matched. */
+static uint32_t missing(const replay_router *r, const replay_request *req, uint32_t matched)
+{
+    uint32_t n = KVG_MIN(req->nblocks, r->pc.max_blocks);
+    return n - KVG_MIN(matched, n);
+}
+
 int replay_router_decide(replay_router *r, const replay_request *req, unsigned *worker,
                          uint32_t *matched)
 {
@@ -129,7 +138,14 @@ int replay_router_decide(replay_router *r, const replay_request *req, unsigned *
     kvg_worker_inflight_try_acquire(w);
     *worker = worker_index(r, w);
     *matched = d.cands[0].matched;
+    kvg_worker_pending_add(w, missing(r, req, *matched));
     return 0;
+}
+
+void replay_router_first_token(replay_router *r, unsigned worker, const replay_request *req,
+                               uint32_t matched)
+{
+    kvg_worker_pending_done(r->workers[worker], missing(r, req, matched));
 }
 
 void replay_router_record(replay_router *r, unsigned worker, const replay_request *req,

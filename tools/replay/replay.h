@@ -152,6 +152,9 @@ int replay_router_decide(replay_router *r, const replay_request *req, unsigned *
 void replay_router_record(replay_router *r, unsigned worker, const replay_request *req,
                           uint32_t matched);
 /** The worker finished req: its in-flight count goes down by one. */
+/** The request's first token: its missing blocks leave the worker's pending count. */
+void replay_router_first_token(replay_router *r, unsigned worker, const replay_request *req,
+                               uint32_t matched);
 void replay_router_done(replay_router *r, unsigned worker);
 
 /* ---- peer policies (peers.c) --------------------------------------------------------------- */

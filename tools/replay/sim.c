@@ -99,10 +99,13 @@ static int handle(sim *s, const replay_event *ev)
     engine *e = &s->engines[st->worker];
     if (ev->kind == EV_FIRST_TOKEN) {
         s->ttft_ms[s->nttft++] = (double)(ev->time_us - r->arrival_us) / 1000.0;
-        if (s->peer)
+        if (s->peer) {
             replay_peer_first_token(s->peer, st->worker, r, ev->req);
-        else if (!s->ec->record_at_decision)
-            replay_router_record(s->router, st->worker, r, st->predicted);
+        } else {
+            replay_router_first_token(s->router, st->worker, r, st->predicted);
+            if (!s->ec->record_at_decision)
+                replay_router_record(s->router, st->worker, r, st->predicted);
+        }
         uint32_t decode = r->output_tokens ? r->output_tokens - 1 : 0;
         uint64_t done = ev->time_us + (uint64_t)((double)decode * s->ec->decode_us + 0.5);
         return replay_heap_push(&s->heap, done, ev->req, EV_DONE);

@@ -249,6 +249,7 @@ static void assert_terms(const kvg_policy_terms *t, uint32_t index, double prefi
     assert_int_equal(t->index, index);
     assert_true(t->prefill_cost == prefill);
     assert_true(t->queue_cost == queue);
+    assert_true(t->pending_cost == 0); /* scenarios with pending work check it themselves */
     assert_true(t->total == prefill + queue);
     assert_int_equal(t->over_bound, over);
     assert_true(t->rendezvous == rendezvous);
@@ -371,6 +372,80 @@ static void test_cost_turnover(void **state)
         assert_int_equal(why, KVG_POLICY_REASON_COLD);
         assert_int_equal(z[0].index, owner(want, 3, 42));
     }
+}
+
+/* Pending prefill work: at full weight when every candidate holds as many blocks as every other
+ * (nothing to lose by going where the queue is shortest), at pending_hit_weight otherwise. */
+static void test_cost_pending(void **state)
+{
+    (void)state;
+    kvg_policy_config cfg = cfg_of(KVG_POLICY_COST);
+    cfg.turnover_cost_per_block = 0;
+    cfg.pending_cost_per_block = 100;
+    kvg_policy_request req = {.blocks = 10, .cold_key = 42};
+    kvg_policy_terms t[3];
+    kvg_policy_reason why;
+    /* cold: the least pending work wins whatever the rendezvous says */
+    kvg_policy_candidate c[3] = {
+        {.index = 0, .inflight = 1, .id_hash = 11, .pending = 30},
+        {.index = 1, .inflight = 1, .id_hash = 12, .pending = 5},
+        {.index = 2, .inflight = 1, .id_hash = 13, .pending = 80},
+    };
+    kvg_policy_choose(&cfg, &req, c, 3, 0, t, &why);
+    assert_int_equal(why, KVG_POLICY_REASON_COLD);
+    static const uint32_t order[3] = {1, 0, 2};
+    static const double pend[3] = {500, 3000, 8000};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(t[i].index, order[i]);
+        assert_true(t[i].pending_cost == pend[i]);
+        assert_true(t[i].prefill_cost == 2000 && t[i].queue_cost == 5000);
+        assert_true(t[i].total == 2000 + 5000 + pend[i]);
+    }
+    /* every candidate holds the same 4 blocks (a shared system prompt): still a tie, full weight */
+    kvg_policy_candidate s[2] = {
+        {.index = 0, .inflight = 1, .matched = 4, .id_hash = 11, .pending = 30},
+        {.index = 1, .inflight = 1, .matched = 4, .id_hash = 12, .pending = 5},
+    };
+    kvg_policy_choose(&cfg, &req, s, 2, 0, t, &why);
+    assert_int_equal(why, KVG_POLICY_REASON_HIT);
+    assert_int_equal(t[0].index, 1);
+    assert_true(t[0].pending_cost == 500 && t[1].pending_cost == 3000);
+    /* a holder of 8 blocks with 100 blocks pending: the pending term is off by default (weight
+     * 0), so the holder keeps the request (1200 + 5000 < 10000 + 5000) */
+    kvg_policy_candidate h[2] = {
+        {.index = 0, .inflight = 1, .matched = 8, .id_hash = 11, .pending = 100},
+        {.index = 1, .inflight = 1, .id_hash = 12, .pending = 0},
+    };
+    kvg_policy_candidate h0[2];
+    memcpy(h0, h, sizeof(h));
+    kvg_policy_choose(&cfg, &req, h, 2, 0, t, &why);
+    assert_int_equal(why, KVG_POLICY_REASON_HIT);
+    assert_int_equal(t[0].index, 0);
+    assert_true(t[0].pending_cost == 0 && t[0].total == 400 + 5000);
+    /* at weight 1 the wait counts: 400 + 5000 + 10000 > 2000 + 5000, the idle one wins */
+    cfg.pending_hit_weight = 1;
+    memcpy(h, h0, sizeof(h));
+    kvg_policy_choose(&cfg, &req, h, 2, 0, t, &why);
+    assert_int_equal(why, KVG_POLICY_REASON_COLD);
+    assert_int_equal(t[0].index, 1);
+    assert_true(t[1].pending_cost == 10000 && t[1].total == 400 + 5000 + 10000);
+    /* at 0.1: 400 + 5000 + 1000 = 6400 < 7000, the holder again */
+    cfg.pending_hit_weight = 0.1;
+    memcpy(h, h0, sizeof(h));
+    kvg_policy_choose(&cfg, &req, h, 2, 0, t, &why);
+    assert_int_equal(t[0].index, 0);
+    assert_true(t[0].pending_cost == 1000);
+    /* pending_cost_per_block 0: pending work is not priced, and cold goes by rendezvous */
+    cfg.pending_cost_per_block = 0;
+    kvg_policy_candidate z[3];
+    memcpy(z, c, sizeof(z));
+    for (int i = 0; i < 3; i++)
+        z[i].index = (uint32_t)i;
+    kvg_policy_candidate want[3];
+    memcpy(want, z, sizeof(want));
+    kvg_policy_choose(&cfg, &req, z, 3, 0, t, &why);
+    assert_int_equal(z[0].index, owner(want, 3, 42));
+    assert_true(t[0].pending_cost == 0);
 }
 
 /* The bounded-load rule, at its edges. */
@@ -872,7 +947,7 @@ static int apply(kvg_policy_config *cfg, const char *text, char *msg, size_t msg
     "{\"policy\":\"cost\",\"block_bytes\":64,\"block_tokens\":16,\"max_blocks\":4096,"             \
     "\"cold_blocks\":4,\"load_factor\":2,\"prefill_cost_per_block\":200,"                          \
     "\"queue_cost_per_request\":1000,\"waiting_cost_per_request\":5000,\"kv_usage_cost\":0,"       \
-    "\"turnover_cost_per_block\":50}"
+    "\"turnover_cost_per_block\":50,\"pending_cost_per_block\":200,\"pending_hit_weight\":0}"
 
 /* Field by field: the struct has padding that memcmp would compare. */
 static void assert_config_equal(const kvg_policy_config *a, const kvg_policy_config *b)
@@ -888,6 +963,8 @@ static void assert_config_equal(const kvg_policy_config *a, const kvg_policy_con
     assert_true(a->waiting_cost_per_request == b->waiting_cost_per_request);
     assert_true(a->kv_usage_cost == b->kv_usage_cost);
     assert_true(a->turnover_cost_per_block == b->turnover_cost_per_block);
+    assert_true(a->pending_cost_per_block == b->pending_cost_per_block);
+    assert_true(a->pending_hit_weight == b->pending_hit_weight);
 }
 
 static void test_config(void **state)
@@ -909,6 +986,8 @@ static void test_config(void **state)
     assert_true(cfg.waiting_cost_per_request == 5000);
     assert_true(cfg.kv_usage_cost == 0);
     assert_true(cfg.turnover_cost_per_block == 50);
+    assert_true(cfg.pending_cost_per_block == 200);
+    assert_true(cfg.pending_hit_weight == 0);
     kvg_policy_config_to_json(&cfg, &b);
     assert_string_equal(b.data, DEFAULT_JSON);
     /* what to_json writes, apply_json reads back to the same settings */
@@ -935,7 +1014,7 @@ static void test_config(void **state)
                        "\"max_blocks\":1048576,\"cold_blocks\":1024,\"load_factor\":0,"
                        "\"prefill_cost_per_block\":0.1,\"queue_cost_per_request\":1000000000000,"
                        "\"waiting_cost_per_request\":1.5e-7,\"kv_usage_cost\":12345.678,\"turnover_"
-                       "cost_per_block\":0}";
+                       "cost_per_block\":0,\"pending_cost_per_block\":1e12,\"pending_hit_weight\":1}";
     assert_int_equal(apply(&cfg, full, msg, sizeof(msg)), 0);
     assert_int_equal(cfg.kind, KVG_POLICY_ROUND_ROBIN);
     assert_int_equal(cfg.block_bytes, 16);
@@ -947,6 +1026,8 @@ static void test_config(void **state)
     assert_true(cfg.queue_cost_per_request == 1e12);
     assert_true(cfg.waiting_cost_per_request == 1.5e-7);
     assert_true(cfg.kv_usage_cost == 12345.678);
+    assert_true(cfg.pending_cost_per_block == 1e12);
+    assert_true(cfg.pending_hit_weight == 1);
     kvg_buf_reset(&b);
     kvg_policy_config_to_json(&cfg, &b);
     assert_string_equal(b.data,
@@ -954,7 +1035,8 @@ static void test_config(void **state)
                         "\"max_blocks\":1048576,\"cold_blocks\":1024,\"load_factor\":0,"
                         "\"prefill_cost_per_block\":0.1,\"queue_cost_per_request\":1000000000000,"
                         "\"waiting_cost_per_request\":1.5e-07,\"kv_usage_cost\":12345.678,"
-                        "\"turnover_cost_per_block\":0}");
+                        "\"turnover_cost_per_block\":0,\"pending_cost_per_block\":1000000000000,"
+                        "\"pending_hit_weight\":1}");
     kvg_policy_config_init(&again);
     assert_int_equal(apply(&again, b.data, msg, sizeof(msg)), 0);
     assert_config_equal(&again, &cfg);
@@ -1023,6 +1105,9 @@ static void test_config(void **state)
         {"{\"kv_usage_cost\":-2}", "kv_usage_cost: must be a number in 0..1e12"},
         {"{\"kv_usage_cost\":1e999}", "kv_usage_cost: must be a number in 0..1e12"},
         {"{\"kv_usage_cost\":\"high\"}", "kv_usage_cost: must be a number in 0..1e12, not string"},
+        {"{\"pending_cost_per_block\":-1}", "pending_cost_per_block: must be a number in 0..1e12"},
+        {"{\"pending_hit_weight\":1.01}", "pending_hit_weight: must be a number in 0..1"},
+        {"{\"pending_hit_weight\":-0.5}", "pending_hit_weight: must be a number in 0..1"},
         /* a good member before a bad one is not applied either */
         {"{\"block_bytes\":128,\"cold_blocks\":0}", "cold_blocks: must be an integer in 1..1024"},
         {"{\"load_factor\":1,\"weights\":{}}", "weights: unknown field"},
@@ -1239,6 +1324,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_least_loaded),
         cmocka_unit_test(test_cost_turnover),
+        cmocka_unit_test(test_cost_pending),
         cmocka_unit_test(test_ties_rotate),
         cmocka_unit_test(test_round_robin),
         cmocka_unit_test(test_many),

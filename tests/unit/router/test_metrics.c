@@ -171,7 +171,7 @@ static void test_metrics_format(void **state)
     family fams[32];
     size_t nfams;
     assert_int_equal(check_exposition(out.data, fams, &nfams), 0);
-    assert_int_equal(nfams, 16); /* + five prefix-prediction and three engine-load families */
+    assert_int_equal(nfams, 17); /* + five prefix-prediction and three engine-load families */
 
     assert_int_equal(put(reg, "w1", "http://h:1", KVG_WORKER_SOURCE_ADMIN), 0);
     assert_int_equal(put(reg, "w2", "http://h:2", KVG_WORKER_SOURCE_ADMIN), 0);
@@ -186,6 +186,17 @@ static void test_metrics_format(void **state)
     kvg_worker_record_retry(w2);
     kvg_worker_record_retry(w2);
     assert_true(kvg_worker_inflight_try_acquire(w2));
+    /* pending: added and taken off per request, saturating at both ends */
+    kvg_worker_pending_add(w1, 40);
+    kvg_worker_pending_add(w1, 2);
+    kvg_worker_pending_done(w1, 30);
+    assert_int_equal(kvg_worker_pending(w1), 12);
+    kvg_worker_pending_add(w2, UINT32_MAX - 1);
+    kvg_worker_pending_add(w2, 5);
+    assert_int_equal(kvg_worker_pending(w2), UINT32_MAX);
+    kvg_worker_pending_done(w2, UINT32_MAX - 7);
+    kvg_worker_pending_done(w2, 100); /* more than is left: 0, not a wrap */
+    assert_int_equal(kvg_worker_pending(w2), 0);
     for (int i = 0; i < 3; i++)
         kvg_worker_health_observe(w2, false);
     kvg_registry_drain(reg, "w2");
@@ -198,11 +209,11 @@ static void test_metrics_format(void **state)
     kvg_registry_write_metrics(reg, &out);
     assert_false(out.failed);
     size_t n = check_exposition(out.data, fams, &nfams);
-    assert_int_equal(nfams, 16);
-    /* 6 gauges/counters x 2 workers + 3 code series + 2 histograms x 2 workers x 18 lines
+    assert_int_equal(nfams, 17);
+    /* 7 gauges/counters x 2 workers + 3 code series + 2 histograms x 2 workers x 18 lines
      * + 2 engine-load gauges x 1 worker + 4 usage counters x 2 workers + 4 prediction
      * outcomes x 2 workers */
-    assert_int_equal(n, 12 + 3 + 2 * 2 * 18 + 2 + 4 * 2 + 4 * 2);
+    assert_int_equal(n, 14 + 3 + 2 * 2 * 18 + 2 + 4 * 2 + 4 * 2);
     expect_text(out.data, "kvgate_worker_engine_waiting{worker=\"w1\"} 2\n");
     expect_text(out.data, "kvgate_worker_engine_kv_usage{worker=\"w1\"} 0.5\n");
     expect_text(out.data, "kvgate_prefix_predicted_tokens_total{worker=\"w1\"} 30\n");
@@ -222,6 +233,9 @@ static void test_metrics_format(void **state)
         "kvgate_worker_draining{worker=\"w2\"} 1\n",
         "kvgate_worker_draining{worker=\"w1\"} 0\n",
         "kvgate_worker_inflight{worker=\"w2\"} 1\n",
+        "# TYPE kvgate_worker_pending_blocks gauge\n",
+        "kvgate_worker_pending_blocks{worker=\"w1\"} 12\n",
+        "kvgate_worker_pending_blocks{worker=\"w2\"} 0\n",
         "kvgate_worker_max_inflight{worker=\"w1\"} 1024\n",
         "# TYPE kvgate_worker_requests_total counter\n",
         "kvgate_worker_requests_total{worker=\"w1\",code=\"0\"} 1\n",
