@@ -45,8 +45,7 @@ static void put_candidate(kvg_buf *b, const kvg_route_candidate *rc)
                    "\"rendezvous\":\"%s\"}",
                    rc->matched, rc->inflight, rc->pending, rc->waiting, (double)rc->kv_usage,
                    rc->terms.prefill_cost, rc->terms.queue_cost, rc->terms.pending_cost,
-                   rc->terms.total,
-                   rc->terms.over_bound ? "true" : "false", hex);
+                   rc->terms.total, rc->terms.over_bound ? "true" : "false", hex);
 }
 
 static void respond(admin_ctx *c, const kvg_route_decision *d, const kvg_body_info *info,

@@ -352,7 +352,8 @@ void kvg_policy_choose_top(const kvg_policy_config *cfg, const kvg_policy_reques
             pending |= cands[i].pending > 0;
         }
         ch.any_holder = most > 0;
-        ch.pending_weight = cfg->pending_cost_per_block * (most == least ? 1 : cfg->pending_hit_weight);
+        ch.pending_weight =
+            cfg->pending_cost_per_block * (most == least ? 1 : cfg->pending_hit_weight);
         /* Cold, and nothing known of turnover or pending work: rendezvous alone, so that
          * replicas agree. */
         ch.by_cost = ch.any_holder || (pending && ch.pending_weight > 0);

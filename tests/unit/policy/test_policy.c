@@ -1010,11 +1010,12 @@ static void test_config(void **state)
     assert_int_equal(cfg.max_blocks, 4096);
 
     /* every field, at its limits, and a round trip that changes nothing */
-    const char *full = "{\"policy\":\"round_robin\",\"block_bytes\":16,\"block_tokens\":65536,"
-                       "\"max_blocks\":1048576,\"cold_blocks\":1024,\"load_factor\":0,"
-                       "\"prefill_cost_per_block\":0.1,\"queue_cost_per_request\":1000000000000,"
-                       "\"waiting_cost_per_request\":1.5e-7,\"kv_usage_cost\":12345.678,\"turnover_"
-                       "cost_per_block\":0,\"pending_cost_per_block\":1e12,\"pending_hit_weight\":1}";
+    const char *full =
+        "{\"policy\":\"round_robin\",\"block_bytes\":16,\"block_tokens\":65536,"
+        "\"max_blocks\":1048576,\"cold_blocks\":1024,\"load_factor\":0,"
+        "\"prefill_cost_per_block\":0.1,\"queue_cost_per_request\":1000000000000,"
+        "\"waiting_cost_per_request\":1.5e-7,\"kv_usage_cost\":12345.678,\"turnover_"
+        "cost_per_block\":0,\"pending_cost_per_block\":1e12,\"pending_hit_weight\":1}";
     assert_int_equal(apply(&cfg, full, msg, sizeof(msg)), 0);
     assert_int_equal(cfg.kind, KVG_POLICY_ROUND_ROBIN);
     assert_int_equal(cfg.block_bytes, 16);
