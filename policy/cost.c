@@ -63,17 +63,21 @@ typedef struct choice {
     double pending_weight; /* us per pending block in this decision (pending_cost()) */
 } choice;
 
-/* The bound B = ceil((1 + load_factor) x (sum of inflight + 1) / n): the mean load after this
- * request, stretched by the load factor. load_factor is taken in millionths so the arithmetic is
- * exact integers (1.1 x 50 / 11 must give 5, where doubles give 5.000000000000001 and ceil
- * makes it 6); the 128-bit product cannot overflow (< 2^27 x (n x 2^32 + 1) <= 2^124).
- * The least loaded candidate is always within it: min <= floor(sum / n), and
- * B >= ceil((sum + 1) / n) = floor(sum / n) + 1. */
+/* The bound B = max(ceil((1 + load_factor) x (sum of inflight + 1) / n), least + load_slack):
+ * the mean load after this request, stretched by the load factor, and never tighter than
+ * load_slack requests above the least loaded candidate (with few requests in flight over many
+ * workers the relative bound alone is 1 or 2, and one request on a holder puts it over).
+ * load_factor is taken in millionths so the arithmetic is exact integers (1.1 x 50 / 11 must
+ * give 5, where doubles give 5.000000000000001 and ceil makes it 6); the 128-bit product cannot
+ * overflow (< 2^27 x (n x 2^32 + 1) <= 2^124). The least loaded candidate is always within it:
+ * min <= floor(sum / n), and B >= ceil((sum + 1) / n) = floor(sum / n) + 1. */
 static uint64_t load_bound(const kvg_policy_config *cfg, const kvg_policy_candidate *c, size_t n)
 {
-    uint64_t sum = 0;
-    for (size_t i = 0; i < n; i++)
+    uint64_t sum = 0, least = UINT32_MAX;
+    for (size_t i = 0; i < n; i++) {
         sum += c[i].inflight;
+        least = KVG_MIN(least, (uint64_t)c[i].inflight);
+    }
     double lf = cfg->load_factor;
     uint64_t ppm = 0;
     if (lf > 0) /* NaN and negatives: strict balance */
@@ -81,6 +85,8 @@ static uint64_t load_bound(const kvg_policy_config *cfg, const kvg_policy_candid
     u128 num = (u128)(1000000u + ppm) * ((u128)sum + 1);
     u128 den = (u128)1000000u * n;
     u128 b = (num + den - 1) / den;
+    if (b < least + cfg->load_slack)
+        b = least + cfg->load_slack; /* both < 2^33 */
     return b > UINT64_MAX ? UINT64_MAX : (uint64_t)b;
 }
 

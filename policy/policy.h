@@ -60,6 +60,7 @@ typedef struct kvg_policy_config {
     uint32_t max_blocks;   /* block keys per request at most: the rest is not matched (4096) */
     uint32_t cold_blocks;  /* leading blocks whose key places a cold prefix (rendezvous; 4) */
     double load_factor;    /* bounded load: no worker above (1 + load_factor) x mean (2.0) */
+    uint32_t load_slack;   /* ... unless within this many requests of the least loaded (4) */
     double prefill_cost_per_block;   /* predicted us to prefill one missing block (200) */
     double queue_cost_per_request;   /* predicted us each request in flight adds (1000) */
     double waiting_cost_per_request; /* us per request waiting in the engine, scraped (5000) */
@@ -152,18 +153,19 @@ typedef struct kvg_policy_terms {
 
 /** Rank candidates best first, in place, under cfg->kind (every kind, load-only ones included,
  *  which ignore req and rank as kvg_policy_rank does, reason LOAD). cost: candidates within the
- *  load bound first, by lowest total cost; when no candidate holds a block, by highest
- *  rendezvous score on req->cold_key; over-bound candidates after, the same way. prefix_only:
- *  most matched first, cold by rendezvous, no bound. Ties break by rendezvous score, so replicas
- *  agree; the prefix-aware order depends only on the set of candidates, not on their order in
- *  the array, and rotation is unused. With req->blocks 0 the prefix-aware kinds rank as
- *  least_loaded (reason LOAD). matched is counted up to req->blocks. The bound is
- *  ceil((1 + load_factor) x (sum of inflight + 1) / n), load_factor at 1e-6 resolution; the
- *  least loaded candidate is always within it. terms, when not NULL, receives n entries in the
- *  ranked order, computed for every kind (rendezvous 0 when req->blocks is 0); *reason (may be
- *  NULL) says why the first one won. n 0 writes nothing. cfg holds valid settings (what
- *  kvg_policy_config_apply_json accepts). Pure and deterministic; O(n log n); the prefix-aware
- * kinds allocate scratch above 64 candidates (and sort in place, slower, without it). */
+ *  load bound first, by lowest total cost; when no candidate holds a block and neither turnover
+ *  nor pending work is priced, by highest rendezvous score on req->cold_key; over-bound candidates
+ * after, the same way. prefix_only: most matched first, cold by rendezvous, no bound. Ties break by
+ * rendezvous score, so replicas agree; the prefix-aware order depends only on the set of
+ * candidates, not on their order in the array, and rotation is unused. With req->blocks 0 the
+ * prefix-aware kinds rank as least_loaded (reason LOAD). matched is counted up to req->blocks. The
+ * bound is max(ceil((1 + load_factor) x (sum of inflight + 1) / n), least inflight + load_slack),
+ *  load_factor at 1e-6 resolution; the least loaded candidate is always within it. terms, when not
+ * NULL, receives n entries in the ranked order, computed for every kind (rendezvous 0 when
+ * req->blocks is 0); *reason (may be NULL) says why the first one won. n 0 writes nothing. cfg
+ * holds valid settings (what kvg_policy_config_apply_json accepts). Pure and deterministic; O(n log
+ * n); the prefix-aware kinds allocate scratch above 64 candidates (and sort in place, slower,
+ * without it). */
 void kvg_policy_choose(const kvg_policy_config *cfg, const kvg_policy_request *req,
                        kvg_policy_candidate *cands, size_t n, uint64_t rotation,
                        kvg_policy_terms *terms, kvg_policy_reason *reason);

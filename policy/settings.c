@@ -48,6 +48,7 @@ static const kvg_field policy_fields[] = {
      .offset = offsetof(kvg_policy_config, load_factor),
      .dmax = 100,
      .def.d = 2.0},
+    INT_FIELD(load_slack, 0, 1048576, 4),
     COST_FIELD(prefill_cost_per_block, 200),
     COST_FIELD(queue_cost_per_request, 1000),
     COST_FIELD(waiting_cost_per_request, 5000),

@@ -30,8 +30,8 @@ int replay_router_new(const kvg_policy_config *pc, unsigned nworkers, uint32_t c
         return -ENOMEM;
     /* The settings count in the gateway's blocks (block_tokens tokens each); a trace block is
      * REPLAY_BLOCK_TOKENS tokens, so the per-block settings scale by their ratio: a trace block
-     * costs as much prefill (and turnover) as the gateway blocks it spans, and max_blocks and
-     * cold_blocks cover as many tokens as they do in the gateway. */
+     * costs as much prefill (and turnover, and queued prefill) as the gateway blocks it spans, and
+     * max_blocks and cold_blocks cover as many tokens as they do in the gateway. */
     double ratio = (double)REPLAY_BLOCK_TOKENS / (pc->block_tokens ? pc->block_tokens : 1);
     r->pc = *pc;
     r->pc.prefill_cost_per_block = pc->prefill_cost_per_block * ratio;

@@ -22,7 +22,7 @@ static void test_policy(void **state)
     assert_string_equal(
         r.body,
         "{\"policy\":\"cost\",\"block_bytes\":64,\"block_tokens\":16,"
-        "\"max_blocks\":4096,\"cold_blocks\":4,\"load_factor\":2,"
+        "\"max_blocks\":4096,\"cold_blocks\":4,\"load_factor\":2,\"load_slack\":4,"
         "\"prefill_cost_per_block\":200,\"queue_cost_per_request\":1000,"
         "\"waiting_cost_per_request\":5000,\"kv_usage_cost\":0,\"turnover_cost_per_block\":50,"
         "\"pending_cost_per_block\":200,\"pending_hit_weight\":0}");
@@ -67,7 +67,7 @@ static void test_policy(void **state)
     assert_string_equal(
         r.body,
         "{\"policy\":\"round_robin\",\"block_bytes\":64,\"block_tokens\":16,"
-        "\"max_blocks\":4096,\"cold_blocks\":2,\"load_factor\":0.5,"
+        "\"max_blocks\":4096,\"cold_blocks\":2,\"load_factor\":0.5,\"load_slack\":4,"
         "\"prefill_cost_per_block\":200,\"queue_cost_per_request\":1000,"
         "\"waiting_cost_per_request\":5000,\"kv_usage_cost\":0,\"turnover_cost_per_block\":50,"
         "\"pending_cost_per_block\":200,\"pending_hit_weight\":0}");

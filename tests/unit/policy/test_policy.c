@@ -157,6 +157,7 @@ static kvg_policy_config cfg_of(kvg_policy_kind kind)
     cfg.queue_cost_per_request = 5000;
     cfg.waiting_cost_per_request = 5000;
     cfg.load_factor = 0.25;
+    cfg.load_slack = 0; /* the relative bound alone; test_cost_slack covers the slack */
     return cfg;
 }
 
@@ -446,6 +447,56 @@ static void test_cost_pending(void **state)
     kvg_policy_choose(&cfg, &req, z, 3, 0, t, &why);
     assert_int_equal(z[0].index, owner(want, 3, 42));
     assert_true(t[0].pending_cost == 0);
+}
+
+/* The slack: with few requests in flight over many workers the relative bound is 1 or 2, and
+ * the slack keeps a holder within it up to load_slack requests above the least loaded. */
+static void test_cost_slack(void **state)
+{
+    (void)state;
+    kvg_policy_config cfg = cfg_of(KVG_POLICY_COST);
+    cfg.load_factor = 2;
+    kvg_policy_request req = {.blocks = 100, .cold_key = 9};
+    kvg_policy_terms t[8];
+    kvg_policy_reason why;
+    /* 8 workers, 3 in flight, all on the holder: relative B = ceil(3 x 4 / 8) = 2, 3 + 1 > 2 */
+    kvg_policy_candidate c[8];
+    for (uint32_t i = 0; i < 8; i++)
+        c[i] = (kvg_policy_candidate){.index = i, .id_hash = 100 + i};
+    c[5].inflight = 3;
+    c[5].matched = 100;
+    kvg_policy_candidate c0[8];
+    memcpy(c0, c, sizeof(c));
+    kvg_policy_choose(&cfg, &req, c, 8, 0, t, &why);
+    assert_int_equal(why, KVG_POLICY_REASON_COLD);
+    assert_true(t[7].index == 5 && t[7].over_bound);
+    /* slack 4: B = max(2, 0 + 4) = 4, 3 + 1 <= 4: the holder wins */
+    for (uint32_t slack = 4; slack <= 5; slack++) {
+        cfg.load_slack = slack;
+        memcpy(c, c0, sizeof(c));
+        kvg_policy_choose(&cfg, &req, c, 8, 0, t, &why);
+        assert_int_equal(why, KVG_POLICY_REASON_HIT);
+        assert_true(t[0].index == 5 && !t[0].over_bound);
+    }
+    /* slack 3: B = 3, 3 + 1 > 3: over again */
+    cfg.load_slack = 3;
+    memcpy(c, c0, sizeof(c));
+    kvg_policy_choose(&cfg, &req, c, 8, 0, t, &why);
+    assert_true(t[7].index == 5 && t[7].over_bound);
+    /* the slack counts from the least loaded, and the relative bound still applies: everyone
+     * else at 2, the holder at 9 (sum 23, relative ceil(3 x 24 / 8) = 9, slack 2 + 4 = 6): over;
+     * the holder at 5 (sum 19, relative ceil(3 x 20 / 8) = 8 >= 5 + 1): within, and its 25000 us
+     * of queue beat 20000 + 10000 */
+    cfg.load_slack = 4;
+    for (uint32_t i = 0; i < 8; i++)
+        c0[i].inflight = i == 5 ? 9 : 2;
+    memcpy(c, c0, sizeof(c));
+    kvg_policy_choose(&cfg, &req, c, 8, 0, t, &why);
+    assert_true(t[7].index == 5 && t[7].over_bound);
+    c0[5].inflight = 5;
+    memcpy(c, c0, sizeof(c));
+    kvg_policy_choose(&cfg, &req, c, 8, 0, t, &why);
+    assert_true(t[0].index == 5 && !t[0].over_bound);
 }
 
 /* The bounded-load rule, at its edges. */
@@ -945,7 +996,7 @@ static int apply(kvg_policy_config *cfg, const char *text, char *msg, size_t msg
 
 #define DEFAULT_JSON                                                                               \
     "{\"policy\":\"cost\",\"block_bytes\":64,\"block_tokens\":16,\"max_blocks\":4096,"             \
-    "\"cold_blocks\":4,\"load_factor\":2,\"prefill_cost_per_block\":200,"                          \
+    "\"cold_blocks\":4,\"load_factor\":2,\"load_slack\":4,\"prefill_cost_per_block\":200,"         \
     "\"queue_cost_per_request\":1000,\"waiting_cost_per_request\":5000,\"kv_usage_cost\":0,"       \
     "\"turnover_cost_per_block\":50,\"pending_cost_per_block\":200,\"pending_hit_weight\":0}"
 
@@ -958,6 +1009,7 @@ static void assert_config_equal(const kvg_policy_config *a, const kvg_policy_con
     assert_int_equal(a->max_blocks, b->max_blocks);
     assert_int_equal(a->cold_blocks, b->cold_blocks);
     assert_true(a->load_factor == b->load_factor);
+    assert_int_equal(a->load_slack, b->load_slack);
     assert_true(a->prefill_cost_per_block == b->prefill_cost_per_block);
     assert_true(a->queue_cost_per_request == b->queue_cost_per_request);
     assert_true(a->waiting_cost_per_request == b->waiting_cost_per_request);
@@ -981,6 +1033,7 @@ static void test_config(void **state)
     assert_int_equal(cfg.max_blocks, 4096);
     assert_int_equal(cfg.cold_blocks, 4);
     assert_true(cfg.load_factor == 2.0);
+    assert_int_equal(cfg.load_slack, 4);
     assert_true(cfg.prefill_cost_per_block == 200);
     assert_true(cfg.queue_cost_per_request == 1000);
     assert_true(cfg.waiting_cost_per_request == 5000);
@@ -1012,7 +1065,7 @@ static void test_config(void **state)
     /* every field, at its limits, and a round trip that changes nothing */
     const char *full =
         "{\"policy\":\"round_robin\",\"block_bytes\":16,\"block_tokens\":65536,"
-        "\"max_blocks\":1048576,\"cold_blocks\":1024,\"load_factor\":0,"
+        "\"max_blocks\":1048576,\"cold_blocks\":1024,\"load_factor\":0,\"load_slack\":1048576,"
         "\"prefill_cost_per_block\":0.1,\"queue_cost_per_request\":1000000000000,"
         "\"waiting_cost_per_request\":1.5e-7,\"kv_usage_cost\":12345.678,\"turnover_"
         "cost_per_block\":0,\"pending_cost_per_block\":1e12,\"pending_hit_weight\":1}";
@@ -1023,6 +1076,7 @@ static void test_config(void **state)
     assert_int_equal(cfg.max_blocks, 1048576);
     assert_int_equal(cfg.cold_blocks, 1024);
     assert_true(cfg.load_factor == 0);
+    assert_int_equal(cfg.load_slack, 1048576);
     assert_true(cfg.prefill_cost_per_block == 0.1);
     assert_true(cfg.queue_cost_per_request == 1e12);
     assert_true(cfg.waiting_cost_per_request == 1.5e-7);
@@ -1034,7 +1088,8 @@ static void test_config(void **state)
     assert_string_equal(b.data,
                         "{\"policy\":\"round_robin\",\"block_bytes\":16,\"block_tokens\":65536,"
                         "\"max_blocks\":1048576,\"cold_blocks\":1024,\"load_factor\":0,"
-                        "\"prefill_cost_per_block\":0.1,\"queue_cost_per_request\":1000000000000,"
+                        "\"load_slack\":1048576,\"prefill_cost_per_block\":0.1,\"queue_cost_per_"
+                        "request\":1000000000000,"
                         "\"waiting_cost_per_request\":1.5e-07,\"kv_usage_cost\":12345.678,"
                         "\"turnover_cost_per_block\":0,\"pending_cost_per_block\":1000000000000,"
                         "\"pending_hit_weight\":1}");
@@ -1106,6 +1161,9 @@ static void test_config(void **state)
         {"{\"kv_usage_cost\":-2}", "kv_usage_cost: must be a number in 0..1e12"},
         {"{\"kv_usage_cost\":1e999}", "kv_usage_cost: must be a number in 0..1e12"},
         {"{\"kv_usage_cost\":\"high\"}", "kv_usage_cost: must be a number in 0..1e12, not string"},
+        {"{\"load_slack\":-1}", "load_slack: must be an integer in 0..1048576"},
+        {"{\"load_slack\":1048577}", "load_slack: must be an integer in 0..1048576"},
+        {"{\"load_slack\":1.5}", "load_slack: must be an integer in 0..1048576"},
         {"{\"pending_cost_per_block\":-1}", "pending_cost_per_block: must be a number in 0..1e12"},
         {"{\"pending_hit_weight\":1.01}", "pending_hit_weight: must be a number in 0..1"},
         {"{\"pending_hit_weight\":-0.5}", "pending_hit_weight: must be a number in 0..1"},
@@ -1326,6 +1384,7 @@ int main(void)
         cmocka_unit_test(test_least_loaded),
         cmocka_unit_test(test_cost_turnover),
         cmocka_unit_test(test_cost_pending),
+        cmocka_unit_test(test_cost_slack),
         cmocka_unit_test(test_ties_rotate),
         cmocka_unit_test(test_round_robin),
         cmocka_unit_test(test_many),
