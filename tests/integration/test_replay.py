@@ -236,6 +236,33 @@ def test_shared_prefix_by_hand(tmp_path):
         assert got[name]["predicted_blocks"] == got[name]["hit_blocks"], name
 
 
+def test_service_model_by_hand(tmp_path):
+    """Three 1000-token prompts at once, nothing shared, one output token: prefill is 100 ms
+    each and runs one at a time per worker. TTFT, queueing (arrival to the prefill's start) and
+    busy time (prefill) follow by hand for one worker and for two under round robin."""
+    path = tmp_path / "three.jsonl"
+    with open(path, "w") as f:
+        for i in range(3):
+            f.write(json.dumps({"timestamp": 0, "input_length": 1000, "output_length": 1,
+                                "hash_ids": [10 * i + 1, 10 * i + 2]}) + "\n")
+    flags = ("--trace", path, "--capacity", 100, "--prefill-us", 100, "--decode-us", 0,
+             "--policies", "round_robin")
+    one = rows(replay_json(*flags, "--workers", 1))["round_robin"]
+    assert one["ttft_p50_ms"] == 200 and one["ttft_p99_ms"] == 300
+    assert one["ttft_mean_ms"] == pytest.approx(200)
+    assert one["queue_mean_ms"] == pytest.approx(100) and one["queue_p99_ms"] == 200
+    assert one["busy_seconds_per_worker"] == [0.3] and one["busy_imbalance"] == 1
+    two = rows(replay_json(*flags, "--workers", 2))["round_robin"]
+    assert sorted(two["requests_per_worker"]) == [1, 2]
+    assert two["ttft_mean_ms"] == pytest.approx(400 / 3) and two["ttft_p99_ms"] == 200
+    assert two["queue_mean_ms"] == pytest.approx(100 / 3) and two["queue_p99_ms"] == 100
+    assert sorted(two["busy_seconds_per_worker"]) == [0.1, 0.2]
+    assert two["busy_imbalance"] == pytest.approx(0.2 / 0.15)
+    # The references have none of it.
+    pooled = rows(replay_json(*flags, "--workers", 2))["pooled_lru"]
+    assert "queue_mean_ms" not in pooled and "busy_imbalance" not in pooled
+
+
 def test_round_robin_spreads_evenly(conversation_slice):
     report = replay_json("--trace", conversation_slice, "--policies", "round_robin",
                          "--workers", 8, "--capacity", 100)

@@ -217,8 +217,14 @@ typedef struct replay_row {
     uint64_t requests, blocks, hit_blocks, tokens, hit_tokens;
     uint64_t predicted_blocks; /* policy: blocks the chosen worker was predicted to hold */
     double ttft_p50_ms, ttft_p99_ms, ttft_mean_ms;
-    double imbalance;     /* max / mean requests per worker */
-    uint64_t *per_worker; /* requests per worker (owned), nworkers of them */
+    bool has_queue; /* simulated: the queueing and busy-time figures below are known */
+    double queue_mean_ms, queue_p99_ms; /* arrival to the start of its prefill */
+    double imbalance;                   /* max / mean requests per worker */
+    double busy_imbalance;              /* max / mean busy (prefill) time per worker */
+    uint64_t *per_worker;               /* requests per worker (owned), nworkers of them */
+    uint64_t *busy_us; /* per worker: time spent prefilling (owned; NULL: unknown). Decode steps
+                        * are batched and cost no more for one sequence more in the engine
+                        * model, so prefill is the work a worker does alone */
     unsigned nworkers;
     double seconds; /* wall-clock time of the replay */
 } replay_row;

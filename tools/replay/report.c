@@ -13,14 +13,16 @@ void replay_report_text(const replay_report *rep, FILE *f)
             rep->trace, t->n, (unsigned long long)t->blocks,
             (unsigned long long)rep->distinct_blocks, (unsigned long long)t->tokens,
             rep->ec->workers, rep->ec->capacity);
-    fprintf(f, "%-13s %9s %9s %9s %10s %10s %9s %8s  %s\n", "policy", "block_hit", "token_hit",
-            "predicted", "ttft_p50ms", "ttft_p99ms", "imbalance", "replay_s", "requests/worker");
+    fprintf(f, "%-13s %9s %9s %9s %10s %10s %10s %9s %8s %8s  %s\n", "policy", "block_hit",
+            "token_hit", "predicted", "ttft_p50ms", "ttft_p99ms", "queue_ms", "imbalance",
+            "busy_imb", "replay_s", "requests/worker");
     for (size_t i = 0; i < rep->nrows; i++) {
         const replay_row *r = &rep->rows[i];
         fprintf(f, "%-13s %9.4f %9.4f ", r->name, replay_ratio(r->hit_blocks, r->blocks),
                 replay_ratio(r->hit_tokens, r->tokens));
         if (!r->policy) {
-            fprintf(f, "%9s %10s %10s %9s %8.3f  %s\n", "-", "-", "-", "-", r->seconds,
+            fprintf(f, "%9s %10s %10s %10s %9s %8s %8.3f  %s\n", "-", "-", "-", "-", "-", "-",
+                    r->seconds,
                     !r->capacity                  ? "(infinite cache)"
                     : strcmp(r->name, "min") == 0 ? "(Belady's MIN on workers x capacity)"
                                                   : "(one LRU of workers x capacity)");
@@ -30,8 +32,12 @@ void replay_report_text(const replay_report *rep, FILE *f)
             fprintf(f, "%9s ", "-"); /* the gateway's prediction is on its /metrics */
         else
             fprintf(f, "%9.4f ", replay_ratio(r->predicted_blocks, r->blocks));
-        fprintf(f, "%10.1f %10.1f %9.3f %8.3f  ", r->ttft_p50_ms, r->ttft_p99_ms, r->imbalance,
-                r->seconds);
+        fprintf(f, "%10.1f %10.1f ", r->ttft_p50_ms, r->ttft_p99_ms);
+        if (r->has_queue)
+            fprintf(f, "%10.1f %9.3f %8.3f ", r->queue_mean_ms, r->imbalance, r->busy_imbalance);
+        else /* live: the engines' queues and busy times are not observed */
+            fprintf(f, "%10s %9.3f %8s ", "-", r->imbalance, "-");
+        fprintf(f, "%8.3f  ", r->seconds);
         for (unsigned w = 0; w < r->nworkers; w++)
             fprintf(f, "%s%llu", w ? " " : "", (unsigned long long)r->per_worker[w]);
         fputc('\n', f);
@@ -87,6 +93,19 @@ void replay_report_json(const replay_report *rep, FILE *f)
             for (unsigned w = 0; w < r->nworkers; w++)
                 fprintf(f, "%s%llu", w ? "," : "", (unsigned long long)r->per_worker[w]);
             fputc(']', f);
+            if (r->has_queue && r->busy_us) {
+                fprintf(f,
+                        ",\"queue_mean_ms\":%.17g,\"queue_p99_ms\":%.17g,\"busy_imbalance\":%.17g,"
+                        "\"busy_seconds_per_worker\":[",
+                        r->queue_mean_ms, r->queue_p99_ms, r->busy_imbalance);
+                for (unsigned w = 0; w < r->nworkers; w++)
+                    fprintf(f, "%s%.6f", w ? "," : "", (double)r->busy_us[w] / 1e6);
+                fputc(']', f);
+            } else {
+                fputs(",\"queue_mean_ms\":null,\"queue_p99_ms\":null,\"busy_imbalance\":null,"
+                      "\"busy_seconds_per_worker\":null",
+                      f);
+            }
         }
         fputc('}', f);
     }
@@ -113,7 +132,7 @@ void replay_report_csv(const replay_report *rep, FILE *f)
 {
     fputs("name,kind,workers,capacity,requests,blocks,hit_blocks,tokens,hit_tokens,"
           "block_hit_rate,token_hit_rate,predicted_blocks,predicted_hit_rate,ttft_p50_ms,"
-          "ttft_p99_ms,ttft_mean_ms,imbalance,seconds\n",
+          "ttft_p99_ms,ttft_mean_ms,imbalance,queue_mean_ms,queue_p99_ms,busy_imbalance,seconds\n",
           f);
     for (size_t i = 0; i < rep->nrows; i++) {
         const replay_row *r = &rep->rows[i];
@@ -130,6 +149,10 @@ void replay_report_csv(const replay_report *rep, FILE *f)
                     r->ttft_mean_ms, r->imbalance);
         else
             fputs(",,,,,,", f);
+        if (r->has_queue)
+            fprintf(f, "%.17g,%.17g,%.17g,", r->queue_mean_ms, r->queue_p99_ms, r->busy_imbalance);
+        else
+            fputs(",,,", f);
         fprintf(f, "%.6f\n", r->seconds);
     }
 }

@@ -15,6 +15,7 @@ typedef struct engine {
     replay_cache *cache;
     uint32_t inflight; /* routed here and not finished */
     uint32_t running;
+    uint64_t busy_us;         /* time spent prefilling: the model's one exclusive resource */
     uint64_t prefill_free_us; /* prefills run one at a time: when the current one ends */
     uint32_t *queue;          /* waiting requests, FIFO ring */
     size_t qhead, qlen, qcap;
@@ -24,6 +25,7 @@ typedef struct req_state {
     unsigned worker;
     uint32_t predicted; /* matched blocks the router saw on the chosen worker */
     uint32_t hits;      /* leading blocks the engine held when it admitted the request */
+    uint64_t start_us;  /* its prefill began */
     uint64_t first_token_us;
 } req_state;
 
@@ -37,7 +39,7 @@ typedef struct sim {
     req_state *rs;
     replay_heap heap;
     replay_row *row;
-    double *ttft_ms;
+    double *ttft_ms, *queue_ms;
     size_t nttft;
 } sim;
 
@@ -83,6 +85,8 @@ static int admit(sim *s, unsigned w, uint64_t now)
         uint64_t start = KVG_MAX(now, e->prefill_free_us);
         uint64_t first = start + (uint64_t)((double)uncached * s->ec->prefill_us + 0.5);
         e->prefill_free_us = first;
+        e->busy_us += first - start;
+        st->start_us = start;
         st->first_token_us = first;
         s->row->hit_blocks += st->hits;
         s->row->hit_tokens += cached;
@@ -98,6 +102,7 @@ static int handle(sim *s, const replay_event *ev)
     req_state *st = &s->rs[ev->req];
     engine *e = &s->engines[st->worker];
     if (ev->kind == EV_FIRST_TOKEN) {
+        s->queue_ms[s->nttft] = (double)(st->start_us - r->arrival_us) / 1000.0;
         s->ttft_ms[s->nttft++] = (double)(ev->time_us - r->arrival_us) / 1000.0;
         if (s->peer) {
             replay_peer_first_token(s->peer, st->worker, r, ev->req);
@@ -137,14 +142,23 @@ static double percentile(const double *v, size_t n, double p)
     return v[KVG_MIN(rank, n) - 1];
 }
 
-static void fill_load(replay_row *row)
+/* max / mean of n values; 0 when they are all 0. */
+static double max_over_mean(const uint64_t *v, unsigned n)
 {
     uint64_t max = 0, sum = 0;
-    for (unsigned i = 0; i < row->nworkers; i++) {
-        sum += row->per_worker[i];
-        max = KVG_MAX(max, row->per_worker[i]);
+    for (unsigned i = 0; i < n; i++) {
+        sum += v[i];
+        max = KVG_MAX(max, v[i]);
     }
-    row->imbalance = sum ? (double)max * row->nworkers / (double)sum : 0;
+    return sum ? (double)max * n / (double)sum : 0;
+}
+
+static double mean(const double *v, size_t n)
+{
+    double sum = 0;
+    for (size_t i = 0; i < n; i++)
+        sum += v[i];
+    return n ? sum / (double)n : 0;
 }
 
 static int decide(sim *s, const replay_request *r, uint32_t id, unsigned *w, uint32_t *predicted)
@@ -210,13 +224,17 @@ static int run(sim *s)
             return rc;
     }
     qsort(s->ttft_ms, s->nttft, sizeof(*s->ttft_ms), cmp_double);
-    double sum = 0;
-    for (size_t i = 0; i < s->nttft; i++)
-        sum += s->ttft_ms[i];
-    row->ttft_mean_ms = s->nttft ? sum / (double)s->nttft : 0;
+    qsort(s->queue_ms, s->nttft, sizeof(*s->queue_ms), cmp_double);
+    row->ttft_mean_ms = mean(s->ttft_ms, s->nttft);
     row->ttft_p50_ms = percentile(s->ttft_ms, s->nttft, 0.50);
     row->ttft_p99_ms = percentile(s->ttft_ms, s->nttft, 0.99);
-    fill_load(row);
+    row->has_queue = true;
+    row->queue_mean_ms = mean(s->queue_ms, s->nttft);
+    row->queue_p99_ms = percentile(s->queue_ms, s->nttft, 0.99);
+    for (unsigned w = 0; w < s->ec->workers; w++)
+        row->busy_us[w] = s->engines[w].busy_us;
+    row->imbalance = max_over_mean(row->per_worker, row->nworkers);
+    row->busy_imbalance = max_over_mean(row->busy_us, row->nworkers);
     return 0;
 }
 
@@ -241,12 +259,14 @@ int replay_simulate(const replay_trace *t, const replay_engine_config *ec, const
     sim s = {.t = t, .ec = ec, .row = &row};
     replay_heap_init(&s.heap);
     row.per_worker = calloc(ec->workers, sizeof(*row.per_worker));
+    row.busy_us = calloc(ec->workers, sizeof(*row.busy_us));
     s.engines = calloc(ec->workers, sizeof(*s.engines));
     s.rs = calloc(t->n ? t->n : 1, sizeof(*s.rs));
     s.ttft_ms = malloc((t->n ? t->n : 1) * sizeof(*s.ttft_ms));
+    s.queue_ms = malloc((t->n ? t->n : 1) * sizeof(*s.queue_ms));
     s.views = calloc(ec->workers, sizeof(*s.views));
     int rc = -ENOMEM;
-    if (row.per_worker && s.engines && s.rs && s.ttft_ms && s.views)
+    if (row.per_worker && row.busy_us && s.engines && s.rs && s.ttft_ms && s.queue_ms && s.views)
         rc = p->peer ? replay_peer_new(p->peer, ec->workers, ec->capacity, t->n, &s.peer)
                      : replay_router_new(&p->cfg, ec->workers, ec->capacity, &s.router);
     if (rc == 0)
@@ -261,6 +281,7 @@ int replay_simulate(const replay_trace *t, const replay_engine_config *ec, const
     free(s.engines);
     free(s.rs);
     free(s.ttft_ms);
+    free(s.queue_ms);
     replay_heap_done(&s.heap);
     if (rc < 0) {
         replay_row_done(&row);
@@ -327,5 +348,7 @@ int replay_pooled_lru(const replay_trace *t, uint64_t capacity, replay_row *out)
 void replay_row_done(replay_row *row)
 {
     free(row->per_worker);
+    free(row->busy_us);
     row->per_worker = NULL;
+    row->busy_us = NULL;
 }

@@ -71,8 +71,8 @@ void replay_sweep_text(const replay_sweep *s, FILE *f)
             "in %.1f s\n",
             s->trace, t->n, (unsigned long long)t->blocks, (unsigned long long)s->distinct_blocks,
             (unsigned long long)t->tokens, s->npoints, s->seconds);
-    fprintf(f, "%7s %9s %10s %-13s %9s %9s %10s %9s\n", "workers", "fraction", "capacity", "row",
-            "block_hit", "token_hit", "ttft_p99ms", "imbalance");
+    fprintf(f, "%7s %9s %10s %-13s %9s %9s %10s %10s %9s %8s\n", "workers", "fraction", "capacity",
+            "row", "block_hit", "token_hit", "ttft_p99ms", "queue_ms", "imbalance", "busy_imb");
     for (size_t i = 0; i < s->npoints; i++) {
         const replay_sweep_point *p = &s->points[i];
         for (size_t j = 0; j < s->nrows; j++) {
@@ -81,9 +81,10 @@ void replay_sweep_text(const replay_sweep *s, FILE *f)
                     r->name, replay_ratio(r->hit_blocks, r->blocks),
                     replay_ratio(r->hit_tokens, r->tokens));
             if (r->policy)
-                fprintf(f, "%10.1f %9.3f\n", r->ttft_p99_ms, r->imbalance);
+                fprintf(f, "%10.1f %10.1f %9.3f %8.3f\n", r->ttft_p99_ms, r->queue_mean_ms,
+                        r->imbalance, r->busy_imbalance);
             else
-                fprintf(f, "%10s %9s\n", "-", "-");
+                fprintf(f, "%10s %10s %9s %8s\n", "-", "-", "-", "-");
         }
     }
 }
@@ -109,10 +110,14 @@ void replay_sweep_json(const replay_sweep *s, FILE *f)
                     (unsigned long long)r->hit_tokens, replay_ratio(r->hit_blocks, r->blocks),
                     replay_ratio(r->hit_tokens, r->tokens));
             if (r->policy)
-                fprintf(f, ",\"ttft_p99_ms\":%.17g,\"imbalance\":%.17g}", r->ttft_p99_ms,
-                        r->imbalance);
+                fprintf(f,
+                        ",\"ttft_p99_ms\":%.17g,\"queue_mean_ms\":%.17g,\"imbalance\":%.17g,"
+                        "\"busy_imbalance\":%.17g}",
+                        r->ttft_p99_ms, r->queue_mean_ms, r->imbalance, r->busy_imbalance);
             else
-                fputs(",\"ttft_p99_ms\":null,\"imbalance\":null}", f);
+                fputs(",\"ttft_p99_ms\":null,\"queue_mean_ms\":null,\"imbalance\":null,"
+                      "\"busy_imbalance\":null}",
+                      f);
         }
     }
     fputs("]}\n", f);
@@ -121,7 +126,7 @@ void replay_sweep_json(const replay_sweep *s, FILE *f)
 void replay_sweep_csv(const replay_sweep *s, FILE *f)
 {
     fputs("workers,fraction,capacity,name,kind,hit_blocks,hit_tokens,block_hit_rate,"
-          "token_hit_rate,ttft_p99_ms,imbalance\n",
+          "token_hit_rate,ttft_p99_ms,queue_mean_ms,imbalance,busy_imbalance\n",
           f);
     for (size_t i = 0; i < s->npoints; i++) {
         const replay_sweep_point *p = &s->points[i];
@@ -132,9 +137,10 @@ void replay_sweep_csv(const replay_sweep *s, FILE *f)
                     (unsigned long long)r->hit_blocks, (unsigned long long)r->hit_tokens,
                     replay_ratio(r->hit_blocks, r->blocks), replay_ratio(r->hit_tokens, r->tokens));
             if (r->policy)
-                fprintf(f, "%.17g,%.17g\n", r->ttft_p99_ms, r->imbalance);
+                fprintf(f, "%.17g,%.17g,%.17g,%.17g\n", r->ttft_p99_ms, r->queue_mean_ms,
+                        r->imbalance, r->busy_imbalance);
             else
-                fputs(",\n", f);
+                fputs(",,,\n", f);
         }
     }
 }
