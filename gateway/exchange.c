@@ -434,6 +434,42 @@ void kvg_exchange_send_body(kvg_exchange *x, int status, const char *content_typ
     kvg_exchange_end(x);
 }
 
+const char *kvg_error_code(int status, const char *type)
+{
+    /* By type first (each of these has one meaning), then by status for the generic ones. */
+    static const struct {
+        const char *type, *code;
+    } by_type[] = {
+        {"permission_error", "model_not_allowed"},
+        {"not_found_error", "model_not_found"},
+        {"rate_limit_error", "rate_limit_exceeded"},
+        {"overloaded", "overloaded"},
+        {"service_unavailable", "service_unavailable"},
+        {"upstream_error", "upstream_error"},
+        {"timeout", "upstream_timeout"},
+        {"internal_error", "internal_error"},
+    };
+    for (size_t i = 0; i < KVG_ARRAY_LEN(by_type); i++)
+        if (strcmp(type, by_type[i].type) == 0)
+            return by_type[i].code;
+    switch (status) {
+    case 401:
+        return "invalid_api_key";
+    case 404:
+        return "unknown_url";
+    case 405:
+        return "method_not_allowed";
+    case 408:
+        return "request_timeout";
+    case 413:
+        return "request_too_large";
+    case 431:
+        return "headers_too_large";
+    default:
+        return status >= 500 ? "server_error" : "invalid_request";
+    }
+}
+
 void kvg_exchange_send_error_retry(kvg_exchange *x, int status, const char *type,
                                    unsigned retry_after_s, const char *message)
 {
@@ -448,7 +484,10 @@ void kvg_exchange_send_error_retry(kvg_exchange *x, int status, const char *type
     kvg_buf_json_string(&b, message, strlen(message));
     kvg_buf_puts(&b, ",\"type\":");
     kvg_buf_json_string(&b, type, strlen(type));
-    kvg_buf_printf(&b, ",\"param\":null,\"code\":%d}}", status);
+    const char *code = x->error_code ? x->error_code : kvg_error_code(status, type);
+    kvg_buf_puts(&b, ",\"param\":null,\"code\":");
+    kvg_buf_json_string(&b, code, strlen(code));
+    kvg_buf_puts(&b, "}}");
     x->error_type = type;
     /* Proxied responses carry the request id (proxy.c up_head); the gateway's own errors must
      * too, since a 502/503/504 is exactly the answer whose access-log line a client needs to

@@ -161,6 +161,7 @@ struct kvg_exchange {
     const char *tenant;      /* arena copy, or NULL */
     unsigned retries;
     const char *error_type; /* static string for errors the gateway generated */
+    const char *error_code; /* static: the next error's "code" (kvg_exchange_set_error_code) */
 
     /* --- binding --- */
     const kvg_exchange_ops *ops;
@@ -239,12 +240,22 @@ bool kvg_exchange_output_full(kvg_exchange *x);
 void kvg_exchange_detach(kvg_exchange *x);
 
 /** A complete JSON error response in the OpenAI shape:
- *  {"error":{"message":..,"type":..,"param":null,"code":status}}. Adds Retry-After when
- *  retry_after_s > 0. Ends the response. */
+ *  {"error":{"message":..,"type":..,"param":null,"code":..}}, code a string as OpenAI's API
+ *  writes it: the one set by kvg_exchange_set_error_code, else the one docs/api.md lists for
+ *  the status and type (kvg_error_code). Adds Retry-After when retry_after_s > 0. Ends the
+ *  response. */
 void kvg_exchange_send_error(kvg_exchange *x, int status, const char *type, const char *fmt, ...)
     KVG_PRINTF(4, 5);
 void kvg_exchange_send_error_retry(kvg_exchange *x, int status, const char *type,
                                    unsigned retry_after_s, const char *message);
+/** The "code" of the error x sends next, where status and type leave it open (a 404 for an
+ *  unknown path is "unknown_url", one for a model "model_not_found"). code: a static string. */
+static inline void kvg_exchange_set_error_code(kvg_exchange *x, const char *code)
+{
+    x->error_code = code;
+}
+/** The code an error of this status and type carries unless the handler chose one. */
+const char *kvg_error_code(int status, const char *type);
 /** A complete response with a body (copied). */
 void kvg_exchange_send_body(kvg_exchange *x, int status, const char *content_type, const void *body,
                             size_t len);

@@ -3,6 +3,7 @@
  * forwards over the upstream pool, streams the answer back with backpressure both ways, and
  * retries another worker when a connection fails before any response byte. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,7 @@ typedef enum proxy_route {
     ROUTE_CHAT,
     ROUTE_EMBEDDINGS,
     ROUTE_MODELS,
+    ROUTE_MODEL, /* GET /v1/models/{id} */
     ROUTE_COUNT,
 } proxy_route;
 
@@ -66,6 +68,9 @@ static size_t path_len(const char *path)
     const char *q = strchr(path, '?');
     return q ? (size_t)(q - path) : strlen(path);
 }
+
+#define MODEL_PREFIX "/v1/models/"
+#define MODEL_PREFIX_LEN (sizeof(MODEL_PREFIX) - 1)
 
 static proxy_route classify(const char *path)
 {
@@ -82,6 +87,8 @@ static proxy_route classify(const char *path)
     for (size_t i = 0; i < KVG_ARRAY_LEN(routes); i++)
         if (strlen(routes[i].path) == n && memcmp(routes[i].path, path, n) == 0)
             return routes[i].route;
+    if (n > MODEL_PREFIX_LEN && memcmp(path, MODEL_PREFIX, MODEL_PREFIX_LEN) == 0)
+        return ROUTE_MODEL;
     return ROUTE_NONE;
 }
 
@@ -492,6 +499,37 @@ static struct evbuffer *body_for(proxy_req *r, kvg_worker *w, int *rc)
     return r->unsalted;
 }
 
+/* A duration as OpenAI's x-ratelimit-reset-* headers write it: "250ms", "1.5s", "6m0s". */
+static int format_reset(char *out, size_t len, double s)
+{
+    if (!(s > 0))
+        return snprintf(out, len, "0s");
+    if (s < 1)
+        return snprintf(out, len, "%ums", (unsigned)ceil(s * 1000));
+    if (s < 60)
+        return snprintf(out, len, "%gs", ceil(s * 1000) / 1000);
+    double m = floor(s / 60);
+    return snprintf(out, len, "%.0fm%gs", m, ceil((s - m * 60) * 1000) / 1000);
+}
+
+/* x-ratelimit-{limit,remaining,reset}-requests for a tenant with a requests-per-second limit,
+ * as OpenAI sends them, on every answer to an admitted or refused request. limit is the
+ * bucket's burst, remaining what it holds after this request, reset the time until it is full
+ * again. */
+static void add_rate_headers(kvg_exchange *x, kvg_tenant *t, uint64_t now_ns)
+{
+    kvg_rate_state rs;
+    if (!kvg_tenant_rate_state(t, now_ns, &rs))
+        return;
+    char v[48];
+    int n = snprintf(v, sizeof(v), "%.0f", floor(rs.limit));
+    kvg_exchange_add_header(x, "x-ratelimit-limit-requests", 26, v, (size_t)n);
+    n = snprintf(v, sizeof(v), "%.0f", floor(rs.remaining));
+    kvg_exchange_add_header(x, "x-ratelimit-remaining-requests", 30, v, (size_t)n);
+    n = format_reset(v, sizeof(v), rs.reset_s);
+    kvg_exchange_add_header(x, "x-ratelimit-reset-requests", 26, v, (size_t)n);
+}
+
 static void on_body(kvg_exchange *x)
 {
     proxy_req *r = x->handler_state;
@@ -539,6 +577,7 @@ static void on_body(kvg_exchange *x)
         unsigned retry_after = 1;
         kvg_admit_result why =
             kvg_tenant_admit(r->tenant, parsed_at, r->info.prompt_bytes, &retry_after);
+        add_rate_headers(x, r->tenant, parsed_at);
         if (why != KVG_ADMIT_OK) {
             kvg_tenant_record_refusal(r->tenant, why);
             char msg[160];
@@ -661,25 +700,90 @@ static void send_models(kvg_exchange *x, const kvg_tenant *t)
     kvg_buf_done(&b);
 }
 
+static int hex_value(char c)
+{
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+/* The model id of GET /v1/models/{id}: the rest of the path, percent-decoded (a model name may
+ * hold slashes, "org/name", which clients send as they are or as %2F). NULL when it is not one:
+ * a bad escape or an escaped NUL. In the exchange's arena. */
+static const char *model_id_of(kvg_exchange *x)
+{
+    const char *p = x->path + MODEL_PREFIX_LEN;
+    size_t n = path_len(x->path) - MODEL_PREFIX_LEN;
+    char *id = kvg_arena_alloc(&x->arena, n + 1);
+    if (!id)
+        return NULL;
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] != '%') {
+            id[m++] = p[i];
+            continue;
+        }
+        int hi = i + 2 < n ? hex_value(p[i + 1]) : -1, lo = hi >= 0 ? hex_value(p[i + 2]) : -1;
+        if (lo < 0 || (hi | lo) == 0)
+            return NULL;
+        id[m++] = (char)(hi * 16 + lo);
+        i += 2;
+    }
+    id[m] = '\0';
+    return id;
+}
+
+/* GET /v1/models/{id}: the model as /v1/models lists it, when a worker serves it (and the
+ * tenant may use it); else 404 model_not_found, as OpenAI answers. */
+static void send_model(kvg_exchange *x, const kvg_tenant *t)
+{
+    const char *id = model_id_of(x);
+    kvg_worker_set *set = kvg_thread_workers(x->thread);
+    size_t n;
+    const char *const *models = kvg_worker_set_models(set, &n);
+    for (size_t i = 0; id && i < n; i++) {
+        if (strcmp(models[i], id) != 0 || (t && !kvg_tenant_allows_model(t, id)))
+            continue;
+        kvg_buf b;
+        kvg_buf_init(&b);
+        kvg_buf_puts(&b, "{\"id\":");
+        kvg_buf_json_string(&b, id, strlen(id));
+        kvg_buf_puts(&b, ",\"object\":\"model\",\"created\":0,\"owned_by\":\"kvgate\"}");
+        if (b.failed)
+            kvg_exchange_send_error(x, 500, "internal_error", "out of memory");
+        else
+            kvg_exchange_send_body(x, 200, "application/json", b.data, b.len);
+        kvg_buf_done(&b);
+        return;
+    }
+    size_t raw = path_len(x->path) - MODEL_PREFIX_LEN;
+    kvg_exchange_send_error(x, 404, "not_found_error", "The model `%.*s` does not exist.",
+                            (int)KVG_MIN(raw, 200), x->path + MODEL_PREFIX_LEN);
+}
+
 static void on_head(kvg_exchange *x)
 {
     proxy_route route = classify(x->path);
     bool is_get = strcmp(x->method, "GET") == 0 || strcmp(x->method, "HEAD") == 0;
     switch (route) {
     case ROUTE_NONE:
+        kvg_exchange_set_error_code(x, "unknown_url");
         kvg_exchange_send_error(x, 404, "not_found_error", "no route for %s %.*s", x->method,
                                 (int)KVG_MIN(path_len(x->path), 200), x->path);
         kvg_exchange_detach(x);
         return;
     case ROUTE_MODELS:
+    case ROUTE_MODEL:
         if (!is_get) {
-            kvg_exchange_send_error(x, 405, "invalid_request_error", "use GET for /v1/models");
+            kvg_exchange_send_error(x, 405, "invalid_request_error", "use GET for %.*s",
+                                    (int)KVG_MIN(path_len(x->path), 200), x->path);
         } else if (x->thread->gw->auth_open) {
-            send_models(x, NULL);
+            route == ROUTE_MODELS ? send_models(x, NULL) : send_model(x, NULL);
         } else {
             kvg_tenant *t = authenticate(x);
             if (t) {
-                send_models(x, t);
+                route == ROUTE_MODELS ? send_models(x, t) : send_model(x, t);
                 kvg_tenant_unref(t);
             }
         }

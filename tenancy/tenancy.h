@@ -177,6 +177,16 @@ const char *kvg_admit_result_str(kvg_admit_result r);
  *  Thread-safe. */
 kvg_admit_result kvg_tenant_admit(kvg_tenant *t, uint64_t now_ns, uint64_t prompt_bytes,
                                   unsigned *retry_after_s);
+/* The request-rate bucket, as OpenAI's x-ratelimit-*-requests headers describe it. */
+typedef struct kvg_rate_state {
+    double limit;     /* the bucket's size (burst), requests */
+    double remaining; /* requests it holds now */
+    double reset_s;   /* seconds until it is full again */
+} kvg_rate_state;
+
+/** The tenant's request-rate bucket at now_ns (refilled to then): false, out untouched, when
+ *  the tenant has no requests-per-second limit. Thread-safe. */
+bool kvg_tenant_rate_state(kvg_tenant *t, uint64_t now_ns, kvg_rate_state *out);
 /** Give back the in-flight slot of an admitted request. */
 void kvg_tenant_release(kvg_tenant *t);
 uint32_t kvg_tenant_inflight(const kvg_tenant *t);

@@ -538,6 +538,22 @@ out:
     return r;
 }
 
+bool kvg_tenant_rate_state(kvg_tenant *t, uint64_t now_ns, kvg_rate_state *out)
+{
+    const tenant_spec *s = t->spec;
+    if (!(s->limits.rps > 0))
+        return false;
+    pthread_mutex_lock(&t->rt->lock);
+    /* Taking nothing refills the bucket to now and changes nothing else. */
+    kvg_policy_bucket_take(&t->rt->requests, s->limits.rps, s->burst, now_ns, 0, NULL);
+    double tokens = t->rt->requests.tokens;
+    pthread_mutex_unlock(&t->rt->lock);
+    out->limit = s->burst;
+    out->remaining = tokens < 0 ? 0 : tokens;
+    out->reset_s = tokens >= s->burst ? 0 : (s->burst - tokens) / s->limits.rps;
+    return true;
+}
+
 void kvg_tenant_release(kvg_tenant *t)
 {
     /* A release without an admission is a caller bug; never wrap below zero, which would make

@@ -412,17 +412,18 @@ def test_models_is_the_union_of_workers_models(simworker, kvgate):
 
 
 ERROR_CASES = [
-    # method, path, body, status, type
-    ("GET", "/v2/unknown", None, 404, "not_found_error"),
-    ("GET", "/", None, 404, "not_found_error"),
-    ("GET", COMPL, None, 405, "invalid_request_error"),
-    ("DELETE", CHAT, None, 405, "invalid_request_error"),
-    ("POST", "/v1/models", b"{}", 405, "invalid_request_error"),
-    ("POST", COMPL, b"{not json", 400, "invalid_request_error"),
-    ("POST", COMPL, b"[1, 2]", 400, "invalid_request_error"),
-    ("POST", COMPL, b'{"model": 7, "prompt": "x"}', 400, "invalid_request_error"),
-    ("POST", COMPL, b"", 400, "invalid_request_error"),
-    ("POST", COMPL, b'{"model": "no-such-model", "prompt": "x"}', 404, "not_found_error"),
+    # method, path, body, status, type, code (docs/api.md)
+    ("GET", "/v2/unknown", None, 404, "not_found_error", "unknown_url"),
+    ("GET", "/", None, 404, "not_found_error", "unknown_url"),
+    ("GET", COMPL, None, 405, "invalid_request_error", "method_not_allowed"),
+    ("DELETE", CHAT, None, 405, "invalid_request_error", "method_not_allowed"),
+    ("POST", "/v1/models", b"{}", 405, "invalid_request_error", "method_not_allowed"),
+    ("POST", COMPL, b"{not json", 400, "invalid_request_error", "invalid_request"),
+    ("POST", COMPL, b"[1, 2]", 400, "invalid_request_error", "invalid_request"),
+    ("POST", COMPL, b'{"model": 7, "prompt": "x"}', 400, "invalid_request_error", "invalid_request"),
+    ("POST", COMPL, b"", 400, "invalid_request_error", "invalid_request"),
+    ("POST", COMPL, b'{"model": "no-such-model", "prompt": "x"}', 404, "not_found_error",
+     "model_not_found"),
 ]
 
 
@@ -432,25 +433,40 @@ def test_openai_errors(simworker, kvgate, proto):
     gw = kvgate(config={"workers": [worker_cfg(sw, models=[sw.model])]})
     results = []
     if proto == "h1":
-        for method, path, body, _, _ in ERROR_CASES:
+        for method, path, body, _, _, _ in ERROR_CASES:
             results.append(http1(gw.port, method, path, body))
     else:
         h = H2Client(gw.port)
         try:
-            streams = [h.request(m, p, b) for m, p, b, _, _ in ERROR_CASES]
+            streams = [h.request(m, p, b) for m, p, b, _, _, _ in ERROR_CASES]
             h.wait(streams)
             results = [(s.status, s.headers, bytes(s.data)) for s in streams]
         finally:
             h.close()
-    for (method, path, _, status, type_), (got, headers, data) in zip(ERROR_CASES, results):
+    for (method, path, _, status, type_, code), (got, headers, data) in zip(ERROR_CASES, results):
         assert got == status, (method, path, data)
         assert headers["content-type"] == "application/json"
         assert re.fullmatch(r"[0-9a-f]{32}", headers["x-request-id"])  # errors carry one too
-        err = assert_openai_error(data, status, type_)
+        err = assert_openai_error(data, status, type_, code=code)
         if status == 404 and path == COMPL:
             assert err["message"] == "The model `no-such-model` does not exist."
     # None of these reached the worker.
     assert gw.metric("kvgate_worker_requests_total", worker=sw.name) == 0
+
+
+def test_model_by_id_with_a_slash(simworker, kvgate):
+    """GET /v1/models/{id} in open mode: a model name with a slash, sent as it is or as %2F."""
+    sw = simworker(time_scale=0)
+    gw = kvgate(config={"workers": [worker_cfg(sw, models=["org/m-2", sw.model])]})
+    for path in ("/v1/models/org/m-2", "/v1/models/org%2Fm-2", "/v1/models/org%2fm-2"):
+        r = http.get(gw.url + path)
+        assert r.status_code == 200, path
+        assert r.json()["id"] == "org/m-2"
+    assert http.get(gw.url + f"/v1/models/{sw.model}?x=1").json()["id"] == sw.model
+    for path in ("/v1/models/org", "/v1/models/org/m-2/", "/v1/models/org%2"):
+        r = http.get(gw.url + path)
+        assert r.status_code == 404, path
+        assert_openai_error(r.content, 404, code="model_not_found")
 
 
 def test_worker_errors_pass_through(simworker, kvgate):

@@ -62,7 +62,7 @@ def test_keys_are_required_checked_and_never_logged(simworker, kvgate):
     # No tenant yet, no key, a malformed header, an unknown key: 401 in the OpenAI shape.
     r = call(gw, None, body)
     assert r.status_code == 401 and r.headers.get("www-authenticate") == "Bearer"
-    assert_openai_error(r.content, 401)
+    assert_openai_error(r.content, 401, code="invalid_api_key")
     r = http.post(gw.url + COMPL, json=body, headers={"authorization": "Basic dXNlcjpwdw=="})
     assert r.status_code == 401
     tenant(gw, "acme")
@@ -112,22 +112,46 @@ def test_models_and_limits(simworker, kvgate):
     assert admitted_bytes > 0
     r = call(gw, narrow, completion("slow-model", "x" * 5000))
     assert r.status_code == 403
-    assert "not allowed" in assert_openai_error(r.content, 403)["message"]
+    assert "not allowed" in assert_openai_error(r.content, 403, code="model_not_allowed")["message"]
     # Refused requests' prompts are not counted as the tenant's prompt bytes.
     assert gw.metric("kvgate_tenant_prompt_bytes_total", tenant="narrow") == admitted_bytes
     # /v1/models shows a tenant only what it may use.
     r = http.get(gw.url + "/v1/models", headers={"authorization": f"Bearer {narrow}"})
     assert [m["id"] for m in r.json()["data"]] == [sw.model]
     assert http.get(gw.url + "/v1/models").status_code == 401
+    # /v1/models/{id}: the model when a worker serves it and the tenant may use it; else 404
+    # model_not_found, for a model it may not use as for one nobody serves.
+    auth = {"authorization": f"Bearer {narrow}"}
+    r = http.get(gw.url + f"/v1/models/{sw.model}", headers=auth)
+    assert r.status_code == 200
+    assert r.json() == {"id": sw.model, "object": "model", "created": 0, "owned_by": "kvgate"}
+    for path in ("/v1/models/slow-model", "/v1/models/nope", "/v1/models/bad%zz", "/v1/models/a%00"):
+        r = http.get(gw.url + path, headers=auth)
+        assert r.status_code == 404, path
+        assert_openai_error(r.content, 404, code="model_not_found")
+    assert http.get(gw.url + f"/v1/models/{sw.model}").status_code == 401
+    r = http.post(gw.url + f"/v1/models/{sw.model}", headers=auth, json={})
+    assert r.status_code == 405
+    assert_openai_error(r.content, 405, code="method_not_allowed")
 
-    # Requests per second: a burst of 2, then 429 with Retry-After.
+    # Requests per second: a burst of 2, then 429 with Retry-After; every answer says what is
+    # left, as OpenAI's x-ratelimit-*-requests headers do.
     tenant(gw, "slowpoke", rate={"rps": 0.5, "burst": 2})
     _, key = new_key(gw, "slowpoke")
-    codes = [call(gw, key, completion(sw.model, "x")).status_code for _ in range(2)]
+    first = [call(gw, key, completion(sw.model, "x")) for _ in range(2)]
     r = call(gw, key, completion(sw.model, "x"))
-    assert codes == [200, 200] and r.status_code == 429
+    assert [a.status_code for a in first] == [200, 200] and r.status_code == 429
     assert int(r.headers["retry-after"]) >= 1
-    assert_openai_error(r.content, 429)
+    for a, left in zip(first + [r], (1, 0, 0)):
+        assert a.headers["x-ratelimit-limit-requests"] == "2"
+        assert a.headers["x-ratelimit-remaining-requests"] == str(left)
+    # 2 tokens at 0.5/s: the bucket is full again in under 4 s, and empty now means over 2 s.
+    reset = r.headers["x-ratelimit-reset-requests"]
+    assert reset.endswith("s") and not reset.endswith("ms"), reset
+    assert 2 < float(reset[:-1]) <= 4, reset
+    # A tenant without a rate gets none of them.
+    assert "x-ratelimit-limit-requests" not in call(gw, narrow, completion(sw.model, "x")).headers
+    assert_openai_error(r.content, 429, code="rate_limit_exceeded")
     assert gw.metric("kvgate_tenant_rate_limited_total", tenant="slowpoke") == 1
 
     # In flight: one at a time; the second concurrent request gets 429 at once.
