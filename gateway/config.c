@@ -395,6 +395,43 @@ static const char *const level_keywords[KVG_LOG_LEVEL_COUNT] = {"error", "warn",
         .offset = offsetof(kvg_config, section), .object = &section##_table                        \
     }
 
+/* A passthrough path: absolute, no query, not one the gateway answers itself. */
+static int check_passthrough_path(const void *value, char *why, size_t len)
+{
+    const char *p = value;
+    static const char *const own[] = {"/v1/completions", "/v1/chat/completions", "/v1/embeddings",
+                                      "/v1/models"};
+    if (p[0] != '/' || strlen(p) > 256 || strpbrk(p, "?# \t") ||
+        strncmp(p, "/v1/models/", 11) == 0) {
+        snprintf(why, len,
+                 "must be a path of at most 256 characters starting with /, without "
+                 "query, fragment or blanks, and not under /v1/models/");
+        return KVG_EPARSE;
+    }
+    for (size_t i = 0; i < KVG_ARRAY_LEN(own); i++)
+        if (strcmp(p, own[i]) == 0) {
+            snprintf(why, len, "%s is routed by the gateway already", p);
+            return KVG_EPARSE;
+        }
+    return 0;
+}
+
+/* What passthrough_paths holds unless the file says otherwise: the other POST paths of vLLM's
+ * OpenAI-compatible server that take a model (docs/api.md). */
+static const char *const default_passthrough[] = {
+    "/v1/rerank",
+    "/v2/rerank",
+    "/rerank",
+    "/v1/score",
+    "/score",
+    "/tokenize",
+    "/detokenize",
+    "/pooling",
+    "/classify",
+    "/v1/audio/transcriptions",
+    "/v1/audio/translations",
+};
+
 static const kvg_field config_fields[] = {
     LISTEN_FIELD(decode_front_listeners),
     {.name = "admin",
@@ -458,6 +495,13 @@ static const kvg_field config_fields[] = {
      .type = KVG_FIELD_CUSTOM,
      .set_in = KVG_SET_CONFIG,
      .decode = decode_workers},
+    {.name = "passthrough_paths",
+     .type = KVG_FIELD_STRINGS,
+     .set_in = KVG_SET_CONFIG,
+     .offset = offsetof(kvg_config, passthrough_paths),
+     .count_offset = offsetof(kvg_config, npassthrough_paths),
+     .max = 64,
+     .check = check_passthrough_path},
 };
 
 const kvg_fields kvg_config_fields = {"config", config_fields, KVG_ARRAY_LEN(config_fields), NULL};
@@ -477,6 +521,14 @@ int kvg_config_init(kvg_config *cfg)
     cfg->nlisteners = 1;
     parse_listen(&cfg->admin_listeners[0], "127.0.0.1:9090", err, sizeof(err));
     cfg->nadmin_listeners = 1;
+    size_t n = KVG_ARRAY_LEN(default_passthrough);
+    cfg->passthrough_paths = kvg_arena_alloc(&cfg->arena, n * sizeof(char *));
+    if (!cfg->passthrough_paths)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        if (!(cfg->passthrough_paths[i] = kvg_arena_strdup(&cfg->arena, default_passthrough[i])))
+            return -ENOMEM;
+    cfg->npassthrough_paths = n;
     return 0;
 }
 

@@ -138,6 +138,8 @@ typedef struct kvg_config {
     kvg_hash_settings hash;
     kvg_config_worker *workers;
     size_t nworkers;
+    char **passthrough_paths; /* more POST paths forwarded to a worker serving the body's model */
+    size_t npassthrough_paths;
 } kvg_config;
 
 /* The config file's fields, section by section (top level, admin, limits, upstream, health,

@@ -45,6 +45,7 @@ typedef struct proxy_req {
     kvg_body_plan plan;        /* the body with the scope's cache_salt, as pieces */
     struct evbuffer *salted;   /* the body with the scope's cache_salt (and no client salt) */
     struct evbuffer *unsalted; /* the body without any cache_salt, for workers that take none */
+    bool verbatim;             /* a multipart body: forwarded as it came, routed by load */
     char salt[KVG_SALT_LEN + 1];
 } proxy_req;
 
@@ -54,7 +55,8 @@ typedef enum proxy_route {
     ROUTE_CHAT,
     ROUTE_EMBEDDINGS,
     ROUTE_MODELS,
-    ROUTE_MODEL, /* GET /v1/models/{id} */
+    ROUTE_MODEL,       /* GET /v1/models/{id} */
+    ROUTE_PASSTHROUGH, /* a configured passthrough path: by model, no prefix */
     ROUTE_COUNT,
 } proxy_route;
 
@@ -72,7 +74,7 @@ static size_t path_len(const char *path)
 #define MODEL_PREFIX "/v1/models/"
 #define MODEL_PREFIX_LEN (sizeof(MODEL_PREFIX) - 1)
 
-static proxy_route classify(const char *path)
+static proxy_route classify(const kvg_config *cfg, const char *path)
 {
     size_t n = path_len(path);
     static const struct {
@@ -89,6 +91,10 @@ static proxy_route classify(const char *path)
             return routes[i].route;
     if (n > MODEL_PREFIX_LEN && memcmp(path, MODEL_PREFIX, MODEL_PREFIX_LEN) == 0)
         return ROUTE_MODEL;
+    for (size_t i = 0; i < cfg->npassthrough_paths; i++)
+        if (strlen(cfg->passthrough_paths[i]) == n &&
+            memcmp(cfg->passthrough_paths[i], path, n) == 0)
+            return ROUTE_PASSTHROUGH;
     return ROUTE_NONE;
 }
 
@@ -484,7 +490,7 @@ static struct evbuffer *plan_buffer(proxy_req *r, const kvg_body_plan *plan, int
 static struct evbuffer *body_for(proxy_req *r, kvg_worker *w, int *rc)
 {
     *rc = -ENOMEM;
-    if (kvg_worker_injects_salt(w)) {
+    if (kvg_worker_injects_salt(w) || r->verbatim) {
         if (!r->salted)
             r->salted = plan_buffer(r, &r->plan, rc);
         return r->salted;
@@ -497,6 +503,32 @@ static struct evbuffer *body_for(proxy_req *r, kvg_worker *w, int *rc)
             r->unsalted = plan_buffer(r, &plan, rc);
     }
     return r->unsalted;
+}
+
+/* A multipart/form-data body (vLLM's audio endpoints): no JSON to read a model from. */
+static bool multipart(kvg_exchange *x)
+{
+    size_t len;
+    const char *ct = kvg_exchange_header(x, "content-type", &len);
+    return ct && len >= 10 && kvg_strncaseeq(ct, 10, "multipart/", 10);
+}
+
+/* The plan of a body forwarded as it came: one piece, the body itself; no model, no prefix, so
+ * the decision goes by load among every worker. Its bytes count as the tenant's prompt bytes.
+ * 0 or -ENOMEM. */
+static int verbatim_plan(proxy_req *r)
+{
+    size_t len;
+    const char *data = kvg_exchange_body_bytes(r->x, &len);
+    kvg_body_piece *piece = kvg_arena_alloc(&r->x->arena, sizeof(*piece));
+    if (!data || !piece)
+        return -ENOMEM;
+    *piece = (kvg_body_piece){data, len};
+    r->plan = (kvg_body_plan){.pieces = piece, .npieces = 1, .cap = 1, .len = len};
+    memset(&r->info, 0, sizeof(r->info));
+    r->info.prompt_bytes = len;
+    r->verbatim = true;
+    return 0;
 }
 
 /* A duration as OpenAI's x-ratelimit-reset-* headers write it: "250ms", "1.5s", "6m0s". */
@@ -543,7 +575,10 @@ static void on_body(kvg_exchange *x)
     int rc;
     kvg_json_error err = {0};
     uint64_t parse_start = kvg_now_ns();
-    rc = scan_body(r, r->api, r->salt, &r->plan, &r->info, &err);
+    if (r->api == KVG_BODY_API_OTHER && multipart(x))
+        rc = verbatim_plan(r);
+    else
+        rc = scan_body(r, r->api, r->salt, &r->plan, &r->info, &err);
     uint64_t parsed_at = kvg_now_ns(), parse_ns = parsed_at - parse_start;
     /* Count the rewritten copy the forwarding will make, where on_head could not (no
      * Content-Length), before any work for a worker is done. */
@@ -764,7 +799,7 @@ static void send_model(kvg_exchange *x, const kvg_tenant *t)
 
 static void on_head(kvg_exchange *x)
 {
-    proxy_route route = classify(x->path);
+    proxy_route route = classify(&x->thread->gw->cfg, x->path);
     bool is_get = strcmp(x->method, "GET") == 0 || strcmp(x->method, "HEAD") == 0;
     switch (route) {
     case ROUTE_NONE:

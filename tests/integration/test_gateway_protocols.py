@@ -14,6 +14,7 @@ import subprocess
 import httpx
 import pytest
 
+from conftest import binary
 from gwhelpers import (forwarded, CHAT, COMPL, H2Client, RawHTTP, assert_openai_error, H2Stream, http, http1,
                        json_response, request_bytes, worker_cfg)
 
@@ -582,3 +583,70 @@ def test_absolute_form_request_target(simworker, kvgate):
         assert status == 400, data
     finally:
         c.close()
+
+
+def recording_handler(seen, status=200):
+    def handle(req, sock):
+        seen.append(req)
+        body = b'{"ok":true}'
+        sock.sendall(f"HTTP/1.1 {status} OK\r\ncontent-type: application/json\r\n"
+                     f"content-length: {len(body)}\r\n\r\n".encode() + body)
+        return True
+    return handle
+
+
+def test_passthrough_paths(kvgate, fake_upstream):
+    """vLLM's other POST paths go to a worker serving the body's model with the tenant's salt
+    (no client salt), multipart bodies as they came by load, unknown paths get unknown_url, and
+    the configured list replaces the built-in one."""
+    seen_a, seen_b = [], []
+    a = fake_upstream(recording_handler(seen_a), name="a")
+    b = fake_upstream(recording_handler(seen_b), name="b")
+    gw = kvgate(config={"workers": [worker_cfg(a, models=["ma"]), worker_cfg(b, models=["mb"])]})
+    for path in ("/tokenize", "/v1/rerank", "/v1/score", "/detokenize"):
+        r = http.post(gw.url + path, json={"model": "mb", "prompt": "x", "cache_salt": "mine"})
+        assert r.status_code == 200, (path, r.text)
+        assert r.headers["x-kvgate-worker"] == "b"
+        got = seen_b[-1]
+        assert got["path"] == path
+        sent = json.loads(got["body"])
+        assert sent["model"] == "mb" and sent["cache_salt"] != "mine"
+    assert not seen_a
+    # A model nobody serves: 404 model_not_found, as for completions.
+    r = http.post(gw.url + "/tokenize", json={"model": "nope", "prompt": "x"})
+    assert r.status_code == 404
+    assert_openai_error(r.content, 404, code="model_not_found")
+    # Multipart (audio): the bytes as they came, whichever worker.
+    form = (b"--XyZ\r\ncontent-disposition: form-data; name=\"model\"\r\n\r\nma\r\n"
+            b"--XyZ\r\ncontent-disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n"
+            b"content-type: audio/wav\r\n\r\nRIFF\x00\x01\x02\r\n--XyZ--\r\n")
+    r = http.post(gw.url + "/v1/audio/transcriptions", content=form,
+                  headers={"content-type": "multipart/form-data; boundary=XyZ"})
+    assert r.status_code == 200, r.text
+    got = (seen_a + seen_b)[-1]
+    assert got["path"] == "/v1/audio/transcriptions" and got["body"] == form
+    assert got["headers"]["content-type"] == "multipart/form-data; boundary=XyZ"
+    r = http.post(gw.url + "/v1/unknown", json={"model": "ma"})
+    assert r.status_code == 404
+    assert_openai_error(r.content, 404, code="unknown_url")
+    # The configured list replaces the built-in one; paths the gateway routes itself are refused.
+    gw2 = kvgate(config={"workers": [worker_cfg(a, models=["ma"])],
+                         "passthrough_paths": ["/custom/embed"]})
+    assert http.post(gw2.url + "/custom/embed", json={"model": "ma"}).status_code == 200
+    assert seen_a[-1]["path"] == "/custom/embed"
+    assert http.post(gw2.url + "/tokenize", json={"model": "ma"}).status_code == 404
+
+
+@pytest.mark.parametrize("path, needle", [
+    ("/v1/models", "routed by the gateway already"),
+    ("/v1/chat/completions", "routed by the gateway already"),
+    ("tokenize", "starting with /"),
+    ("/x?y=1", "without query"),
+    ("/v1/models/m", "not under /v1/models/"),
+])
+def test_passthrough_paths_refused(tmp_path, path, needle):
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps({"passthrough_paths": [path]}))
+    res = subprocess.run([str(binary("kvgate")), "--check-config", "-c", str(f)],
+                         capture_output=True, text=True, timeout=20)
+    assert res.returncode != 0 and "passthrough_paths[0]" in res.stderr and needle in res.stderr
