@@ -140,9 +140,13 @@ typedef enum retry_verdict {
 } retry_verdict;
 
 /* May the request go to another worker after this attempt ended with kind (a KVG_RETRY_ON_*
- * bit)? Asks, in order: retry_on, the retry limit, a candidate left, the retry budget (one place
- * per request, taken at its first retry and held until it ends). A budget refusal is logged and
- * counted (kvgate_upstream_retry_budget_exceeded_total). */
+ * bit)? Asks, in order: retry_on, the retry limit, a candidate left, and for a worker's 5xx the
+ * retry budget (one place per request, taken at its first such retry and held until it ends). A
+ * budget refusal is logged and counted (kvgate_upstream_retry_budget_exceeded_total).
+ * Connect failures and resets before the first byte stay outside the budget, as before it
+ * existed: the worker did no work for them (a refused connect) or none it could finish, and
+ * upstream.retries bounds them; the storm a budget prevents is of requests that sick workers
+ * answer, and then answer again. */
 static retry_verdict may_retry(proxy_req *r, uint32_t kind, const char *what)
 {
     kvg_exchange *x = r->x;
@@ -150,7 +154,7 @@ static retry_verdict may_retry(proxy_req *r, uint32_t kind, const char *what)
     const kvg_upstream_config *uc = &gw->cfg.upstream;
     if (!(kvg_config_retry_on(uc) & kind) || x->retries >= uc->retries || r->next >= r->ncands)
         return RETRY_NO;
-    if (r->retry_held)
+    if (r->retry_held || !(kind & (KVG_RETRY_ON_502 | KVG_RETRY_ON_503 | KVG_RETRY_ON_504)))
         return RETRY_YES;
     if (!kvg_registry_retry_acquire(gw->registry, kvg_thread_workers(x->thread),
                                     uc->retry_budget_percent, uc->retry_budget_min_concurrency)) {
