@@ -255,11 +255,13 @@ static int decode_retry_on(void *target, const kvg_json *v, const char *path, kv
             for (k = 0; k < KVG_ARRAY_LEN(retry_on_names); k++)
                 if (strcmp(item->u.str.ptr, retry_on_names[k].name) == 0)
                     break;
-        if (k == KVG_ARRAY_LEN(retry_on_names))
-            return kvg_fields_fail(c, KVG_FIELD_INVALID, path,
-                                   "item %zu: must be one of \"connect-failure\", \"reset\", "
-                                   "\"502\", \"503\", \"504\"",
-                                   i);
+        if (k == KVG_ARRAY_LEN(retry_on_names)) {
+            char ipath[64];
+            snprintf(ipath, sizeof(ipath), "%s[%zu]", path ? path : "retry_on", i);
+            return kvg_fields_fail(c, KVG_FIELD_INVALID, ipath,
+                                   "must be one of \"connect-failure\", \"reset\", \"502\", "
+                                   "\"503\", \"504\"");
+        }
         mask |= retry_on_names[k].bit;
     }
     u->retry_on = mask;

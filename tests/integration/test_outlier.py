@@ -222,3 +222,31 @@ def test_gateway_own_503_counts_against_no_worker(simworker, kvgate):
         st = outlier_state(gw, w.name)
         assert st["ejections"] == 0 and st["consecutive_gateway_failures"] == 0, st
     assert gw.metric("kvgate_worker_ejections_total") == 0
+
+
+def test_settings_are_checked(tmp_path):
+    import json
+    import subprocess
+
+    from conftest import binary, child_env
+
+    def check(upstream):
+        f = tmp_path / "cfg.json"
+        f.write_text(json.dumps({"upstream": upstream}))
+        p = subprocess.run([str(binary("kvgate")), "--check-config", "-c", str(f)],
+                           capture_output=True, timeout=20, env=child_env({}),
+                           stdin=subprocess.DEVNULL)
+        return p.returncode, p.stderr.decode()
+
+    assert check({"retry_on": [], "retry_budget_percent": 0,
+                  "outlier": {"consecutive_5xx": 0, "max_ejection_percent": 100}})[0] == 0
+    rc, err = check({"retry_on": ["503", "5xx"]})
+    assert rc != 0 and 'upstream.retry_on[1]: must be one of "connect-failure"' in err, err
+    rc, err = check({"retry_on": "503"})
+    assert rc != 0 and "upstream.retry_on: must be an array of strings, not string" in err, err
+    rc, err = check({"outlier": {"base_ejection_ms": 5000, "max_ejection_ms": 1000}})
+    assert rc != 0 and "upstream.outlier.max_ejection_ms: must be at least base_ejection_ms" in err
+    rc, err = check({"outlier": {"max_ejection_percent": 101}})
+    assert rc != 0 and "upstream.outlier.max_ejection_percent: must be an integer in 0..100" in err
+    rc, err = check({"outlier": {"interval_ms": 10}})
+    assert rc != 0 and "upstream.outlier.interval_ms: unknown field" in err, err
