@@ -13,8 +13,8 @@ static void put_outlier(kvg_buf *b, const kvg_worker *w)
 {
     kvg_worker_outlier_state st;
     kvg_worker_outlier_get(w, kvg_now_ns(), &st);
-    kvg_buf_printf(b, ",\"outlier\":{\"ejected\":%s,\"ejected_until\":",
-                   st.ejected ? "true" : "false");
+    kvg_buf_printf(
+        b, ",\"outlier\":{\"ejected\":%s,\"ejected_until\":", st.ejected ? "true" : "false");
     if (st.ejected) {
         char ts[40];
         kvg_format_time(kvg_wall_ns() + st.remaining_ns, ts, sizeof(ts));
@@ -26,8 +26,9 @@ static void put_outlier(kvg_buf *b, const kvg_worker *w)
                    ",\"remaining_ms\":%llu,\"consecutive_5xx\":%lu,"
                    "\"consecutive_gateway_failures\":%lu,\"ejections\":%llu,\"multiplier\":%lu}",
                    (unsigned long long)((st.remaining_ns + 999999) / 1000000),
-                   (unsigned long)st.consecutive_5xx, (unsigned long)st.consecutive_gateway_failures,
-                   (unsigned long long)st.ejections, (unsigned long)st.multiplier);
+                   (unsigned long)st.consecutive_5xx,
+                   (unsigned long)st.consecutive_gateway_failures, (unsigned long long)st.ejections,
+                   (unsigned long)st.multiplier);
 }
 
 static void put_worker(kvg_buf *b, const kvg_worker *w)

@@ -65,11 +65,13 @@ typedef struct kvg_upstream_config {
     uint32_t read_timeout_ms;     /* gap between response bytes */
     uint32_t max_idle_per_worker; /* pooled keep-alive connections per worker per thread */
     uint32_t idle_timeout_ms;     /* pooled connection unused this long is closed */
-    uint32_t retries;             /* further workers tried after a connect failure */
+    uint32_t retries;             /* further workers tried after a failure in retry_on */
     uint32_t max_inflight;        /* default per-worker limit of requests in flight */
     uint32_t retry_on;            /* KVG_RETRY_ON_* bits (kvg_config_retry_on) */
-    uint32_t retry_budget_percent;         /* retries in flight per 100 requests in flight */
-    uint32_t retry_budget_min_concurrency; /* retries in flight always allowed */
+    /* The retry budget: retries of 5xx in flight per 100 requests in flight, and how many are
+     * allowed whatever the share. */
+    uint32_t retry_budget_percent;
+    uint32_t retry_budget_min_concurrency;
     kvg_outlier_settings outlier;
 } kvg_upstream_config;
 

@@ -158,8 +158,8 @@ static retry_verdict may_retry(proxy_req *r, uint32_t kind, const char *what)
         return RETRY_YES;
     if (!kvg_registry_retry_acquire(gw->registry, kvg_thread_workers(x->thread),
                                     uc->retry_budget_percent, uc->retry_budget_min_concurrency)) {
-        kvg_log_warn("request %s: worker %s %s; no retry: the retry budget is spent",
-                     x->request_id, kvg_worker_name(r->worker), what);
+        kvg_log_warn("request %s: worker %s %s; no retry: the retry budget is spent", x->request_id,
+                     kvg_worker_name(r->worker), what);
         return RETRY_BUDGET;
     }
     r->retry_held = true;
@@ -382,10 +382,10 @@ static void up_retryable(void *ud, int err, bool connect_failed)
         kvg_log_warn("request %s: worker %s %s (%s), no retry", r->x->request_id,
                      kvg_worker_name(r->worker), what, kvg_strerror(err));
         fail(r, 502, "upstream_error",
-             v == RETRY_BUDGET  ? "the worker failed and the retry budget is spent"
-             : r->x->retries    ? "no worker could be reached"
-             : connect_failed   ? "the worker could not be reached"
-                                : "the worker closed the connection before answering");
+             v == RETRY_BUDGET ? "the worker failed and the retry budget is spent"
+             : r->x->retries   ? "no worker could be reached"
+             : connect_failed  ? "the worker could not be reached"
+                               : "the worker closed the connection before answering");
         return;
     }
     kvg_worker_record_retry(r->worker);

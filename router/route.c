@@ -200,7 +200,8 @@ again:
         if ((atomic_load_explicit(&w->health, memory_order_relaxed) & HEALTH_DOWN_BIT) ||
             atomic_load_explicit(&w->draining, memory_order_relaxed))
             continue;
-        if (eject_now && atomic_load_explicit(&w->eject_until_ns, memory_order_relaxed) > eject_now) {
+        if (eject_now &&
+            atomic_load_explicit(&w->eject_until_ns, memory_order_relaxed) > eject_now) {
             d->ejected++;
             continue;
         }

@@ -297,11 +297,11 @@ bool kvg_worker_ejected(const kvg_worker *w, uint64_t now_ns);
 
 typedef struct kvg_worker_outlier_state {
     bool ejected;
-    uint64_t remaining_ns;   /* of the current ejection; 0 when not ejected */
+    uint64_t remaining_ns; /* of the current ejection; 0 when not ejected */
     uint32_t consecutive_5xx;
     uint32_t consecutive_gateway_failures;
-    uint32_t multiplier;     /* what the last ejection was multiplied by */
-    uint64_t ejections;      /* since the worker was defined */
+    uint32_t multiplier; /* what the last ejection was multiplied by */
+    uint64_t ejections;  /* since the worker was defined */
 } kvg_worker_outlier_state;
 
 /** The worker's outlier state at now_ns, for the admin API and metrics. */

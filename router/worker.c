@@ -806,8 +806,8 @@ static bool group_allows(const kvg_worker_set *set, const kvg_worker *w, const c
 static bool set_allows(const kvg_worker_set *set, const kvg_worker *w, uint64_t now,
                        uint32_t percent)
 {
-    const char *const *models = w->spec->nmodels ? (const char *const *)w->spec->models
-                                                 : (const char *const *)set->models;
+    const char *const *models =
+        w->spec->nmodels ? (const char *const *)w->spec->models : (const char *const *)set->models;
     size_t n = w->spec->nmodels ? w->spec->nmodels : set->nmodels;
     if (n == 0)
         return group_allows(set, w, NULL, now, percent);

@@ -309,9 +309,9 @@ static void test_route_skips_ejected(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_result_of_status), cmocka_unit_test(test_step),
-        cmocka_unit_test(test_ejection_time),     cmocka_unit_test(test_may_eject),
-        cmocka_unit_test(test_retry_budget),      cmocka_unit_test(test_worker_ejection),
+        cmocka_unit_test(test_result_of_status),    cmocka_unit_test(test_step),
+        cmocka_unit_test(test_ejection_time),       cmocka_unit_test(test_may_eject),
+        cmocka_unit_test(test_retry_budget),        cmocka_unit_test(test_worker_ejection),
         cmocka_unit_test(test_route_skips_ejected),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
