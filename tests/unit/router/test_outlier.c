@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -306,13 +307,61 @@ static void test_route_skips_ejected(void **state)
     kvg_registry_free(reg);
 }
 
+typedef struct hammer {
+    kvg_worker *w;
+    kvg_worker_set *set;
+    int ejected; /* by this thread */
+} hammer;
+
+static void *hammer_run(void *arg)
+{
+    hammer *h = arg;
+    kvg_outlier_config c = cfg5;
+    c.consecutive_5xx = 1;
+    c.base_ejection_ns = c.max_ejection_ns = 1000000 * MS;
+    for (int i = 0; i < 20000; i++) {
+        kvg_outlier_result r = i % 3 == 0 ? KVG_OUTLIER_SUCCESS : KVG_OUTLIER_LOCAL_FAILURE;
+        if (kvg_worker_outlier_observe(h->w, h->set, r, 7 * MS, &c, NULL))
+            h->ejected++;
+    }
+    return NULL;
+}
+
+/* Many threads feeding one worker at the same instant: one ejection, counted once, by exactly
+ * one of them (the CAS on the deadline decides). */
+static void test_concurrent_observers(void **state)
+{
+    (void)state;
+    kvg_registry *reg = three_workers("m");
+    kvg_worker_set *set = kvg_registry_acquire(reg);
+    hammer hs[8];
+    pthread_t th[8];
+    for (int i = 0; i < 8; i++) {
+        hs[i] = (hammer){.w = kvg_worker_set_find(set, "w1"), .set = set};
+        assert_int_equal(pthread_create(&th[i], NULL, hammer_run, &hs[i]), 0);
+    }
+    int total = 0;
+    for (int i = 0; i < 8; i++) {
+        pthread_join(th[i], NULL);
+        total += hs[i].ejected;
+    }
+    assert_int_equal(total, 1);
+    kvg_worker_outlier_state st;
+    kvg_worker_outlier_get(hs[0].w, 7 * MS, &st);
+    assert_true(st.ejected);
+    assert_int_equal(st.ejections, 1);
+    assert_int_equal(st.multiplier, 1);
+    kvg_worker_set_unref(set);
+    kvg_registry_free(reg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_result_of_status),    cmocka_unit_test(test_step),
         cmocka_unit_test(test_ejection_time),       cmocka_unit_test(test_may_eject),
         cmocka_unit_test(test_retry_budget),        cmocka_unit_test(test_worker_ejection),
-        cmocka_unit_test(test_route_skips_ejected),
+        cmocka_unit_test(test_route_skips_ejected), cmocka_unit_test(test_concurrent_observers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
