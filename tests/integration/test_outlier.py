@@ -250,3 +250,24 @@ def test_settings_are_checked(tmp_path):
     assert rc != 0 and "upstream.outlier.max_ejection_percent: must be an integer in 0..100" in err
     rc, err = check({"outlier": {"interval_ms": 10}})
     assert rc != 0 and "upstream.outlier.interval_ms: unknown field" in err, err
+
+
+def test_unreachable_worker_is_ejected_by_gateway_failures(simworker, kvgate):
+    from gwhelpers import dead_port
+
+    a, b = simworker(time_scale=0), simworker(time_scale=0)
+    dead = {"name": "dead", "url": f"http://127.0.0.1:{dead_port()}"}
+    gw = kvgate(config=config([dead, worker_cfg(a), worker_cfg(b)],
+                              outlier={"consecutive_5xx": 0, "consecutive_gateway_failure": 2,
+                                       "base_ejection_ms": 60000}))
+    round_robin(gw)
+    for _ in range(9):
+        r = post(gw)
+        assert r.status_code == 200, r.text  # connect failures are retried transparently
+    st = outlier_state(gw, "dead")
+    assert st["ejected"] is True and st["ejections"] == 1, st
+    samples = gw.scrape()
+    # Two connect failures, each retried; then the worker was out of the ranking.
+    assert gw.metric("kvgate_worker_retries_total", samples, worker="dead") == 2
+    logged = [e for e in gw.access_entries() if e["path"] == COMPL]
+    assert sum(e["retries"] for e in logged) == 2
