@@ -191,7 +191,7 @@ def test_retry_budget_bounds_concurrent_retries(simworker, kvgate, fake_upstream
     # One retry at a time (min concurrency 1, no share): while a retried request is slow on the
     # good worker, other requests that meet the busy one are refused their retry.
     busy = fake_upstream(answer_503, name="busy")
-    slow = simworker(time_scale=0, slow_headers_ms=1500)
+    slow = simworker(time_scale=0, slow_headers_ms=3000)
     gw = kvgate(config=config([worker_cfg(busy), worker_cfg(slow)], retry_budget_percent=0,
                               retry_budget_min_concurrency=1,
                               outlier={"consecutive_5xx": 0, "consecutive_gateway_failure": 0}))
@@ -207,8 +207,8 @@ def test_retry_budget_bounds_concurrent_retries(simworker, kvgate, fake_upstream
 
 
 def test_gateway_own_503_counts_against_no_worker(simworker, kvgate):
-    a = simworker(time_scale=0, slow_headers_ms=1000)
-    b = simworker(time_scale=0, slow_headers_ms=1000)
+    a = simworker(time_scale=0, slow_headers_ms=3000)
+    b = simworker(time_scale=0, slow_headers_ms=3000)
     gw = kvgate(config=config([worker_cfg(a, max_inflight=1), worker_cfg(b, max_inflight=1)],
                               outlier={"consecutive_5xx": 1, "consecutive_gateway_failure": 1}))
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
