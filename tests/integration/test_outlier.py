@@ -49,7 +49,7 @@ def test_failing_worker_is_ejected_returns_and_is_ejected_longer(simworker, kvga
     bad = simworker(time_scale=0, error_rate=1.0, name="bad")
     a, b = simworker(time_scale=0), simworker(time_scale=0)
     gw = kvgate(config=config([worker_cfg(bad), worker_cfg(a), worker_cfg(b)],
-                              outlier={"consecutive_5xx": 3, "base_ejection_ms": 2000,
+                              outlier={"consecutive_5xx": 3, "base_ejection_ms": 3000,
                                        "max_ejection_ms": 60000}))
     round_robin(gw)
     codes = []
@@ -58,7 +58,7 @@ def test_failing_worker_is_ejected_returns_and_is_ejected_longer(simworker, kvga
     assert codes.count(500) == 3, codes  # the 500s are the worker's, passed on (not retried)
     st = outlier_state(gw, "bad")
     assert st["ejected"] is True and st["ejections"] == 1 and st["multiplier"] == 1, st
-    assert st["ejected_until"] and 0 < st["remaining_ms"] <= 2000, st
+    assert st["ejected_until"] and 0 < st["remaining_ms"] <= 3000, st
     assert st["consecutive_5xx"] == 0, st
     samples = gw.scrape()
     assert gw.metric("kvgate_worker_ejections_total", samples, worker="bad") == 1
@@ -79,9 +79,9 @@ def test_failing_worker_is_ejected_returns_and_is_ejected_longer(simworker, kvga
     assert codes.count(500) == 3, codes
     st = outlier_state(gw, "bad")
     assert st["ejected"] is True and st["ejections"] == 2 and st["multiplier"] == 2, st
-    assert 2000 < st["remaining_ms"] <= 4000, st
+    assert 3000 < st["remaining_ms"] <= 6000, st
     assert gw.metric("kvgate_worker_ejections_total", worker="bad") == 2
-    assert "worker bad ejected for 4000 ms" in gw.log()
+    assert "worker bad ejected for 6000 ms" in gw.log()
 
 
 def test_max_ejection_percent_keeps_the_last_worker(simworker, kvgate):
