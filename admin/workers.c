@@ -7,6 +7,30 @@
 #include <stdio.h>
 #include <string.h>
 
+/* Passive outlier detection's view of the worker: the deadline as wall-clock time (the
+ * router keeps it on the monotonic clock) and as milliseconds left. */
+static void put_outlier(kvg_buf *b, const kvg_worker *w)
+{
+    kvg_worker_outlier_state st;
+    kvg_worker_outlier_get(w, kvg_now_ns(), &st);
+    kvg_buf_printf(
+        b, ",\"outlier\":{\"ejected\":%s,\"ejected_until\":", st.ejected ? "true" : "false");
+    if (st.ejected) {
+        char ts[40];
+        kvg_format_time(kvg_wall_ns() + st.remaining_ns, ts, sizeof(ts));
+        kvg_buf_printf(b, "\"%s\"", ts);
+    } else {
+        kvg_buf_puts(b, "null");
+    }
+    kvg_buf_printf(b,
+                   ",\"remaining_ms\":%llu,\"consecutive_5xx\":%lu,"
+                   "\"consecutive_gateway_failures\":%lu,\"ejections\":%llu,\"multiplier\":%lu}",
+                   (unsigned long long)((st.remaining_ns + 999999) / 1000000),
+                   (unsigned long)st.consecutive_5xx,
+                   (unsigned long)st.consecutive_gateway_failures, (unsigned long long)st.ejections,
+                   (unsigned long)st.multiplier);
+}
+
 static void put_worker(kvg_buf *b, const kvg_worker *w)
 {
     /* The definition through the worker's field table, with the effective in-flight limit
@@ -27,11 +51,13 @@ static void put_worker(kvg_buf *b, const kvg_worker *w)
     bool first = true;
     kvg_buf_putc(b, '{');
     kvg_fields_encode_members(&kvg_worker_fields, &def, KVG_SET_ADMIN, &first, b);
-    kvg_buf_printf(b, ",\"source\":\"%s\",\"health\":\"%s\",\"draining\":%s,\"inflight\":%lu}",
+    kvg_buf_printf(b, ",\"source\":\"%s\",\"health\":\"%s\",\"draining\":%s,\"inflight\":%lu",
                    kvg_worker_source_str(kvg_worker_source_of(w)),
                    kvg_worker_health_str(kvg_worker_health_get(w)),
                    kvg_worker_draining(w) ? "true" : "false",
                    (unsigned long)kvg_worker_inflight(w));
+    put_outlier(b, w);
+    kvg_buf_putc(b, '}');
 }
 
 /* status with the worker of the path as the registry now has it; 404 if it vanished. */

@@ -229,6 +229,68 @@ static const kvg_field limits_fields[] = {
 static const kvg_fields limits_table = {"limits", limits_fields, KVG_ARRAY_LEN(limits_fields),
                                         NULL};
 
+/* upstream.retry_on: names of what a retry may follow, as in docs/configuration.md. */
+static const struct {
+    const char *name;
+    uint32_t bit;
+} retry_on_names[] = {
+    {"connect-failure", KVG_RETRY_ON_CONNECT_FAILURE},
+    {"reset", KVG_RETRY_ON_RESET},
+    {"502", KVG_RETRY_ON_502},
+    {"503", KVG_RETRY_ON_503},
+    {"504", KVG_RETRY_ON_504},
+};
+
+static int decode_retry_on(void *target, const kvg_json *v, const char *path, kvg_fields_ctx *c)
+{
+    kvg_upstream_config *u = target;
+    if (v->type != KVG_JSON_ARRAY)
+        return kvg_fields_fail(c, KVG_FIELD_MISTYPED, path, "must be an array of strings, not %s",
+                               kvg_json_type_str(v->type));
+    uint32_t mask = KVG_RETRY_ON_SET;
+    for (size_t i = 0; i < v->u.arr.count; i++) {
+        const kvg_json *item = v->u.arr.items[i];
+        size_t k = KVG_ARRAY_LEN(retry_on_names);
+        if (item->type == KVG_JSON_STRING)
+            for (k = 0; k < KVG_ARRAY_LEN(retry_on_names); k++)
+                if (strcmp(item->u.str.ptr, retry_on_names[k].name) == 0)
+                    break;
+        if (k == KVG_ARRAY_LEN(retry_on_names)) {
+            char ipath[64];
+            snprintf(ipath, sizeof(ipath), "%s[%zu]", path ? path : "retry_on", i);
+            return kvg_fields_fail(c, KVG_FIELD_INVALID, ipath,
+                                   "must be one of \"connect-failure\", \"reset\", \"502\", "
+                                   "\"503\", \"504\"");
+        }
+        mask |= retry_on_names[k].bit;
+    }
+    u->retry_on = mask;
+    return 0;
+}
+
+static int check_outlier(const void *target, char *why, size_t len)
+{
+    const kvg_outlier_settings *o = target;
+    if (o->max_ejection_ms >= o->base_ejection_ms)
+        return 0;
+    snprintf(why, len, "max_ejection_ms: must be at least base_ejection_ms");
+    return KVG_EPARSE;
+}
+
+/* Envoy's names and defaults (consecutive_5xx, consecutive_gateway_failure, base and max
+ * ejection time), but max_ejection_percent 50 rather than 10: a model served by a handful of
+ * workers is the common fleet, and 10% of four workers would eject only the first. */
+static const kvg_field outlier_fields[] = {
+    U32_FIELD(kvg_outlier_settings, consecutive_5xx, 0, 1000, 5),
+    U32_FIELD(kvg_outlier_settings, consecutive_gateway_failure, 0, 1000, 5),
+    U32_FIELD(kvg_outlier_settings, base_ejection_ms, 1, 86400000, 30000),
+    U32_FIELD(kvg_outlier_settings, max_ejection_ms, 1, 86400000, 300000),
+    U32_FIELD(kvg_outlier_settings, max_ejection_percent, 0, 100, 50),
+};
+
+static const kvg_fields outlier_table = {"outlier", outlier_fields, KVG_ARRAY_LEN(outlier_fields),
+                                         check_outlier};
+
 static const kvg_field upstream_fields[] = {
     U32_FIELD(kvg_upstream_config, connect_timeout_ms, 10, 600000, 3000),
     U32_FIELD(kvg_upstream_config, response_timeout_ms, 10, 86400000, 300000),
@@ -237,6 +299,17 @@ static const kvg_field upstream_fields[] = {
     U32_FIELD(kvg_upstream_config, idle_timeout_ms, 100, 86400000, 60000),
     U32_FIELD(kvg_upstream_config, retries, 0, 16, 2),
     U32_FIELD(kvg_upstream_config, max_inflight, 1, 1000000, 1024),
+    {.name = "retry_on",
+     .type = KVG_FIELD_CUSTOM,
+     .set_in = KVG_SET_CONFIG,
+     .decode = decode_retry_on},
+    U32_FIELD(kvg_upstream_config, retry_budget_percent, 0, 100, 20),
+    U32_FIELD(kvg_upstream_config, retry_budget_min_concurrency, 0, 100000, 3),
+    {.name = "outlier",
+     .type = KVG_FIELD_OBJECT,
+     .set_in = KVG_SET_CONFIG,
+     .offset = offsetof(kvg_upstream_config, outlier),
+     .object = &outlier_table},
 };
 
 static const kvg_fields upstream_table = {"upstream", upstream_fields,

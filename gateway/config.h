@@ -39,15 +39,59 @@ typedef struct kvg_front_limits {
     uint64_t response_budget_bytes; /* response bytes queued toward clients, all together */
 } kvg_front_limits;
 
+/* upstream.outlier: passive outlier detection (router.h, kvg_outlier_config), as written. */
+typedef struct kvg_outlier_settings {
+    uint32_t consecutive_5xx;             /* 0 = off */
+    uint32_t consecutive_gateway_failure; /* 0 = off */
+    uint32_t base_ejection_ms;
+    uint32_t max_ejection_ms;
+    uint32_t max_ejection_percent;
+} kvg_outlier_settings;
+
+/* upstream.retry_on: what a retry on another worker may follow, as bits. KVG_RETRY_ON_SET
+ * marks a list read from the file; without it the default list applies. */
+#define KVG_RETRY_ON_CONNECT_FAILURE (1u << 0)
+#define KVG_RETRY_ON_RESET (1u << 1)
+#define KVG_RETRY_ON_502 (1u << 2)
+#define KVG_RETRY_ON_503 (1u << 3)
+#define KVG_RETRY_ON_504 (1u << 4)
+#define KVG_RETRY_ON_SET (1u << 31)
+#define KVG_RETRY_ON_DEFAULT                                                                       \
+    (KVG_RETRY_ON_CONNECT_FAILURE | KVG_RETRY_ON_RESET | KVG_RETRY_ON_502 | KVG_RETRY_ON_503)
+
 typedef struct kvg_upstream_config {
     uint32_t connect_timeout_ms;
     uint32_t response_timeout_ms; /* request sent -> first response byte: 504 past it */
     uint32_t read_timeout_ms;     /* gap between response bytes */
     uint32_t max_idle_per_worker; /* pooled keep-alive connections per worker per thread */
     uint32_t idle_timeout_ms;     /* pooled connection unused this long is closed */
-    uint32_t retries;             /* further workers tried after a connect failure */
+    uint32_t retries;             /* further workers tried after a failure in retry_on */
     uint32_t max_inflight;        /* default per-worker limit of requests in flight */
+    uint32_t retry_on;            /* KVG_RETRY_ON_* bits (kvg_config_retry_on) */
+    /* The retry budget: retries of 5xx in flight per 100 requests in flight, and how many are
+     * allowed whatever the share. */
+    uint32_t retry_budget_percent;
+    uint32_t retry_budget_min_concurrency;
+    kvg_outlier_settings outlier;
 } kvg_upstream_config;
+
+/** The effective retry_on bits (the default list when the file set none). */
+static inline uint32_t kvg_config_retry_on(const kvg_upstream_config *u)
+{
+    return (u->retry_on & KVG_RETRY_ON_SET) ? u->retry_on : KVG_RETRY_ON_DEFAULT;
+}
+
+/** The router's outlier settings from the configuration's. */
+static inline kvg_outlier_config kvg_config_outlier(const kvg_upstream_config *u)
+{
+    return (kvg_outlier_config){
+        .consecutive_5xx = u->outlier.consecutive_5xx,
+        .consecutive_gateway_failure = u->outlier.consecutive_gateway_failure,
+        .base_ejection_ns = (uint64_t)u->outlier.base_ejection_ms * 1000000u,
+        .max_ejection_ns = (uint64_t)u->outlier.max_ejection_ms * 1000000u,
+        .max_ejection_percent = u->outlier.max_ejection_percent,
+    };
+}
 
 typedef struct kvg_health_config {
     uint32_t interval_ms;

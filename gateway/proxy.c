@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The front handler for the OpenAI API: reads the body, picks a worker through policy/,
  * forwards over the upstream pool, streams the answer back with backpressure both ways, and
- * retries another worker when a connection fails before any response byte. */
+ * retries another worker when a connection fails before any response byte or a worker answers
+ * 502/503/504 before anything reached the client (upstream.retry_on, under a retry budget);
+ * every attempt's result feeds the worker's passive outlier detection. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -30,6 +32,7 @@ typedef struct proxy_req {
     bool inflight_held;
     uint32_t pending_held; /* blocks added to worker's pending count (kvg_worker_pending_add) */
     bool stale_retry_used; /* one free retry after a pooled connection turned out dead */
+    bool retry_held;       /* holds a place in the retry budget until the request ends */
     kvg_upstream *up;
     int status; /* status passed to the client */
     uint64_t ttfb_ns;
@@ -119,6 +122,63 @@ static void release_worker(proxy_req *r)
     }
 }
 
+static void release_retry(proxy_req *r)
+{
+    if (r->retry_held) {
+        kvg_registry_retry_release(r->x->thread->gw->registry);
+        r->retry_held = false;
+    }
+}
+
+/* Feed the current attempt's result to the worker's outlier detection (all threads share the
+ * worker's streaks). Only what the worker did counts: the gateway's own refusals (503
+ * overloaded, no healthy worker, out of descriptors) never reach here. */
+static void observe(proxy_req *r, kvg_outlier_result res)
+{
+    if (!r->worker)
+        return;
+    kvg_thread *t = r->x->thread;
+    kvg_outlier_config oc = kvg_config_outlier(&t->gw->cfg.upstream);
+    uint64_t len;
+    if (kvg_worker_outlier_observe(r->worker, kvg_thread_workers(t), res, kvg_now_ns(), &oc, &len))
+        kvg_log_warn("worker %s ejected for %llu ms by outlier detection (last: %s)",
+                     kvg_worker_name(r->worker), (unsigned long long)(len / 1000000),
+                     kvg_outlier_result_str(res));
+}
+
+typedef enum retry_verdict {
+    RETRY_YES = 0,
+    RETRY_NO,     /* not in retry_on, past upstream.retries, or no candidate left */
+    RETRY_BUDGET, /* the retry budget is spent */
+} retry_verdict;
+
+/* May the request go to another worker after this attempt ended with kind (a KVG_RETRY_ON_*
+ * bit)? Asks, in order: retry_on, the retry limit, a candidate left, and for a worker's 5xx the
+ * retry budget (one place per request, taken at its first such retry and held until it ends). A
+ * budget refusal is logged and counted (kvgate_upstream_retry_budget_exceeded_total).
+ * Connect failures and resets before the first byte stay outside the budget, as before it
+ * existed: the worker did no work for them (a refused connect) or none it could finish, and
+ * upstream.retries bounds them; the storm a budget prevents is of requests that sick workers
+ * answer, and then answer again. */
+static retry_verdict may_retry(proxy_req *r, uint32_t kind, const char *what)
+{
+    kvg_exchange *x = r->x;
+    kvg_gateway *gw = x->thread->gw;
+    const kvg_upstream_config *uc = &gw->cfg.upstream;
+    if (!(kvg_config_retry_on(uc) & kind) || x->retries >= uc->retries || r->next >= r->ncands)
+        return RETRY_NO;
+    if (r->retry_held || !(kind & (KVG_RETRY_ON_502 | KVG_RETRY_ON_503 | KVG_RETRY_ON_504)))
+        return RETRY_YES;
+    if (!kvg_registry_retry_acquire(gw->registry, kvg_thread_workers(x->thread),
+                                    uc->retry_budget_percent, uc->retry_budget_min_concurrency)) {
+        kvg_log_warn("request %s: worker %s %s; no retry: the retry budget is spent", x->request_id,
+                     kvg_worker_name(r->worker), what);
+        return RETRY_BUDGET;
+    }
+    r->retry_held = true;
+    return RETRY_YES;
+}
+
 /* Compare the prediction with what the engine reported, for a completed 200 answer. */
 static void record_usage(proxy_req *r)
 {
@@ -137,6 +197,7 @@ static void finish(proxy_req *r, int status)
     kvg_exchange *x = r->x;
     kvg_decide_cancel(&r->decide);
     release_worker(r);
+    release_retry(r);
     if (r->worker) {
         uint64_t now = kvg_now_ns();
         kvg_worker_record(r->worker, status, now - x->start_ns, r->ttfb_ns);
@@ -213,10 +274,38 @@ static bool named_by_connection(const kvg_header *h, const kvg_header *all, size
     return false;
 }
 
+/* A 502/503/504 from the worker before anything reached the client: hold its head back, drop
+ * the connection (and with it the error body) and try the next candidate. True when retrying. */
+static bool retry_error_head(proxy_req *r, int status)
+{
+    uint32_t kind = status == 502   ? KVG_RETRY_ON_502
+                    : status == 503 ? KVG_RETRY_ON_503
+                    : status == 504 ? KVG_RETRY_ON_504
+                                    : 0;
+    char what[32];
+    snprintf(what, sizeof(what), "answered %d", status);
+    if (!kind || kvg_exchange_head_sent(r->x) || may_retry(r, kind, what) != RETRY_YES)
+        return false;
+    observe(r, KVG_OUTLIER_GATEWAY_ERROR);
+    /* Closing is simpler than reading the body to its end for the pool, and an error body is
+     * no reason to keep a connection to a sick worker. */
+    kvg_upstream_abort(r->up);
+    r->up = NULL;
+    release_worker(r);
+    kvg_worker_record_retry(r->worker);
+    kvg_log_info("request %s: worker %s %s, trying another", r->x->request_id,
+                 kvg_worker_name(r->worker), what);
+    r->x->retries++;
+    try_next(r);
+    return true;
+}
+
 static void up_head(void *ud, int status, const kvg_header *hdrs, size_t n, int64_t content_length)
 {
     proxy_req *r = ud;
     kvg_exchange *x = r->x;
+    if (retry_error_head(r, status))
+        return;
     for (size_t i = 0; i < n; i++) {
         if (hop_by_hop(&hdrs[i]) || named_by_connection(&hdrs[i], hdrs, n))
             continue;
@@ -258,6 +347,7 @@ static void up_end(void *ud)
 {
     proxy_req *r = ud;
     r->up = NULL;
+    observe(r, kvg_outlier_result_of_status(r->status));
     kvg_exchange_end(r->x);
     finish(r, r->status);
 }
@@ -268,6 +358,10 @@ static void up_error(void *ud, int status, const char *msg)
     r->up = NULL;
     kvg_log_warn("request %s to worker %s failed: %s", r->x->request_id, kvg_worker_name(r->worker),
                  msg);
+    /* 503 here is the gateway's own shortage (descriptors, memory), not the worker's doing;
+     * 502 (broken, truncated) and 504 (timeout) are the worker's. */
+    if (status != 503)
+        observe(r, KVG_OUTLIER_LOCAL_FAILURE);
     if (kvg_exchange_head_sent(r->x)) {
         /* Bytes already went out: the client must see a broken stream, not a clean end. */
         kvg_exchange_reset(r->x);
@@ -281,20 +375,36 @@ static void up_retryable(void *ud, int err, bool connect_failed)
 {
     proxy_req *r = ud;
     bool was_reused = r->up && kvg_upstream_reused(r->up);
+    const char *what = connect_failed ? "unreachable" : "closed the connection";
     r->up = NULL;
     release_worker(r);
-    kvg_worker_record_retry(r->worker);
-    kvg_log_info("request %s: worker %s %s (%s), trying another", r->x->request_id,
-                 kvg_worker_name(r->worker),
-                 connect_failed ? "unreachable" : "closed the connection", kvg_strerror(err));
     /* A pooled connection the worker had already closed says nothing about the worker: try it
-     * again once on a fresh connection before moving on. */
+     * again once on a fresh connection before moving on (not a retry: no budget, no count). */
     if (was_reused && !r->stale_retry_used) {
         r->stale_retry_used = true;
         r->next--;
-    } else {
-        r->x->retries++;
+        kvg_log_info("request %s: pooled connection to worker %s %s (%s), trying a new one",
+                     r->x->request_id, kvg_worker_name(r->worker), what, kvg_strerror(err));
+        try_next(r);
+        return;
     }
+    observe(r, KVG_OUTLIER_LOCAL_FAILURE);
+    retry_verdict v =
+        may_retry(r, connect_failed ? KVG_RETRY_ON_CONNECT_FAILURE : KVG_RETRY_ON_RESET, what);
+    if (v != RETRY_YES) {
+        kvg_log_warn("request %s: worker %s %s (%s), no retry", r->x->request_id,
+                     kvg_worker_name(r->worker), what, kvg_strerror(err));
+        fail(r, 502, "upstream_error",
+             v == RETRY_BUDGET ? "the worker failed and the retry budget is spent"
+             : r->x->retries   ? "no worker could be reached"
+             : connect_failed  ? "the worker could not be reached"
+                               : "the worker closed the connection before answering");
+        return;
+    }
+    kvg_worker_record_retry(r->worker);
+    kvg_log_info("request %s: worker %s %s (%s), trying another", r->x->request_id,
+                 kvg_worker_name(r->worker), what, kvg_strerror(err));
+    r->x->retries++;
     try_next(r);
 }
 
@@ -379,9 +489,8 @@ static void build_head(proxy_req *r, kvg_worker *w, struct evbuffer *body, kvg_b
 static void try_next(proxy_req *r)
 {
     kvg_exchange *x = r->x;
-    unsigned max_retries = x->thread->gw->cfg.upstream.retries;
     bool any_full = false;
-    while (r->next < r->ncands && x->retries <= max_retries) {
+    while (r->next < r->ncands) {
         kvg_worker *w = r->cands[r->next++];
         if (!kvg_worker_inflight_try_acquire(w)) {
             any_full = true;

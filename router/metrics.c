@@ -45,6 +45,11 @@ static uint64_t retries_value(const kvg_worker *w)
     return atomic_load_explicit(&((kvg_worker *)w)->retries, memory_order_relaxed);
 }
 
+static uint64_t ejections_value(const kvg_worker *w)
+{
+    return atomic_load_explicit(&((kvg_worker *)w)->ejections, memory_order_relaxed);
+}
+
 static uint64_t usage_predicted_value(const kvg_worker *w)
 {
     return atomic_load_explicit(&((kvg_worker *)w)->usage_predicted, memory_order_relaxed);
@@ -152,9 +157,31 @@ void kvg_registry_write_metrics(kvg_registry *reg, kvg_buf *out)
                   "Time from the arrival of a request to the first response byte from the worker.",
                   offsetof(kvg_worker, ttfb));
     put_simple(out, set, "kvgate_worker_retries_total", KVG_PROM_COUNTER,
-               "Requests retried on another worker after a connect failure or a reset before "
-               "any response byte from this one.",
+               "Requests retried on another worker after a connect failure, a reset before "
+               "any response byte, or a 502/503/504 held back from the client (upstream.retry_on).",
                retries_value);
+    put_simple(out, set, "kvgate_worker_ejections_total", KVG_PROM_COUNTER,
+               "Times passive outlier detection ejected the worker from routing (consecutive "
+               "5xx answers or gateway failures; upstream.outlier).",
+               ejections_value);
+    kvg_prom_put_header(out, "kvgate_worker_ejected", KVG_PROM_GAUGE,
+                        "Whether the worker is ejected by outlier detection now (1): listed, "
+                        "maybe up, but given no new requests until its ejection ends.");
+    uint64_t now = kvg_now_ns();
+    for (size_t i = 0; i < set->count; i++) {
+        const kvg_worker *w = set->workers[i];
+        kvg_prom_put_u64(out, "kvgate_worker_ejected", KVG_PROM_LABELS({"worker", w->spec->name}),
+                         kvg_worker_ejected(w, now));
+    }
+    registry_retry_stats *rs = kvg_router_retry_stats(reg);
+    kvg_prom_put_scalar_u64(out, "kvgate_upstream_retries_active", KVG_PROM_GAUGE,
+                            "Requests in flight that have retried on another worker: what the "
+                            "retry budget bounds.",
+                            atomic_load_explicit(&rs->active, memory_order_relaxed));
+    kvg_prom_put_scalar_u64(out, "kvgate_upstream_retry_budget_exceeded_total", KVG_PROM_COUNTER,
+                            "Retries not made because the retry budget was spent (the client got "
+                            "the failure instead).",
+                            atomic_load_explicit(&rs->refused, memory_order_relaxed));
 
     put_simple(out, set, "kvgate_worker_scrape_errors_total", KVG_PROM_COUNTER,
                "Failed scrapes of the worker engine's metrics (connect, timeout, status, "

@@ -28,6 +28,7 @@ struct kvg_registry {
     pthread_mutex_t write_lock;
     kvg_snapshot_slot snapshots; /* of kvg_worker_set */
     layer layers[KVG_WORKER_SOURCE_COUNT];
+    registry_retry_stats retry; /* the retry budget, across all threads */
 };
 
 /* The published snapshot, for the writer: write_lock held. */
@@ -656,4 +657,40 @@ kvg_worker_set *kvg_registry_acquire(kvg_registry *reg)
 kvg_snapshot_slot *kvg_registry_snapshots(kvg_registry *reg)
 {
     return &reg->snapshots;
+}
+
+/* ---- the retry budget ----------------------------------------------------------------------- */
+
+registry_retry_stats *kvg_router_retry_stats(kvg_registry *reg)
+{
+    return &reg->retry;
+}
+
+bool kvg_registry_retry_acquire(kvg_registry *reg, const kvg_worker_set *set, uint32_t percent,
+                                uint32_t min_concurrency)
+{
+    /* Requests in flight: what the workers of the snapshot hold, all threads together. A sum
+     * over the fleet per retry is cheap next to the retry itself. */
+    uint64_t requests = 0;
+    for (size_t i = 0; i < set->count; i++)
+        requests += atomic_load_explicit(&set->workers[i]->inflight, memory_order_relaxed);
+    uint64_t cur = atomic_load_explicit(&reg->retry.active, memory_order_relaxed);
+    do {
+        if (!kvg_retry_budget_allows(cur, requests, percent, min_concurrency)) {
+            atomic_fetch_add_explicit(&reg->retry.refused, 1, memory_order_relaxed);
+            return false;
+        }
+    } while (!atomic_compare_exchange_weak_explicit(&reg->retry.active, &cur, cur + 1,
+                                                    memory_order_relaxed, memory_order_relaxed));
+    return true;
+}
+
+void kvg_registry_retry_release(kvg_registry *reg)
+{
+    uint64_t cur = atomic_load_explicit(&reg->retry.active, memory_order_relaxed);
+    do {
+        if (cur == 0)
+            return; /* a release without an acquire: never wrap */
+    } while (!atomic_compare_exchange_weak_explicit(&reg->retry.active, &cur, cur - 1,
+                                                    memory_order_relaxed, memory_order_relaxed));
 }

@@ -185,7 +185,13 @@ int kvg_router_prepare_workers(kvg_worker_set *set, const kvg_route_request *req
         return -ENOMEM;
     const char *model = req->body->model;
     bool scraped = req->now_ns && req->engine_load_max_age_ns;
+    /* Ejected workers (outlier detection) are out, unless no other worker is in: then they are
+     * eligible after all (a second pass), as a sick answer beats none - like Envoy's panic
+     * threshold, for the case max_ejection_percent cannot rule out (threads ejecting at once,
+     * the others down or draining). */
+    uint64_t eject_now = req->now_ns;
     size_t m = 0;
+again:
     for (size_t i = 0; i < n; i++) {
         kvg_worker *w = set->workers[i];
         if (!w->serves_all_models && model && !kvg_worker_serves(w, model))
@@ -194,6 +200,11 @@ int kvg_router_prepare_workers(kvg_worker_set *set, const kvg_route_request *req
         if ((atomic_load_explicit(&w->health, memory_order_relaxed) & HEALTH_DOWN_BIT) ||
             atomic_load_explicit(&w->draining, memory_order_relaxed))
             continue;
+        if (eject_now &&
+            atomic_load_explicit(&w->eject_until_ns, memory_order_relaxed) > eject_now) {
+            d->ejected++;
+            continue;
+        }
         d->eligible[m] = w;
         d->matched[m] = 0;
         d->pcs[m] = (kvg_policy_candidate){
@@ -208,6 +219,11 @@ int kvg_router_prepare_workers(kvg_worker_set *set, const kvg_route_request *req
             kvg_worker_engine_load(w, req->now_ns, req->engine_load_max_age_ns, &d->pcs[m].waiting,
                                    &d->pcs[m].kv_usage);
         m++;
+    }
+    if (m == 0 && d->ejected) {
+        d->serving = d->ejected = 0;
+        eject_now = 0;
+        goto again;
     }
     d->neligible = m;
     d->lookup_start_ns = t;

@@ -228,8 +228,91 @@ kvg_usage_outcome kvg_usage_outcome_of(uint64_t predicted_tokens, uint64_t cache
 void kvg_worker_record_usage(kvg_worker *w, uint64_t predicted_tokens, int64_t prompt_tokens,
                              int64_t cached_tokens);
 
-/** Count one retry away from this worker (connect failure or reset before a response). */
+/** Count one retry away from this worker (connect failure, reset, or a 502/503/504 held back
+ *  before anything reached the client). */
 void kvg_worker_record_retry(kvg_worker *w);
+
+/* ---- passive outlier detection and the retry budget (docs/configuration.md, upstream) ------- */
+
+/* What one attempt on a worker came to, as outlier detection counts it. */
+typedef enum kvg_outlier_result {
+    KVG_OUTLIER_SUCCESS = 0,   /* an answer below 500, complete */
+    KVG_OUTLIER_5XX,           /* the worker answered 500..599 other than 502, 503, 504 */
+    KVG_OUTLIER_GATEWAY_ERROR, /* the worker answered 502, 503 or 504 */
+    KVG_OUTLIER_LOCAL_FAILURE, /* connect failure or timeout, reset or close before or during the
+                                  answer, response timeout, malformed response */
+    KVG_OUTLIER_RESULT_COUNT,
+} kvg_outlier_result;
+
+const char *kvg_outlier_result_str(kvg_outlier_result r);
+/** The result of a complete answer with this status (what the worker itself sent). */
+kvg_outlier_result kvg_outlier_result_of_status(int status);
+
+/* Outlier detection settings, as Envoy's consecutive_5xx / consecutive_gateway_failure
+ * detectors: a streak of failures ejects a worker from routing for base x (its ejections so
+ * far), capped at max. */
+typedef struct kvg_outlier_config {
+    uint32_t consecutive_5xx;             /* every 5xx and local failure; 0 = this detector off */
+    uint32_t consecutive_gateway_failure; /* 502/503/504 and local failures; 0 = off */
+    uint64_t base_ejection_ns;
+    uint64_t max_ejection_ns;
+    uint32_t max_ejection_percent; /* of a model's workers ejected at once (one always may be,
+                                      the last never is) */
+} kvg_outlier_config;
+
+/* Streaks as one word: the 5xx streak in the low 16 bits, the gateway-failure one above;
+ * each saturates at 0xffff. */
+#define KVG_OUTLIER_STREAK_MAX 0xffffu
+#define KVG_OUTLIER_5XX_STREAK(word) ((word)&0xffffu)
+#define KVG_OUTLIER_GATEWAY_STREAK(word) ((word) >> 16)
+
+/** Pure: the streak word after one result. *trip (may be NULL) is set when a streak reached its
+ *  threshold; the streaks then restart from 0 (the returned word). A success clears both; a
+ *  non-gateway 5xx clears the gateway streak (as Envoy). */
+uint32_t kvg_outlier_step(uint32_t streaks, kvg_outlier_result r, const kvg_outlier_config *cfg,
+                          bool *trip);
+/** Pure: how long the multiplier-th ejection lasts: base x multiplier, at most max (and at
+ *  least base); multiplier 0 counts as 1. */
+uint64_t kvg_outlier_ejection_ns(const kvg_outlier_config *cfg, uint32_t multiplier);
+/** Pure: may one more of a group of peers workers (the candidate included) be ejected while
+ *  ejected others of them already are? Never the last one (ejected + 1 >= peers: no); the first
+ *  one always (as Envoy: at least one host); else while (ejected + 1) x 100 <= percent x peers. */
+bool kvg_outlier_may_eject(size_t peers, size_t ejected, uint32_t max_percent);
+/** Pure: may one more retry start with retries_active retries and requests_active requests in
+ *  flight? Yes under max(min_concurrency, requests_active x percent / 100). */
+bool kvg_retry_budget_allows(uint64_t retries_active, uint64_t requests_active, uint32_t percent,
+                             uint32_t min_concurrency);
+
+/** Feed one attempt's result into the worker's streaks (lock-free, any thread). When a streak
+ *  trips and the worker is not ejected yet, eject it until now_ns + kvg_outlier_ejection_ns -
+ *  unless set (the snapshot the request was routed on; NULL: no such check) shows that too
+ *  many of the workers of one of its models are ejected already (kvg_outlier_may_eject).
+ *  The multiplier restarts at 1 when the worker stayed in for max_ejection since its last
+ *  ejection ended. Returns true when this call ejected it, with the length in *for_ns (may be
+ *  NULL). */
+bool kvg_worker_outlier_observe(kvg_worker *w, const kvg_worker_set *set, kvg_outlier_result r,
+                                uint64_t now_ns, const kvg_outlier_config *cfg, uint64_t *for_ns);
+/** True while the worker is ejected at now_ns (its deadline is later). */
+bool kvg_worker_ejected(const kvg_worker *w, uint64_t now_ns);
+
+typedef struct kvg_worker_outlier_state {
+    bool ejected;
+    uint64_t remaining_ns; /* of the current ejection; 0 when not ejected */
+    uint32_t consecutive_5xx;
+    uint32_t consecutive_gateway_failures;
+    uint32_t multiplier; /* what the last ejection was multiplied by */
+    uint64_t ejections;  /* since the worker was defined */
+} kvg_worker_outlier_state;
+
+/** The worker's outlier state at now_ns, for the admin API and metrics. */
+void kvg_worker_outlier_get(const kvg_worker *w, uint64_t now_ns, kvg_worker_outlier_state *out);
+
+/** Take a place in the retry budget (kvg_retry_budget_allows over the registry's retries in
+ *  flight and the requests in flight to set's workers); false, counted as a refusal, when the
+ *  budget is spent. Pair a true with kvg_registry_retry_release. */
+bool kvg_registry_retry_acquire(kvg_registry *reg, const kvg_worker_set *set, uint32_t percent,
+                                uint32_t min_concurrency);
+void kvg_registry_retry_release(kvg_registry *reg);
 
 /** Per-thread opaque slot the gateway uses for its connection pool to this worker.
  *  Slot t may only be touched by thread t. Starts NULL; must be NULL again before the
@@ -646,8 +729,9 @@ typedef struct kvg_route_request {
     size_t rank_limit;               /* rank only the best this many (0: all; see
                                         kvg_policy_choose_top) */
     uint64_t (*clock_ns)(void);      /* for stage timings; NULL = none (simulation, tests) */
-    uint64_t now_ns;                 /* kvg_now_ns() for the age of scraped engine load; 0 =
-                                        do not use scraped load */
+    uint64_t now_ns;                 /* kvg_now_ns() for the age of scraped engine load and for
+                                        outlier ejections; 0 = do not use scraped load, ignore
+                                        ejections */
     uint64_t engine_load_max_age_ns; /* scraped load older than this is ignored; 0 = ignore
                                         scraped load (scraping off) */
 } kvg_route_request;
@@ -671,10 +755,13 @@ typedef struct kvg_route_decision kvg_route_decision;
 typedef void kvg_route_lookup_cb(void *ud, kvg_route_decision *d, int status);
 
 struct kvg_route_decision {
-    kvg_route_candidate *cands; /* eligible workers (serve the model, up, not draining), best
+    kvg_route_candidate *cands; /* eligible workers (serve the model, up, not draining, not
+                                   ejected), best
                                    first, at most rank_limit of them; from the arena */
     size_t ncands;
     size_t serving; /* workers serving the model, eligible or not */
+    size_t ejected; /* of those, skipped as ejected by outlier detection (when every other one
+                       was ineligible too, the ejected ones are eligible after all: counted 0) */
     uint64_t *keys; /* the request's block keys (arena), nkeys of them */
     uint32_t nkeys;
     kvg_hash_unit unit;

@@ -58,6 +58,8 @@ struct kvg_worker {
     bool serves_all_models; /* spec->nmodels == 0 */
     uint64_t name_hash;     /* XXH3-64 of the name: the rendezvous identity, same on replicas */
     uint64_t rendezvous_id; /* kvg_policy_rendezvous_id(name_hash) */
+    _Atomic uint64_t eject_until_ns; /* outlier ejection: out of routing while later than now
+                                        (kept after it passes: when the last one ended) */
     worker_spec *spec;
     _Atomic size_t refs;
     unsigned fall, rise;
@@ -65,6 +67,12 @@ struct kvg_worker {
     _Atomic int source;
     _Atomic bool retired;
     _Atomic uint64_t retries;
+    /* Passive outlier detection (kvg_worker_outlier_observe): both streaks in one word, so a
+     * result is one CAS; the multiplier and count are written by the ejecting thread only (the
+     * one whose CAS on eject_until_ns won). */
+    _Atomic uint32_t outlier_streaks;
+    _Atomic uint32_t eject_multiplier;
+    _Atomic uint64_t ejections;
     _Atomic uint64_t codes[WORKER_CODES];
     kvg_prom_hist duration; /* kvg_router_latency_buckets */
     kvg_prom_hist ttfb;
@@ -83,6 +91,14 @@ struct kvg_worker {
 };
 _Static_assert(offsetof(struct kvg_worker, spec) + sizeof(void *) <= 64,
                "the fields a routing decision reads fit in the first cache line");
+
+/* Requests that retried and are still in flight (the retry budget), and budget refusals. */
+typedef struct registry_retry_stats {
+    _Atomic uint64_t active;
+    _Atomic uint64_t refused;
+} registry_retry_stats;
+/** The registry's retry counters (registry.c), for the metrics. */
+registry_retry_stats *kvg_router_retry_stats(kvg_registry *reg);
 
 struct kvg_worker_set {
     kvg_snapshot snap; /* first: kvg_worker_set_of casts; refcount and generation */

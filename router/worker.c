@@ -449,6 +449,10 @@ int kvg_router_worker_new(worker_spec *spec, kvg_worker_source source, unsigned 
     atomic_init(&w->inflight, 0u);
     atomic_init(&w->pending, 0u);
     atomic_init(&w->retries, 0u);
+    atomic_init(&w->eject_until_ns, 0u);
+    atomic_init(&w->outlier_streaks, 0u);
+    atomic_init(&w->eject_multiplier, 0u);
+    atomic_init(&w->ejections, 0u);
     for (size_t i = 0; i < WORKER_CODES; i++)
         atomic_init(&w->codes[i], 0u);
     kvg_prom_hist_init(&w->duration);
@@ -694,6 +698,172 @@ void kvg_worker_record_usage(kvg_worker *w, uint64_t predicted_tokens, int64_t p
 void kvg_worker_record_retry(kvg_worker *w)
 {
     atomic_fetch_add_explicit(&w->retries, 1, memory_order_relaxed);
+}
+
+/* ---- passive outlier detection -------------------------------------------------------------- */
+
+static const char *const outlier_result_names[KVG_OUTLIER_RESULT_COUNT] = {
+    [KVG_OUTLIER_SUCCESS] = "success",
+    [KVG_OUTLIER_5XX] = "5xx",
+    [KVG_OUTLIER_GATEWAY_ERROR] = "gateway_error",
+    [KVG_OUTLIER_LOCAL_FAILURE] = "local_failure",
+};
+
+const char *kvg_outlier_result_str(kvg_outlier_result r)
+{
+    return (unsigned)r < KVG_OUTLIER_RESULT_COUNT ? outlier_result_names[r] : "?";
+}
+
+kvg_outlier_result kvg_outlier_result_of_status(int status)
+{
+    if (status == 502 || status == 503 || status == 504)
+        return KVG_OUTLIER_GATEWAY_ERROR;
+    return status >= 500 && status <= 599 ? KVG_OUTLIER_5XX : KVG_OUTLIER_SUCCESS;
+}
+
+static uint32_t streak_inc(uint32_t v)
+{
+    return v < KVG_OUTLIER_STREAK_MAX ? v + 1 : v;
+}
+
+uint32_t kvg_outlier_step(uint32_t streaks, kvg_outlier_result r, const kvg_outlier_config *cfg,
+                          bool *trip)
+{
+    uint32_t s5 = KVG_OUTLIER_5XX_STREAK(streaks), gw = KVG_OUTLIER_GATEWAY_STREAK(streaks);
+    bool tripped = false;
+    switch (r) {
+    case KVG_OUTLIER_SUCCESS:
+        s5 = gw = 0;
+        break;
+    case KVG_OUTLIER_5XX:
+        /* A 500 is the engine's own error, not a gateway failure: that streak ends. */
+        s5 = streak_inc(s5);
+        gw = 0;
+        break;
+    default: /* gateway errors and local failures count in both, as Envoy maps them */
+        s5 = streak_inc(s5);
+        gw = streak_inc(gw);
+        break;
+    }
+    if ((cfg->consecutive_5xx && s5 >= cfg->consecutive_5xx) ||
+        (cfg->consecutive_gateway_failure && gw >= cfg->consecutive_gateway_failure)) {
+        tripped = true;
+        s5 = gw = 0;
+    }
+    if (trip)
+        *trip = tripped;
+    return s5 | gw << 16;
+}
+
+uint64_t kvg_outlier_ejection_ns(const kvg_outlier_config *cfg, uint32_t multiplier)
+{
+    uint64_t base = cfg->base_ejection_ns, max = KVG_MAX(cfg->max_ejection_ns, base);
+    uint64_t m = multiplier ? multiplier : 1;
+    if (base && m > max / base)
+        return max;
+    return KVG_MIN(base * m, max);
+}
+
+bool kvg_outlier_may_eject(size_t peers, size_t ejected, uint32_t max_percent)
+{
+    if (ejected + 1 >= peers)
+        return false; /* the last worker of a group stays, however sick: better than none */
+    if (ejected == 0)
+        return true;
+    return (uint64_t)(ejected + 1) * 100 <= (uint64_t)max_percent * peers;
+}
+
+bool kvg_retry_budget_allows(uint64_t retries_active, uint64_t requests_active, uint32_t percent,
+                             uint32_t min_concurrency)
+{
+    uint64_t limit = requests_active * percent / 100;
+    return retries_active < KVG_MAX(limit, (uint64_t)min_concurrency);
+}
+
+bool kvg_worker_ejected(const kvg_worker *w, uint64_t now_ns)
+{
+    return atomic_load_explicit(&w->eject_until_ns, memory_order_relaxed) > now_ns;
+}
+
+/* May w be ejected in group model (NULL: all workers) of set at now? */
+static bool group_allows(const kvg_worker_set *set, const kvg_worker *w, const char *model,
+                         uint64_t now, uint32_t percent)
+{
+    size_t peers = 0, ejected = 0;
+    for (size_t i = 0; i < set->count; i++) {
+        const kvg_worker *o = set->workers[i];
+        if (!o->serves_all_models && model && !kvg_worker_serves(o, model))
+            continue;
+        peers++;
+        if (o != w && kvg_worker_ejected(o, now))
+            ejected++;
+    }
+    return kvg_outlier_may_eject(peers, ejected, percent);
+}
+
+/* The share is per model: every model w serves (all of the set's when it lists none). Ejections
+ * are rare, so the scan over the snapshot is cheap enough. */
+static bool set_allows(const kvg_worker_set *set, const kvg_worker *w, uint64_t now,
+                       uint32_t percent)
+{
+    const char *const *models =
+        w->spec->nmodels ? (const char *const *)w->spec->models : (const char *const *)set->models;
+    size_t n = w->spec->nmodels ? w->spec->nmodels : set->nmodels;
+    if (n == 0)
+        return group_allows(set, w, NULL, now, percent);
+    for (size_t i = 0; i < n; i++)
+        if (!group_allows(set, w, models[i], now, percent))
+            return false;
+    return true;
+}
+
+bool kvg_worker_outlier_observe(kvg_worker *w, const kvg_worker_set *set, kvg_outlier_result r,
+                                uint64_t now_ns, const kvg_outlier_config *cfg, uint64_t *for_ns)
+{
+    uint32_t old = atomic_load_explicit(&w->outlier_streaks, memory_order_relaxed), next;
+    bool trip;
+    do {
+        next = kvg_outlier_step(old, r, cfg, &trip);
+        if (next == old && !trip)
+            break;
+    } while (!atomic_compare_exchange_weak_explicit(&w->outlier_streaks, &old, next,
+                                                    memory_order_relaxed, memory_order_relaxed));
+    if (!trip)
+        return false;
+    uint64_t until = atomic_load_explicit(&w->eject_until_ns, memory_order_relaxed);
+    if (until > now_ns)
+        return false; /* answers of requests sent before the ejection: already out */
+    if (set && !set_allows(set, w, now_ns, cfg->max_ejection_percent))
+        return false;
+    uint32_t mult = atomic_load_explicit(&w->eject_multiplier, memory_order_relaxed);
+    /* A worker that stayed in for the longest ejection since its last one starts over. */
+    if (until && now_ns - until >= cfg->max_ejection_ns)
+        mult = 0;
+    if (mult < UINT32_MAX)
+        mult++;
+    uint64_t len = kvg_outlier_ejection_ns(cfg, mult);
+    if (!atomic_compare_exchange_strong_explicit(&w->eject_until_ns, &until, now_ns + len,
+                                                 memory_order_relaxed, memory_order_relaxed))
+        return false; /* another thread ejected it first */
+    atomic_store_explicit(&w->eject_multiplier, mult, memory_order_relaxed);
+    atomic_fetch_add_explicit(&w->ejections, 1, memory_order_relaxed);
+    if (for_ns)
+        *for_ns = len;
+    return true;
+}
+
+void kvg_worker_outlier_get(const kvg_worker *w, uint64_t now_ns, kvg_worker_outlier_state *out)
+{
+    uint64_t until = atomic_load_explicit(&w->eject_until_ns, memory_order_relaxed);
+    uint32_t s = atomic_load_explicit(&w->outlier_streaks, memory_order_relaxed);
+    *out = (kvg_worker_outlier_state){
+        .ejected = until > now_ns,
+        .remaining_ns = until > now_ns ? until - now_ns : 0,
+        .consecutive_5xx = KVG_OUTLIER_5XX_STREAK(s),
+        .consecutive_gateway_failures = KVG_OUTLIER_GATEWAY_STREAK(s),
+        .multiplier = atomic_load_explicit(&w->eject_multiplier, memory_order_relaxed),
+        .ejections = atomic_load_explicit(&w->ejections, memory_order_relaxed),
+    };
 }
 
 void **kvg_worker_thread_slot(kvg_worker *w, unsigned thread)

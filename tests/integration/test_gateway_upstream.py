@@ -77,7 +77,8 @@ def test_retries_are_bounded(simworker, kvgate):
     r = post(gw2)
     assert r.status_code == 502
     assert "no worker could be reached" in assert_openai_error(r.content, 502)["message"]
-    assert gw2.metric("kvgate_worker_retries_total") == 3
+    # Two retries (d1 -> d2 -> d3); the third failure had no worker left to go to.
+    assert gw2.metric("kvgate_worker_retries_total") == 2
 
 
 def test_worker_resetting_before_any_byte_is_retried(simworker, kvgate, fake_upstream):

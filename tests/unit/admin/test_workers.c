@@ -30,7 +30,10 @@ static void test_workers_crud(void **state)
     assert_string_equal(r.body, "{\"name\":\"gpu-1\",\"url\":\"http://127.0.0.1:8001\",\"models\":"
                                 "[\"llama\",\"q\\\"wen\"],\"kv_blocks\":4096,\"max_inflight\":64,"
                                 "\"cache_salt\":true,\"source\":\"admin\",\"health\":\"up\","
-                                "\"draining\":false,\"inflight\":0}");
+                                "\"draining\":false,\"inflight\":0,\"outlier\":{\"ejected\":false,"
+                                "\"ejected_until\":null,\"remaining_ms\":0,\"consecutive_5xx\":0,"
+                                "\"consecutive_gateway_failures\":0,\"ejections\":0,"
+                                "\"multiplier\":0}}");
     assert_null(r.cache_control);
     /* the same again: 200, the worker object (and its state) kept */
     kvg_worker_set *s = kvg_registry_acquire(f->reg);

@@ -102,6 +102,15 @@ static void test_defaults_from_the_tables(void **state)
     assert_int_equal(cfg.limits.response_budget_bytes, 1ull << 30);
     assert_int_equal(cfg.upstream.max_inflight, 1024);
     assert_int_equal(cfg.upstream.connect_timeout_ms, 3000);
+    /* Outlier detection and retries (Envoy's defaults but max_ejection_percent). */
+    assert_int_equal(cfg.upstream.outlier.consecutive_5xx, 5);
+    assert_int_equal(cfg.upstream.outlier.consecutive_gateway_failure, 5);
+    assert_int_equal(cfg.upstream.outlier.base_ejection_ms, 30000);
+    assert_int_equal(cfg.upstream.outlier.max_ejection_ms, 300000);
+    assert_int_equal(cfg.upstream.outlier.max_ejection_percent, 50);
+    assert_int_equal(cfg.upstream.retry_budget_percent, 20);
+    assert_int_equal(cfg.upstream.retry_budget_min_concurrency, 3);
+    assert_int_equal(kvg_config_retry_on(&cfg.upstream), KVG_RETRY_ON_DEFAULT);
     assert_int_equal(cfg.health.fall, 3);
     assert_string_equal(cfg.health.path, "/health");
     assert_int_equal(cfg.scrape.timeout_ms, 1000);

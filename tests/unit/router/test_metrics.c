@@ -83,9 +83,17 @@ static size_t check_exposition(const char *text, family *fams, size_t *nfams)
             continue;
         }
         assert_true(buf[0] != '#');
-        /* sample: name{labels} value */
+        /* sample: name{labels} value; the retry budget's two series (kvgate_upstream_*) are the
+         * registry's, not a worker's: no labels. */
         char *brace = strchr(buf, '{');
         char *close = strrchr(buf, '}');
+        if (!brace && strncmp(buf, "kvgate_upstream_", 16) == 0) {
+            char *sp = strchr(buf, ' ');
+            assert_non_null(sp);
+            *sp = '\0';
+            assert_ptr_equal(family_of(fams, *nfams, buf), current);
+            continue;
+        }
         assert_non_null(brace);
         assert_non_null(close);
         assert_true(close[1] == ' ');
@@ -171,7 +179,8 @@ static void test_metrics_format(void **state)
     family fams[32];
     size_t nfams;
     assert_int_equal(check_exposition(out.data, fams, &nfams), 0);
-    assert_int_equal(nfams, 17); /* + five prefix-prediction and three engine-load families */
+    assert_int_equal(nfams, 21); /* + five prefix-prediction, three engine-load and four outlier
+                                  * and retry-budget families */
 
     assert_int_equal(put(reg, "w1", "http://h:1", KVG_WORKER_SOURCE_ADMIN), 0);
     assert_int_equal(put(reg, "w2", "http://h:2", KVG_WORKER_SOURCE_ADMIN), 0);
@@ -209,11 +218,14 @@ static void test_metrics_format(void **state)
     kvg_registry_write_metrics(reg, &out);
     assert_false(out.failed);
     size_t n = check_exposition(out.data, fams, &nfams);
-    assert_int_equal(nfams, 17);
-    /* 7 gauges/counters x 2 workers + 3 code series + 2 histograms x 2 workers x 18 lines
+    assert_int_equal(nfams, 21);
+    /* 9 gauges/counters x 2 workers + 3 code series + 2 histograms x 2 workers x 18 lines
      * + 2 engine-load gauges x 1 worker + 4 usage counters x 2 workers + 4 prediction
-     * outcomes x 2 workers */
-    assert_int_equal(n, 14 + 3 + 2 * 2 * 18 + 2 + 4 * 2 + 4 * 2);
+     * outcomes x 2 workers (the retry budget's two unlabelled samples are not counted) */
+    assert_int_equal(n, 18 + 3 + 2 * 2 * 18 + 2 + 4 * 2 + 4 * 2);
+    expect_text(out.data, "kvgate_worker_ejected{worker=\"w1\"} 0\n");
+    expect_text(out.data, "kvgate_worker_ejections_total{worker=\"w2\"} 0\n");
+    expect_text(out.data, "kvgate_upstream_retry_budget_exceeded_total 0\n");
     expect_text(out.data, "kvgate_worker_engine_waiting{worker=\"w1\"} 2\n");
     expect_text(out.data, "kvgate_worker_engine_kv_usage{worker=\"w1\"} 0.5\n");
     expect_text(out.data, "kvgate_prefix_predicted_tokens_total{worker=\"w1\"} 30\n");
