@@ -118,6 +118,7 @@ int kvg_admin_new(const kvg_admin_config *cfg, kvg_registry *reg, kvg_admin **ou
     admin->tenant_label_cap =
         cfg->tenant_label_cap ? cfg->tenant_label_cap : TENANT_LABEL_CAP_DEFAULT;
     admin->router = cfg->router;
+    admin->ready_without_workers = cfg->ready_without_workers;
     admin->redis = cfg->redis;
     admin->engine_load_max_age_ns = cfg->engine_load_max_age_ns;
     admin->redis_sync_interval_ms =

@@ -57,6 +57,8 @@ typedef struct kvg_admin_config {
     /* The server secret (borrowed), for the scope salt of an explained request. */
     const uint8_t *secret;
     size_t secret_len;
+    /* /readyz answers 200 while no worker is up (probes.ready_requires_worker false) */
+    bool ready_without_workers;
 } kvg_admin_config;
 
 typedef struct kvg_admin_request {

@@ -22,9 +22,13 @@ void kvg_admin_readyz(admin_ctx *c)
     pthread_mutex_unlock(&admin->lock);
 
     const char *reason = NULL;
+    /* Not ready while shutting down (the ready delay included: load balancers take the
+     * replica out while it still serves), and, unless the operator chose otherwise, while no
+     * worker can take a request: a replica without workers answers every request with 503, so
+     * a load balancer does better to send them to another replica. */
     if (ready && !ready(ud)) {
         reason = "gateway is not ready";
-    } else {
+    } else if (!admin->ready_without_workers) {
         kvg_worker_set *set = kvg_registry_acquire(admin->reg);
         size_t n = kvg_worker_set_count(set);
         bool any = false;
