@@ -292,6 +292,8 @@ def test_front_probe_paths(simworker, kvgate):
     assert r.headers["cache-control"] == "no-store"
     r = http.get(gw2.url + "/lb/ready?x=1")
     assert r.status_code == 503 and r.json()["reason"] == "no workers registered"
+    r = http._call("HEAD", gw2.url + "/healthz")
+    assert r.status_code == 200 and r.content == b""
     assert http.post(gw2.url + "/healthz", json={}).status_code == 405
     # Other paths still go through the proxy (and its authentication).
     assert http.get(gw2.url + "/v1/models").status_code == 401
