@@ -646,7 +646,8 @@ void kvg_config_usage(FILE *out)
         "  -V, --version              print the version\n\n"
         "Environment: KVGATE_ADMIN_TOKEN sets the admin bearer token, KVGATE_SECRET the\n"
         "server secret that cache salts derive from (replicas must share it).\n"
-        "Signals: SIGTERM/SIGINT drain and exit, SIGHUP reloads the config file.\n");
+        "Signals: SIGTERM/SIGINT drain and exit (after shutdown_ready_delay_ms), SIGHUP\n"
+        "reloads the config file and the TLS certificates.\n");
 }
 
 enum {
