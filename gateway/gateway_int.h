@@ -75,7 +75,7 @@ struct kvg_gateway {
     kvg_thread control;
     bool control_ready;
     _Atomic bool shutting_down;
-    _Atomic bool not_ready; /* SIGTERM's ready delay: /readyz 503 while still serving */
+    _Atomic bool not_ready;      /* SIGTERM's ready delay: /readyz 503 while still serving */
     _Atomic bool force_stop;     /* the shutdown deadline passed */
     _Atomic bool stop_requested; /* kvg_gateway_stop from another thread */
     _Atomic unsigned threads_exited;

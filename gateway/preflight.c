@@ -120,48 +120,36 @@ static int writable_file(const char *what, const char *path, char *err, size_t e
     return KVG_ECONFIG;
 }
 
-/* The state directory is a writable directory, or its nearest existing ancestor lets it be
- * made. */
+/* The state directory is a writable directory, or the nearest existing folder above it lets
+ * it be made (mkdir -p at start). */
 static int state_dir_usable(const char *dir, char *err, size_t err_len)
 {
     char p[4200];
     snprintf(p, sizeof(p), "%s", dir);
     struct stat st;
-    for (;;) {
-        if (stat(p, &st) == 0) {
-            if (!S_ISDIR(st.st_mode)) {
-                snprintf(err, err_len, "state directory %s: %s is not a directory", dir, p);
-                return KVG_ECONFIG;
-            }
-            if (access(p, W_OK | X_OK) < 0) {
-                snprintf(err, err_len, "state directory %s: %s: %s", dir, p, strerror(errno));
-                return KVG_ECONFIG;
-            }
-            return 0;
-        }
+    while (stat(p, &st) < 0) {
         if (errno != ENOENT) {
             snprintf(err, err_len, "state directory %s: %s: %s", dir, p, strerror(errno));
             return KVG_ECONFIG;
         }
         char *slash = strrchr(p, '/');
         if (!slash)
-            return access(".", W_OK | X_OK) == 0 ? 0 : (snprintf(err, err_len,
-                                                                  "state directory %s: the "
-                                                                  "current directory is not "
-                                                                  "writable",
-                                                                  dir),
-                                                         KVG_ECONFIG);
-        if (slash == p) {
+            snprintf(p, sizeof(p), ".");
+        else if (slash == p)
             p[1] = '\0';
-            if (stat(p, &st) == 0 && access(p, W_OK | X_OK) < 0) {
-                snprintf(err, err_len, "state directory %s: cannot create it: %s", dir,
-                         strerror(errno));
-                return KVG_ECONFIG;
-            }
-            return 0;
-        }
-        *slash = '\0';
+        else
+            *slash = '\0';
     }
+    if (!S_ISDIR(st.st_mode)) {
+        snprintf(err, err_len, "state directory %s: %s is not a directory", dir, p);
+        return KVG_ECONFIG;
+    }
+    if (access(p, W_OK | X_OK) < 0) {
+        snprintf(err, err_len, "state directory %s: %s%s: %s", dir,
+                 strcmp(p, dir) == 0 ? "" : "cannot create it in ", p, strerror(errno));
+        return KVG_ECONFIG;
+    }
+    return 0;
 }
 
 static int check_files(const kvg_config *cfg, char *err, size_t err_len)

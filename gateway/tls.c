@@ -50,8 +50,7 @@ static bool has_tls13_suite(SSL_CTX *ctx, const char *name, size_t len)
     for (int i = 0; sk && i < sk_SSL_CIPHER_num(sk); i++) {
         const SSL_CIPHER *c = sk_SSL_CIPHER_value(sk, i);
         const char *std = SSL_CIPHER_standard_name(c);
-        if (is_tls13(c) && std && strlen(std) == len &&
-            memcmp(std, name, len) == 0)
+        if (is_tls13(c) && std && strlen(std) == len && memcmp(std, name, len) == 0)
             return true;
     }
     return false;

@@ -15,8 +15,8 @@
 
 /* What a loaded certificate says, for the log and the expiry metric. */
 typedef struct kvg_tls_cert_info {
-    char subject[256];  /* one-line distinguished name */
-    char not_after[64]; /* as OpenSSL prints it ("Dec  2 01:02:03 2027 GMT") */
+    char subject[256];   /* one-line distinguished name */
+    char not_after[64];  /* as OpenSSL prints it ("Dec  2 01:02:03 2027 GMT") */
     int64_t not_after_s; /* Unix time of the expiry */
 } kvg_tls_cert_info;
 
@@ -41,8 +41,8 @@ bool kvg_tls_is_h2(SSL *ssl);
  * context goes when the last of them does. */
 typedef struct kvg_tls_slot {
     pthread_mutex_t lock;
-    SSL_CTX *ctx;                 /* guarded by lock */
-    _Atomic int64_t not_after_s;  /* expiry of ctx's certificate, for the metric */
+    SSL_CTX *ctx;                /* guarded by lock */
+    _Atomic int64_t not_after_s; /* expiry of ctx's certificate, for the metric */
 } kvg_tls_slot;
 
 /** Set up slot with ctx (taken over). */

@@ -141,8 +141,7 @@ static void test_context_and_cert_info(void **state)
     kvg_config cfg;
     kvg_tls_settings ts = defaults(&cfg);
     int64_t expiry = write_cert("unit-one", 10);
-    kvg_listener_config l = {.address = "127.0.0.1:0", .tls_cert = cert_path,
-                             .tls_key = key_path};
+    kvg_listener_config l = {.address = "127.0.0.1:0", .tls_cert = cert_path, .tls_key = key_path};
     SSL_CTX *ctx = NULL;
     kvg_tls_cert_info info;
     char err[512];
@@ -169,8 +168,7 @@ static void test_slot_swap(void **state)
     (void)state;
     kvg_config cfg;
     kvg_tls_settings ts = defaults(&cfg);
-    kvg_listener_config l = {.address = "127.0.0.1:0", .tls_cert = cert_path,
-                             .tls_key = key_path};
+    kvg_listener_config l = {.address = "127.0.0.1:0", .tls_cert = cert_path, .tls_key = key_path};
     char err[512];
     kvg_tls_cert_info info;
     SSL_CTX *a = NULL, *b = NULL;
