@@ -47,7 +47,8 @@ static void stop_control(kvg_gateway *gw)
 
 void kvg_gateway_control_wakeup(kvg_gateway *gw)
 {
-    if (atomic_load(&gw->stop_requested) && !atomic_load(&gw->shutting_down))
+    if (atomic_load(&gw->stop_requested) && !atomic_load(&gw->shutting_down) &&
+        !atomic_load(&gw->not_ready)) /* not again during the ready delay */
         kvg_gateway_begin_shutdown(gw, "stop requested");
     if (atomic_load(&gw->shutting_down) && atomic_load(&gw->threads_exited) == gw->nthreads)
         stop_control(gw);

@@ -96,8 +96,11 @@ int kvg_server_secret(const kvg_config *cfg, bool create, char **out, bool *gene
     return 0;
 }
 
-/* A file the gateway will open for writing (created when missing). */
-static int writable_file(const char *what, const char *path, char *err, size_t err_len)
+/* A file the gateway will open for writing (created when missing): it is writable, or its
+ * folder exists and is writable, or that folder is inside the state directory (made at start,
+ * whose own check comes first). */
+static int writable_file(const char *what, const char *path, const char *state_dir, char *err,
+                         size_t err_len)
 {
     if (access(path, F_OK) == 0) {
         if (access(path, W_OK) == 0)
@@ -114,8 +117,11 @@ static int writable_file(const char *what, const char *path, char *err, size_t e
         *slash = '\0';
     else
         snprintf(dir, sizeof(dir), ".");
-    if (access(dir, W_OK | X_OK) == 0 || errno == ENOENT)
-        return 0; /* a missing folder: the state directory's, made at start (checked there) */
+    if (access(dir, W_OK | X_OK) == 0)
+        return 0;
+    size_t n = strlen(state_dir);
+    if (errno == ENOENT && strncmp(dir, state_dir, n) == 0 && (dir[n] == '\0' || dir[n] == '/'))
+        return 0;
     snprintf(err, err_len, "%s %s: cannot create it in %s: %s", what, path, dir, strerror(errno));
     return KVG_ECONFIG;
 }
@@ -159,11 +165,12 @@ static int check_files(const kvg_config *cfg, char *err, size_t err_len)
         return rc;
     char path[4200];
     if (strcmp(cfg->access_log, "-") != 0 && strcmp(cfg->access_log, "off") != 0 &&
-        (rc = writable_file("access log", cfg->access_log, err, err_len)) < 0)
+        (rc = writable_file("access log", cfg->access_log, cfg->state_dir, err, err_len)) < 0)
         return rc;
     snprintf(path, sizeof(path), "%s/audit.log", cfg->state_dir);
     const char *audit = cfg->audit_log ? cfg->audit_log : path;
-    if (strcmp(audit, "off") != 0 && (rc = writable_file("audit log", audit, err, err_len)) < 0)
+    if (strcmp(audit, "off") != 0 &&
+        (rc = writable_file("audit log", audit, cfg->state_dir, err, err_len)) < 0)
         return rc;
     snprintf(path, sizeof(path), "%s/state.json", cfg->state_dir);
     const char *state = cfg->state_file ? cfg->state_file : path;
@@ -171,7 +178,8 @@ static int check_files(const kvg_config *cfg, char *err, size_t err_len)
         snprintf(err, err_len, "state file %s: %s", state, strerror(errno));
         return KVG_ECONFIG;
     }
-    if (access(state, F_OK) < 0 && (rc = writable_file("state file", state, err, err_len)) < 0)
+    if (access(state, F_OK) < 0 &&
+        (rc = writable_file("state file", state, cfg->state_dir, err, err_len)) < 0)
         return rc;
     return 0;
 }

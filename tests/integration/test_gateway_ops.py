@@ -211,6 +211,9 @@ def test_check_config_runs_the_start_up_checks(tmp_path, tls_cert):
                                      "secret: must be at least 32 characters"),
         "state directory is a file": ({"state_dir": str(tls_cert[0])}, env,
                                       "is not a directory"),
+        "access log folder missing": ({"access_log": str(tmp_path / "nodir" / "access.log")},
+                                      env, f"access log {tmp_path}/nodir/access.log: cannot "
+                                      f"create it in {tmp_path}/nodir"),
     }
     for name, (cfg, e, needle) in cases.items():
         rc, out, err = check(cfg, e)
