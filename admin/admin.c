@@ -209,6 +209,14 @@ int kvg_admin_add_metrics(kvg_admin *admin, kvg_admin_metrics_fn fn, void *ud)
     return rc;
 }
 
+void kvg_admin_set_live(kvg_admin *admin, kvg_admin_live_fn fn, void *ud)
+{
+    pthread_mutex_lock(&admin->lock);
+    admin->live = fn;
+    admin->live_ud = ud;
+    pthread_mutex_unlock(&admin->lock);
+}
+
 void kvg_admin_set_ready(kvg_admin *admin, kvg_admin_ready_fn fn, void *ud)
 {
     pthread_mutex_lock(&admin->lock);

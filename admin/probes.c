@@ -7,8 +7,24 @@
 
 #include "prom.h"
 
+/* Liveness: answered on the control thread's loop, so an answer at all says that loop turns;
+ * the gateway's callback says whether the front threads' loops do too. Nothing else (workers,
+ * Redis) may fail it: an orchestrator restarts what fails liveness. */
 void kvg_admin_healthz(admin_ctx *c)
 {
+    kvg_admin *admin = c->admin;
+    pthread_mutex_lock(&admin->lock);
+    kvg_admin_live_fn live = admin->live;
+    void *ud = admin->live_ud;
+    pthread_mutex_unlock(&admin->lock);
+    char why[200] = "";
+    if (live && !live(ud, why, sizeof(why))) {
+        kvg_admin_json(c->resp, 503);
+        kvg_buf_puts(&c->resp->body, "{\"status\":\"unhealthy\",\"reason\":");
+        kvg_buf_json_string(&c->resp->body, why, strlen(why));
+        kvg_buf_putc(&c->resp->body, '}');
+        return;
+    }
     kvg_admin_json(c->resp, 200);
     kvg_buf_puts(&c->resp->body, "{\"status\":\"ok\"}");
 }

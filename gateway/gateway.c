@@ -391,6 +391,7 @@ static int build_state(kvg_gateway *gw, char *token)
     kvg_admin_add_metrics(gw->admin, kvg_hash_stats_write, gw);
     kvg_admin_add_metrics(gw->admin, kvg_tls_stats_write, gw);
     kvg_admin_set_ready(gw->admin, ready_cb, gw);
+    kvg_admin_set_live(gw->admin, kvg_gateway_live, gw);
     return 0;
 }
 

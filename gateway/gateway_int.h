@@ -102,6 +102,14 @@ void kvg_gateway_control_wakeup(kvg_gateway *gw);
 /** Start a graceful shutdown (a second call forces it). Control thread only. */
 void kvg_gateway_begin_shutdown(kvg_gateway *gw, const char *why);
 
+/* ---- health.c ---- */
+/* A front loop that has not turned for this long fails /healthz (liveness). Generous: a loop
+ * busy with a large request for a moment must not get the gateway restarted. */
+#define KVG_LIVENESS_STALL_MS 10000
+/** /healthz's callback (kvg_admin_live_fn): every front thread's loop answered a ping within
+ *  KVG_LIVENESS_STALL_MS (always true while shutting down). Any thread. */
+bool kvg_gateway_live(void *gw, char *why, size_t why_len);
+
 /* ---- tls_reload.c ---- */
 /** Log what a listener's certificate says (subject, expiry). */
 void kvg_gateway_tls_log_loaded(const kvg_listener *l, const kvg_tls_cert_info *info);

@@ -7,6 +7,7 @@
 #include <event2/event.h>
 #include <event2/listener.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 
 #include "config.h"
@@ -25,8 +26,9 @@ struct kvg_thread {
     struct event_base *base;
     struct evdns_base *dns;
     pthread_t tid;
-    bool is_control; /* the main thread: admin, health, signals */
-    int notify_fd;   /* eventfd other threads write to wake this loop */
+    bool is_control;               /* the main thread: admin, health, signals */
+    _Atomic uint64_t heartbeat_ns; /* when this loop last ran its notify callback (liveness) */
+    int notify_fd;                 /* eventfd other threads write to wake this loop */
     struct event *notify_ev;
     struct evconnlistener *listeners[KVG_MAX_LISTENERS * 2];
     void *bindings[KVG_MAX_LISTENERS * 2];

@@ -315,6 +315,16 @@ def test_second_signal_during_ready_delay_stops_at_once(simworker, kvgate):
     assert "stopping now" in gw.log()
 
 
+def test_healthz_stays_up_while_idle(kvgate):
+    """/healthz checks that every front thread's loop turns (pinged each second, failing after
+    10 s without an answer): an idle gateway must stay live past that."""
+    gw = kvgate(threads=3)
+    assert http.get(gw.admin_url + "/healthz").json() == {"status": "ok"}
+    time.sleep(11.5)
+    r = http.get(gw.admin_url + "/healthz")
+    assert r.status_code == 200 and r.json() == {"status": "ok"}, r.text
+
+
 def test_readiness_without_workers_is_a_setting(kvgate):
     gw = kvgate()  # no worker
     r = http.get(gw.admin_url + "/readyz")
