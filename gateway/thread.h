@@ -26,9 +26,8 @@ struct kvg_thread {
     struct event_base *base;
     struct evdns_base *dns;
     pthread_t tid;
-    bool is_control;               /* the main thread: admin, health, signals */
-    _Atomic uint64_t heartbeat_ns; /* when this loop last ran its notify callback (liveness) */
-    int notify_fd;                 /* eventfd other threads write to wake this loop */
+    bool is_control; /* the main thread: admin, health, signals */
+    int notify_fd;   /* eventfd other threads write to wake this loop */
     struct event *notify_ev;
     struct evconnlistener *listeners[KVG_MAX_LISTENERS * 2];
     void *bindings[KVG_MAX_LISTENERS * 2];
@@ -55,6 +54,8 @@ struct kvg_thread {
     struct event *hash_ev;
     bool draining; /* shutdown: no new requests, close when idle */
     bool stopped;
+    /* When this loop last ran its notify callback: /healthz (health.c pings it each second). */
+    _Atomic uint64_t heartbeat_ns;
 };
 
 int kvg_thread_init(kvg_thread *t, kvg_gateway *gw, unsigned index, bool is_control);
