@@ -179,6 +179,15 @@ def test_dockerfile_builds_from_debian_12_packages_kvgate_uses(tmp_path):
     options = (REPO_ROOT / "meson_options.txt").read_text()
     for opt in re.findall(r"-D(\w+)=", " ".join(a for i, a in build if i == "RUN")):
         assert f"option('{opt}'" in options, opt
+    # Every package named is a Debian package this machine's apt knows (Debian 12 here), when
+    # apt has its lists.
+    if shutil.which("apt-cache") and subprocess.run(
+            ["apt-cache", "show", "libc6"], capture_output=True).returncode == 0:
+        pkgs = sorted(build_pkgs | runtime_pkgs)
+        p = subprocess.run(["apt-cache", "show", "--no-all-versions", *pkgs],
+                           capture_output=True, text=True)
+        known = set(re.findall(r"^Package: (\S+)$", p.stdout, re.M))
+        assert set(pkgs) <= known, set(pkgs) - known
     # The runtime stage installs the package of every library build/kvgate links (dpkg -S).
     if not shutil.which("ldd") or not shutil.which("dpkg"):
         pytest.skip("ldd or dpkg missing: cannot map kvgate's libraries to packages")
