@@ -252,6 +252,8 @@ def test_check_config_runs_the_start_up_checks(tmp_path, tls_cert):
                                      "secret: must be at least 32 characters"),
         "state directory is a file": ({"state_dir": str(tls_cert[0])}, env,
                                       "is not a directory"),
+        "admin token with a space": ({}, {**env, "KVGATE_ADMIN_TOKEN": "has a space"},
+                                     "KVGATE_ADMIN_TOKEN: must not contain spaces"),
         "access log folder missing": ({"access_log": str(tmp_path / "nodir" / "access.log")},
                                       env, f"access log {tmp_path}/nodir/access.log: cannot "
                                       f"create it in {tmp_path}/nodir"),
