@@ -13,8 +13,9 @@ import ssl
 import subprocess
 import time
 
+import httpx
 import pytest
-from conftest import binary, child_env
+from conftest import binary, child_env, read_port_file
 from gwhelpers import COMPL, http, wait_for
 
 
@@ -174,6 +175,51 @@ def test_reloads_racing_handshakes(simworker, kvgate, tmp_path):
     assert seen and seen <= allowed
     assert gw.log().count("TLS certificate") == 21
     assert "TLS reload failed" not in gw.log()
+
+
+def test_admin_listener_certificate_reloads_too(tmp_path):
+    """A TLS admin listener (config only: the kvgate fixture sets --admin-listen) reloads like a
+    front one, and its expiry has its own label."""
+    first = make_cert(tmp_path, "adm1", "kvgate-admin-1", days=3)
+    second = make_cert(tmp_path, "adm2", "kvgate-admin-2", days=9)
+    cert, key = tmp_path / "admin.pem", tmp_path / "admin.key"
+    replace(first[0], cert)
+    replace(first[1], key)
+    cfg = tmp_path / "admin-tls.json"
+    cfg.write_text(json.dumps({
+        "listen": ["127.0.0.1:0"], "state_dir": str(tmp_path / "state"), "access_log": "off",
+        "admin": {"listen": [{"address": "127.0.0.1:0", "tls_cert": str(cert),
+                              "tls_key": str(key), "cleartext": False}]}}))
+    ports, log = tmp_path / "admin-tls.ports", tmp_path / "admin-tls.log"
+    token = "ops-admin-token-0123456789abcdef"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(binary("kvgate")), "-c", str(cfg), "--port-file", str(ports)],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=child_env({"KVGATE_ADMIN_TOKEN": token,
+                                               "KVGATE_SECRET": "s" * 40}))
+    try:
+        assert wait_for(lambda: read_port_file(ports), 10), log.read_text()
+        admin = read_port_file(ports)["admin"][0]
+        assert served_cert(admin) == der(first[0])
+
+        def expiry():
+            r = http.get(f"https://127.0.0.1:{admin}/metrics",
+                         headers={"authorization": f"Bearer {token}"})
+            line = [ln for ln in r.text.splitlines()
+                    if ln.startswith("kvgate_tls_certificate_expiry_timestamp_seconds{")]
+            assert len(line) == 1 and 'listener="admin"' in line[0], line
+            return float(line[0].rpartition(" ")[2])
+
+        assert expiry() == not_after(first[0])
+        replace(second[0], cert)
+        replace(second[1], key)
+        proc.send_signal(signal.SIGHUP)
+        assert wait_for(lambda: "subject /CN=kvgate-admin-2" in log.read_text(), 5)
+        assert served_cert(admin) == der(second[0])
+        assert expiry() == not_after(second[0])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0, log.read_text()
 
 
 def test_min_version_13_refuses_tls12(simworker, kvgate, tls_cert):
@@ -348,6 +394,9 @@ def test_front_probe_paths(simworker, kvgate):
     assert r.headers["cache-control"] == "no-store"
     r = http.get(gw2.url + "/lb/ready?x=1")
     assert r.status_code == 503 and r.json()["reason"] == "no workers registered"
+    with httpx.Client(http2=True, http1=False) as h2:  # HTTP/2 with prior knowledge
+        r = h2.get(gw2.url + "/healthz")
+        assert r.http_version == "HTTP/2" and r.json() == {"status": "ok"}
     r = http._call("HEAD", gw2.url + "/healthz")
     assert r.status_code == 200 and r.content == b""
     assert http.post(gw2.url + "/healthz", json={}).status_code == 405
