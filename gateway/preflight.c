@@ -202,6 +202,8 @@ static int check_admin_token(const kvg_config *cfg, char *err, size_t err_len)
     char *token = NULL;
     bool generated;
     int rc = kvg_state_secret(cfg->state_dir, "admin-token", false, &token, &generated);
+    if (token)
+        explicit_bzero(token, strlen(token));
     free(token);
     if (rc < 0 && rc != -ENOENT) {
         snprintf(err, err_len, "cannot read %s/admin-token: %s", cfg->state_dir, kvg_strerror(rc));
