@@ -118,6 +118,7 @@ int kvg_admin_new(const kvg_admin_config *cfg, kvg_registry *reg, kvg_admin **ou
     admin->tenant_label_cap =
         cfg->tenant_label_cap ? cfg->tenant_label_cap : TENANT_LABEL_CAP_DEFAULT;
     admin->router = cfg->router;
+    admin->ready_without_workers = cfg->ready_without_workers;
     admin->redis = cfg->redis;
     admin->engine_load_max_age_ns = cfg->engine_load_max_age_ns;
     admin->redis_sync_interval_ms =
@@ -206,6 +207,14 @@ int kvg_admin_add_metrics(kvg_admin *admin, kvg_admin_metrics_fn fn, void *ud)
         admin->writers[admin->nwriters++] = (admin_writer){.fn = fn, .ud = ud};
     pthread_mutex_unlock(&admin->lock);
     return rc;
+}
+
+void kvg_admin_set_live(kvg_admin *admin, kvg_admin_live_fn fn, void *ud)
+{
+    pthread_mutex_lock(&admin->lock);
+    admin->live = fn;
+    admin->live_ud = ud;
+    pthread_mutex_unlock(&admin->lock);
 }
 
 void kvg_admin_set_ready(kvg_admin *admin, kvg_admin_ready_fn fn, void *ud)

@@ -57,6 +57,8 @@ typedef struct kvg_admin_config {
     /* The server secret (borrowed), for the scope salt of an explained request. */
     const uint8_t *secret;
     size_t secret_len;
+    /* /readyz answers 200 while no worker is up (probes.ready_requires_worker false) */
+    bool ready_without_workers;
 } kvg_admin_config;
 
 typedef struct kvg_admin_request {
@@ -83,6 +85,8 @@ typedef struct kvg_admin_response {
 typedef void (*kvg_admin_metrics_fn)(kvg_buf *out, void *ud);
 /** True when the gateway can take traffic (listeners open, not shutting down). */
 typedef bool (*kvg_admin_ready_fn)(void *ud);
+/** True when the gateway's event loops turn; false with why filled (for /healthz). */
+typedef bool (*kvg_admin_live_fn)(void *ud, char *why, size_t why_len);
 
 /** Create the admin handler over reg (borrowed; must outlive the admin). When audit_path is set
  *  the file is opened once here (created 0600 if missing) so that a bad path fails start-up.
@@ -120,6 +124,8 @@ int kvg_admin_set_tokens(kvg_admin *admin, const char *const *tokens, size_t nto
 int kvg_admin_add_metrics(kvg_admin *admin, kvg_admin_metrics_fn fn, void *ud);
 /** Set the readiness probe used by /readyz (besides "at least one worker up"). */
 void kvg_admin_set_ready(kvg_admin *admin, kvg_admin_ready_fn fn, void *ud);
+/** Set the liveness probe used by /healthz (503 with its reason when it says false). */
+void kvg_admin_set_live(kvg_admin *admin, kvg_admin_live_fn fn, void *ud);
 
 /** Handle one admin request. Always fills resp (status, content type, body, extra headers);
  *  the caller sends it and then calls kvg_admin_response_done. Reads never block. A change

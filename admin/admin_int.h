@@ -47,6 +47,9 @@ struct kvg_admin {
     size_t nwriters;
     kvg_admin_ready_fn ready;
     void *ready_ud;
+    bool ready_without_workers; /* set at creation */
+    kvg_admin_live_fn live;
+    void *live_ud;
     /* The state shared through Redis (shared.c), NULL without one or before
      * kvg_admin_share_state. What it holds of the state is guarded by change_lock. */
     admin_shared *shared;

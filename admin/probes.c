@@ -7,8 +7,24 @@
 
 #include "prom.h"
 
+/* Liveness: answered on the control thread's loop, so an answer at all says that loop turns;
+ * the gateway's callback says whether the front threads' loops do too. Nothing else (workers,
+ * Redis) may fail it: an orchestrator restarts what fails liveness. */
 void kvg_admin_healthz(admin_ctx *c)
 {
+    kvg_admin *admin = c->admin;
+    pthread_mutex_lock(&admin->lock);
+    kvg_admin_live_fn live = admin->live;
+    void *ud = admin->live_ud;
+    pthread_mutex_unlock(&admin->lock);
+    char why[200] = "";
+    if (live && !live(ud, why, sizeof(why))) {
+        kvg_admin_json(c->resp, 503);
+        kvg_buf_puts(&c->resp->body, "{\"status\":\"unhealthy\",\"reason\":");
+        kvg_buf_json_string(&c->resp->body, why, strlen(why));
+        kvg_buf_putc(&c->resp->body, '}');
+        return;
+    }
     kvg_admin_json(c->resp, 200);
     kvg_buf_puts(&c->resp->body, "{\"status\":\"ok\"}");
 }
@@ -22,9 +38,13 @@ void kvg_admin_readyz(admin_ctx *c)
     pthread_mutex_unlock(&admin->lock);
 
     const char *reason = NULL;
+    /* Not ready while shutting down (the ready delay included: load balancers take the
+     * replica out while it still serves), and, unless the operator chose otherwise, while no
+     * worker can take a request: a replica without workers answers every request with 503, so
+     * a load balancer does better to send them to another replica. */
     if (ready && !ready(ud)) {
         reason = "gateway is not ready";
-    } else {
+    } else if (!admin->ready_without_workers) {
         kvg_worker_set *set = kvg_registry_acquire(admin->reg);
         size_t n = kvg_worker_set_count(set);
         bool any = false;

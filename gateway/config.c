@@ -425,6 +425,80 @@ static const kvg_field hash_fields[] = {
 
 static const kvg_fields hash_table = {"hash", hash_fields, KVG_ARRAY_LEN(hash_fields), NULL};
 
+static const char *const tls_version_keywords[KVG_TLS_MIN_COUNT] = {"1.2", "1.3"};
+
+/* TLS 1.2 suites that RFC 9113 (HTTP/2) accepts: AEAD with ephemeral keys only. TLS 1.3's
+ * are OpenSSL's default, all of them AEAD. The strings are checked against OpenSSL by
+ * kvg_tls_settings_check (gateway/tls.c), which names what it refuses. */
+static const kvg_field tls_fields[] = {
+    {.name = "min_version",
+     .type = KVG_FIELD_ENUM,
+     .set_in = KVG_SET_CONFIG,
+     .offset = offsetof(kvg_tls_settings, min_version),
+     .keywords = tls_version_keywords,
+     .nkeywords = KVG_TLS_MIN_COUNT,
+     .def.u = KVG_TLS_MIN_1_2},
+    {.name = "ciphers",
+     .type = KVG_FIELD_STRING,
+     .set_in = KVG_SET_CONFIG,
+     .flags = KVG_FIELD_NONEMPTY,
+     .offset = offsetof(kvg_tls_settings, ciphers),
+     .max = 4096,
+     .def.s = "ECDHE+AESGCM:ECDHE+CHACHA20:DHE+AESGCM:DHE+CHACHA20"},
+    {.name = "ciphersuites",
+     .type = KVG_FIELD_STRING,
+     .set_in = KVG_SET_CONFIG,
+     .flags = KVG_FIELD_NONEMPTY,
+     .offset = offsetof(kvg_tls_settings, ciphersuites),
+     .max = 4096,
+     .def.s = "TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256:TLS_AES_128_GCM_SHA256"},
+};
+
+static const kvg_fields tls_table = {"tls", tls_fields, KVG_ARRAY_LEN(tls_fields), NULL};
+
+static int check_probe_path(const void *value, char *why, size_t len)
+{
+    const char *s = value;
+    if (strlen(s) < 128 && s[0] == '/' && !strpbrk(s, " \r\n\t?"))
+        return 0;
+    snprintf(why, len, "must be an absolute path without spaces or '?', at most 127 bytes");
+    return KVG_EPARSE;
+}
+
+static const kvg_field probes_fields[] = {
+    {.name = "ready_requires_worker",
+     .type = KVG_FIELD_BOOL,
+     .set_in = KVG_SET_CONFIG,
+     .offset = offsetof(kvg_probes_config, ready_requires_worker),
+     .def.b = true},
+    {.name = "front_healthz",
+     .type = KVG_FIELD_STRING,
+     .set_in = KVG_SET_CONFIG,
+     .flags = KVG_FIELD_NONEMPTY,
+     .offset = offsetof(kvg_probes_config, front_healthz),
+     .check = check_probe_path},
+    {.name = "front_readyz",
+     .type = KVG_FIELD_STRING,
+     .set_in = KVG_SET_CONFIG,
+     .flags = KVG_FIELD_NONEMPTY,
+     .offset = offsetof(kvg_probes_config, front_readyz),
+     .check = check_probe_path},
+};
+
+/* The two front paths must differ: one path cannot answer both probes. */
+static int check_probes(const void *target, char *why, size_t len)
+{
+    const kvg_probes_config *p = target;
+    if (p->front_healthz && p->front_readyz && strcmp(p->front_healthz, p->front_readyz) == 0) {
+        snprintf(why, len, "front_readyz: must differ from front_healthz");
+        return KVG_EPARSE;
+    }
+    return 0;
+}
+
+static const kvg_fields probes_table = {"probes", probes_fields, KVG_ARRAY_LEN(probes_fields),
+                                        check_probes};
+
 /* "workers": replaces the workers before it; each through the worker's table. */
 static int decode_workers(void *target, const kvg_json *v, const char *path, kvg_fields_ctx *c)
 {
@@ -550,6 +624,9 @@ static const kvg_field config_fields[] = {
      .offset = offsetof(kvg_config, worker_header),
      .def.b = true},
     U32_FIELD(kvg_config, shutdown_timeout_ms, 0, 3600000, 30000),
+    U32_FIELD(kvg_config, shutdown_ready_delay_ms, 0, 3600000, 0),
+    SECTION(tls),
+    SECTION(probes),
     SECTION(limits),
     SECTION(upstream),
     SECTION(health),
@@ -694,7 +771,8 @@ void kvg_config_usage(FILE *out)
         "  -V, --version              print the version\n\n"
         "Environment: KVGATE_ADMIN_TOKEN sets the admin bearer token, KVGATE_SECRET the\n"
         "server secret that cache salts derive from (replicas must share it).\n"
-        "Signals: SIGTERM/SIGINT drain and exit, SIGHUP reloads the config file.\n");
+        "Signals: SIGTERM/SIGINT drain and exit (after shutdown_ready_delay_ms), SIGHUP\n"
+        "reloads the config file and the TLS certificates.\n");
 }
 
 enum {

@@ -144,6 +144,27 @@ typedef struct kvg_hash_settings {
     uint32_t device;            /* CUDA device ordinal */
 } kvg_hash_settings;
 
+/* TLS settings of every TLS listener, front and admin (docs/security.md). Checked by
+ * kvg_tls_settings_check at start, by --check-config and at every reload. */
+typedef enum kvg_tls_min_version {
+    KVG_TLS_MIN_1_2 = 0,
+    KVG_TLS_MIN_1_3,
+    KVG_TLS_MIN_COUNT,
+} kvg_tls_min_version;
+
+typedef struct kvg_tls_settings {
+    int min_version;    /* kvg_tls_min_version */
+    char *ciphers;      /* TLS 1.2 cipher list (OpenSSL syntax) */
+    char *ciphersuites; /* TLS 1.3 suites (OpenSSL syntax) */
+} kvg_tls_settings;
+
+/* Readiness and the optional probe paths on the front listeners (admin/probes.c). */
+typedef struct kvg_probes_config {
+    bool ready_requires_worker; /* /readyz is 503 while no worker is up (default true) */
+    char *front_healthz;        /* path answering /healthz on the front listeners; NULL: off */
+    char *front_readyz;         /* path answering /readyz on the front listeners; NULL: off */
+} kvg_probes_config;
+
 /* A worker of the config file or of --worker: the registry's definition (router.h), with its
  * strings in the config's arena. */
 typedef kvg_worker_def kvg_config_worker;
@@ -173,6 +194,9 @@ typedef struct kvg_config {
     char *access_log;   /* path, "-" for stdout, "off" */
     bool worker_header; /* x-kvgate-worker response header */
     uint32_t shutdown_timeout_ms;
+    uint32_t shutdown_ready_delay_ms; /* SIGTERM: /readyz 503, still serving, for this long */
+    kvg_tls_settings tls;
+    kvg_probes_config probes;
     char *port_file; /* write bound ports here once listening (tests, supervisors) */
     kvg_front_limits limits;
     kvg_upstream_config upstream;

@@ -181,8 +181,8 @@ static void peek_cb(evutil_socket_t fd, short what, void *arg)
         kvg_conn_close(c);
         return;
     }
-    if (first == FIRST_TLS && l->ssl_ctx) {
-        SSL *ssl = SSL_new(l->ssl_ctx);
+    if (first == FIRST_TLS && l->has_tls) {
+        SSL *ssl = kvg_tls_slot_ssl_new(&l->tls); /* the context in force (reloads swap it) */
         if (!ssl) {
             kvg_conn_close(c);
             return;

@@ -20,6 +20,7 @@
 #include "gateway_int.h"
 #include "handlers.h"
 #include "kvg_config.h"
+#include "preflight.h"
 #include "probe.h"
 #include "tls.h"
 
@@ -43,46 +44,6 @@ static int mkdir_p(const char *path, mode_t mode)
     return 0;
 }
 
-/* A secret kept in the state directory: read it, or create 32 random bytes (hex) with mode
- * 0600 on first start so that the operator can read it and every restart finds the same. */
-static int state_secret(const char *state_dir, const char *name, char **out, bool *generated)
-{
-    char path[4200];
-    snprintf(path, sizeof(path), "%s/%s", state_dir, name);
-    *generated = false;
-    kvg_buf b;
-    kvg_buf_init(&b);
-    int rc = kvg_state_read_file(path, 4096, &b);
-    if (rc == 0) {
-        size_t n = b.len;
-        while (n && (b.data[n - 1] == '\n' || b.data[n - 1] == '\r'))
-            n--;
-        if (n >= 16) {
-            *out = strndup(b.data, n);
-            kvg_buf_done(&b);
-            return *out ? 0 : -ENOMEM;
-        }
-    }
-    kvg_buf_done(&b);
-    if (rc < 0 && rc != -ENOENT)
-        return rc;
-    unsigned char raw[32];
-    rc = kvg_random_bytes(raw, sizeof(raw));
-    if (rc < 0)
-        return rc;
-    char hex[66];
-    kvg_hex_encode(raw, sizeof(raw), hex);
-    hex[64] = '\n';
-    hex[65] = '\0';
-    rc = kvg_state_write_file(path, hex, 65, 0600);
-    if (rc < 0)
-        return rc;
-    *generated = true;
-    hex[64] = '\0';
-    *out = strdup(hex);
-    return *out ? 0 : -ENOMEM;
-}
-
 /* The admin token: the environment, then the config, then one kept in the state directory. */
 static int admin_token(kvg_config *cfg, char **out_token, bool *generated)
 {
@@ -96,33 +57,22 @@ static int admin_token(kvg_config *cfg, char **out_token, bool *generated)
         *out_token = NULL;
         return 0;
     }
-    return state_secret(cfg->state_dir, "admin-token", out_token, generated);
+    return kvg_state_secret(cfg->state_dir, "admin-token", true, out_token, generated);
 }
 
 /* The server secret under which scope salts are computed: KVGATE_SECRET, the config, or one
  * kept in the state directory. Every replica of a fleet must share it. */
 static int server_secret(kvg_gateway *gw)
 {
-    const char *env = getenv("KVGATE_SECRET");
     char *secret = NULL;
     bool generated = false;
-    int rc = 0;
-    if (env && *env)
-        secret = strdup(env);
-    else if (gw->cfg.secret)
-        secret = strdup(gw->cfg.secret);
-    else
-        rc = state_secret(gw->cfg.state_dir, "secret", &secret, &generated);
-    if (rc < 0)
-        return rc;
-    if (!secret)
-        return -ENOMEM;
-    size_t n = strlen(secret);
-    if (n < 32) {
-        kvg_log_error("the server secret must be at least 32 characters");
-        free(secret);
-        return -EINVAL;
+    char err[512];
+    int rc = kvg_server_secret(&gw->cfg, true, &secret, &generated, err, sizeof(err));
+    if (rc < 0) {
+        kvg_log_error("%s", err);
+        return rc == KVG_ECONFIG ? -EINVAL : rc;
     }
+    size_t n = strlen(secret);
     gw->secret_len = KVG_MIN(n, sizeof(gw->secret));
     memcpy(gw->secret, secret, gw->secret_len);
     explicit_bzero(secret, n);
@@ -185,21 +135,22 @@ static uint64_t raise_nofile(void)
 
 /* ---- listeners ------------------------------------------------------------------------------- */
 
+/* ctx: the listener's TLS context from the preflight (taken over), NULL without TLS. */
 static int setup_listener(kvg_gateway *gw, kvg_listener *l, const kvg_listener_config *cfg,
-                          bool is_admin, kvg_thread **threads, unsigned nthreads)
+                          bool is_admin, kvg_thread **threads, unsigned nthreads, SSL_CTX **ctx,
+                          const kvg_tls_cert_info *info)
 {
-    char err[512];
-    l->cfg = *cfg;
-    l->cfg.tls_cert = l->cfg.tls_key = NULL; /* the strings stay owned by gw->cfg */
+    l->cfg = *cfg; /* the strings stay owned by gw->cfg */
     l->is_admin = is_admin;
-    l->handler = is_admin ? &kvg_admin_handler : &kvg_proxy_handler;
-    if (cfg->tls_cert) {
-        l->cfg.tls_cert = cfg->tls_cert;
-        l->cfg.tls_key = cfg->tls_key;
-        if (kvg_tls_ctx_new(cfg, &l->ssl_ctx, err, sizeof(err)) < 0) {
-            kvg_log_error("listener %s: %s", cfg->address, err);
-            return KVG_ETLS;
-        }
+    l->handler = is_admin ? &kvg_admin_handler
+                 : gw->cfg.probes.front_healthz || gw->cfg.probes.front_readyz
+                     ? &kvg_front_probe_handler
+                     : &kvg_proxy_handler;
+    if (cfg->tls_cert && *ctx) {
+        kvg_tls_slot_init(&l->tls, *ctx, info->not_after_s);
+        *ctx = NULL;
+        l->has_tls = true;
+        kvg_gateway_tls_log_loaded(l, info);
     }
     uint16_t want = cfg->port;
     for (unsigned i = 0; i < nthreads; i++) {
@@ -217,7 +168,7 @@ static int setup_listener(kvg_gateway *gw, kvg_listener *l, const kvg_listener_c
         }
     }
     kvg_log_info("%s listening on %s:%u%s", is_admin ? "admin" : "gateway", cfg->host, l->port,
-                 l->ssl_ctx ? (cfg->cleartext ? " (TLS and cleartext)" : " (TLS only)") : "");
+                 l->has_tls ? (cfg->cleartext ? " (TLS and cleartext)" : " (TLS only)") : "");
     return 0;
 }
 
@@ -267,6 +218,7 @@ static void reload(kvg_gateway *gw)
         kvg_config_done(&next);
         return;
     }
+    kvg_gateway_tls_reload(gw, &next);
     kvg_worker_def *defs = kvg_config_worker_defs(&next);
     char msg[256] = "";
     int rc = defs ? kvg_registry_replace_config(gw->registry, defs, next.nworkers, msg, sizeof(msg))
@@ -299,7 +251,7 @@ static void signal_cb(evutil_socket_t sig, short what, void *arg)
 static bool ready_cb(void *arg)
 {
     kvg_gateway *gw = arg;
-    return !atomic_load(&gw->shutting_down);
+    return !atomic_load(&gw->shutting_down) && !atomic_load(&gw->not_ready);
 }
 
 void kvg_gateway_stop(kvg_gateway *gw)
@@ -406,6 +358,7 @@ static int build_state(kvg_gateway *gw, char *token)
         .engine_load_max_age_ns = kvg_scrape_max_age_ns(gw),
         .secret = gw->secret,
         .secret_len = gw->secret_len,
+        .ready_without_workers = !gw->cfg.probes.ready_requires_worker,
     };
     rc = kvg_admin_new(&acfg, gw->registry, &gw->admin);
     if (rc < 0) {
@@ -436,12 +389,14 @@ static int build_state(kvg_gateway *gw, char *token)
     }
     kvg_admin_add_metrics(gw->admin, kvg_front_stats_write, gw);
     kvg_admin_add_metrics(gw->admin, kvg_hash_stats_write, gw);
+    kvg_admin_add_metrics(gw->admin, kvg_tls_stats_write, gw);
     kvg_admin_set_ready(gw->admin, ready_cb, gw);
+    kvg_admin_set_live(gw->admin, kvg_gateway_live, gw);
     return 0;
 }
 
 /* Threads (not started), listeners bound on them, the access log and the signals. */
-static int build_threads(kvg_gateway *gw)
+static int build_threads(kvg_gateway *gw, kvg_preflight *pf)
 {
     if (kvg_thread_init(&gw->control, gw, gw->nthreads, true) < 0)
         return -ENOMEM;
@@ -460,14 +415,15 @@ static int build_threads(kvg_gateway *gw)
     kvg_thread *control = &gw->control;
     for (size_t i = 0; i < gw->cfg.nlisteners; i++) {
         gw->nlisteners = i + 1;
-        rc = setup_listener(gw, &gw->listeners[i], &gw->cfg.listeners[i], false, tp, gw->nthreads);
+        rc = setup_listener(gw, &gw->listeners[i], &gw->cfg.listeners[i], false, tp, gw->nthreads,
+                            &pf->ctx[0][i], &pf->info[0][i]);
         if (rc < 0)
             goto out;
     }
     for (size_t i = 0; i < gw->cfg.nadmin_listeners; i++) {
         gw->nadmin_listeners = i + 1;
         rc = setup_listener(gw, &gw->admin_listeners[i], &gw->cfg.admin_listeners[i], true,
-                            &control, 1);
+                            &control, 1, &pf->ctx[1][i], &pf->info[1][i]);
         if (rc < 0)
             goto out;
     }
@@ -505,7 +461,16 @@ int kvg_gateway_new(kvg_config *cfg, int argc, char **argv, kvg_gateway **out)
 
     char *token = NULL;
     bool generated;
-    int rc = mkdir_p(gw->cfg.state_dir, 0700);
+    /* The checks --check-config makes too: TLS files and settings, the state directory, the
+     * secrets and the files the gateway writes. */
+    kvg_preflight pf;
+    char perr[1024];
+    int rc = kvg_preflight_run(&gw->cfg, false, &pf, perr, sizeof(perr));
+    if (rc < 0) {
+        kvg_log_error("%s", perr);
+        goto fail;
+    }
+    rc = mkdir_p(gw->cfg.state_dir, 0700);
     if (rc < 0) {
         kvg_log_error("cannot create state directory %s: %s", gw->cfg.state_dir, kvg_strerror(rc));
         goto fail;
@@ -544,16 +509,18 @@ int kvg_gateway_new(kvg_config *cfg, int argc, char **argv, kvg_gateway **out)
     rc = build_state(gw, token);
     if (rc < 0)
         goto fail;
-    rc = build_threads(gw);
+    rc = build_threads(gw, &pf);
     if (rc < 0) {
         kvg_log_error("cannot start the gateway's threads and listeners: %s", kvg_strerror(rc));
         goto fail;
     }
     free(token);
+    kvg_preflight_done(&pf);
     *out = gw;
     return 0;
 fail:
     free(token);
+    kvg_preflight_done(&pf);
     kvg_gateway_free(gw);
     return rc;
 }
@@ -611,13 +578,17 @@ void kvg_gateway_free(kvg_gateway *gw)
         event_free(gw->sig_hup);
     if (gw->shutdown_timer)
         event_free(gw->shutdown_timer);
+    if (gw->ready_delay_timer)
+        event_free(gw->ready_delay_timer);
     if (gw->control_ready)
         kvg_thread_done(&gw->control);
     free(gw->threads);
     for (size_t i = 0; i < gw->nlisteners; i++)
-        SSL_CTX_free(gw->listeners[i].ssl_ctx);
+        if (gw->listeners[i].has_tls)
+            kvg_tls_slot_done(&gw->listeners[i].tls);
     for (size_t i = 0; i < gw->nadmin_listeners; i++)
-        SSL_CTX_free(gw->admin_listeners[i].ssl_ctx);
+        if (gw->admin_listeners[i].has_tls)
+            kvg_tls_slot_done(&gw->admin_listeners[i].tls);
     if (gw->access_log_fd >= 0)
         close(gw->access_log_fd);
     kvg_admin_free(gw->admin);

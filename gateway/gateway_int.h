@@ -15,11 +15,13 @@
 #include "router.h"
 #include "tenancy.h"
 #include "thread.h"
+#include "tls.h"
 
 /* A listening address, shared read-only by all threads serving it. */
 struct kvg_listener {
     kvg_listener_config cfg;
-    SSL_CTX *ssl_ctx;           /* NULL without TLS */
+    bool has_tls;               /* tls is set up (its context may be swapped by a reload) */
+    kvg_tls_slot tls;           /* the context new TLS connections get */
     const kvg_handler *handler; /* proxy or admin */
     bool is_admin;
     uint16_t port; /* as bound (the configured one may be 0) */
@@ -73,6 +75,7 @@ struct kvg_gateway {
     kvg_thread control;
     bool control_ready;
     _Atomic bool shutting_down;
+    _Atomic bool not_ready;      /* SIGTERM's ready delay: /readyz 503 while still serving */
     _Atomic bool force_stop;     /* the shutdown deadline passed */
     _Atomic bool stop_requested; /* kvg_gateway_stop from another thread */
     _Atomic unsigned threads_exited;
@@ -85,6 +88,8 @@ struct kvg_gateway {
     kvg_budget response_budget; /* response bytes queued toward clients */
     struct event *sig_term, *sig_int, *sig_hup;
     struct event *shutdown_timer;
+    struct event *ready_delay_timer;
+    const char *shutdown_why; /* a static string: what began the shutdown */
 };
 
 /* ---- lifecycle.c ---- */
@@ -96,6 +101,28 @@ void kvg_gateway_init_limits(kvg_gateway *gw, uint64_t nofile);
 void kvg_gateway_control_wakeup(kvg_gateway *gw);
 /** Start a graceful shutdown (a second call forces it). Control thread only. */
 void kvg_gateway_begin_shutdown(kvg_gateway *gw, const char *why);
+
+/* ---- health.c ---- */
+/* A front loop that has not turned for this long fails /healthz (liveness). Generous: a loop
+ * busy with a large request for a moment must not get the gateway restarted. */
+#define KVG_LIVENESS_STALL_MS 10000
+/** /healthz's callback (kvg_admin_live_fn): every front thread's loop answered a ping within
+ *  KVG_LIVENESS_STALL_MS (always true while shutting down). Any thread. */
+bool kvg_gateway_live(void *gw, char *why, size_t why_len);
+
+/* ---- tls_reload.c ---- */
+/** Log what a listener's certificate says (subject, expiry). */
+void kvg_gateway_tls_log_loaded(const kvg_listener *l, const kvg_tls_cert_info *info);
+/** SIGHUP: build every TLS listener's context again from its certificate and key files under
+ *  next's TLS settings, and put each that loads in force for new connections; a listener whose
+ *  files or settings fail keeps its context, with an error in the log. Control thread. */
+void kvg_gateway_tls_reload(kvg_gateway *gw, const kvg_config *next);
+/** kvgate_tls_certificate_expiry_timestamp_seconds (registered with the admin module). */
+void kvg_tls_stats_write(kvg_buf *out, void *gw);
+
+/* ---- front_probes.c ---- */
+/** The proxy handler with probes.front_healthz and probes.front_readyz answered before it. */
+extern const kvg_handler kvg_front_probe_handler;
 
 /* ---- hashing.c ---- */
 /** Open the GPU hashing backend as hash.backend says: the device and its batcher, or the CPU

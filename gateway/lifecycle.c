@@ -47,7 +47,8 @@ static void stop_control(kvg_gateway *gw)
 
 void kvg_gateway_control_wakeup(kvg_gateway *gw)
 {
-    if (atomic_load(&gw->stop_requested) && !atomic_load(&gw->shutting_down))
+    if (atomic_load(&gw->stop_requested) && !atomic_load(&gw->shutting_down) &&
+        !atomic_load(&gw->not_ready)) /* not again during the ready delay */
         kvg_gateway_begin_shutdown(gw, "stop requested");
     if (atomic_load(&gw->shutting_down) && atomic_load(&gw->threads_exited) == gw->nthreads)
         stop_control(gw);
@@ -61,13 +62,10 @@ static void shutdown_deadline_cb(evutil_socket_t fd, short what, void *arg)
     kvg_gateway_notify_all(gw);
 }
 
-void kvg_gateway_begin_shutdown(kvg_gateway *gw, const char *why)
+/* Close the listeners (every thread, on its own loop) and let what is in flight finish, up to
+ * the deadline. */
+static void start_drain(kvg_gateway *gw, const char *why)
 {
-    if (atomic_load(&gw->shutting_down)) {
-        kvg_log_warn("%s again: stopping now", why);
-        shutdown_deadline_cb(-1, 0, gw);
-        return;
-    }
     kvg_log_info("%s: draining (up to %u ms)", why, gw->cfg.shutdown_timeout_ms);
     atomic_store(&gw->shutting_down, true);
     kvg_gateway_notify_all(gw);
@@ -77,4 +75,40 @@ void kvg_gateway_begin_shutdown(kvg_gateway *gw, const char *why)
     if (gw->shutdown_timer)
         evtimer_add(gw->shutdown_timer, &tv);
     kvg_gateway_control_wakeup(gw);
+}
+
+static void ready_delay_cb(evutil_socket_t fd, short what, void *arg)
+{
+    kvg_gateway *gw = arg;
+    if (!atomic_load(&gw->shutting_down))
+        start_drain(gw, gw->shutdown_why);
+}
+
+void kvg_gateway_begin_shutdown(kvg_gateway *gw, const char *why)
+{
+    if (atomic_load(&gw->shutting_down) || atomic_load(&gw->not_ready)) {
+        if (!atomic_load(&gw->shutting_down)) /* a second signal during the ready delay */
+            start_drain(gw, why);
+        kvg_log_warn("%s again: stopping now", why);
+        shutdown_deadline_cb(-1, 0, gw);
+        return;
+    }
+    /* Orchestrators and load balancers learn that a replica goes from its readiness probe,
+     * a few seconds after it changes: until they have, requests keep coming, and a closed
+     * listener would refuse them. So first answer /readyz with 503 while serving as before,
+     * then close the listeners and drain. */
+    uint32_t delay = gw->cfg.shutdown_ready_delay_ms;
+    atomic_store(&gw->not_ready, true);
+    gw->shutdown_why = why;
+    if (delay > 0)
+        gw->ready_delay_timer = evtimer_new(gw->control.base, ready_delay_cb, gw);
+    if (!gw->ready_delay_timer) {
+        start_drain(gw, why);
+        return;
+    }
+    kvg_log_info("%s: not ready; still serving for %u ms (shutdown_ready_delay_ms), then "
+                 "draining",
+                 why, delay);
+    struct timeval tv = {delay / 1000, (delay % 1000) * 1000};
+    evtimer_add(gw->ready_delay_timer, &tv);
 }

@@ -11,6 +11,7 @@
 #include "cli.h"
 #include "gateway.h"
 #include "kvg_config.h"
+#include "preflight.h"
 
 int main(int argc, char **argv)
 {
@@ -39,14 +40,26 @@ int main(int argc, char **argv)
         status = 0;
         goto out;
     }
-    if (kvg_config_validate(&cfg, err, sizeof(err)) < 0) {
-        fprintf(stderr, "kvgate: %s\n", err);
+    if (action == KVG_ACTION_CHECK) {
+        /* The checks start-up makes, short of binding the ports, contacting Redis and opening
+         * a GPU; nothing is created. */
+        kvg_preflight pf;
+        if (kvg_preflight_run(&cfg, true, &pf, err, sizeof(err)) < 0) {
+            fprintf(stderr, "kvgate: %s\n", err);
+            goto out;
+        }
+        size_t ntls = 0;
+        for (size_t i = 0; i < KVG_MAX_LISTENERS; i++)
+            ntls += (pf.ctx[0][i] != NULL) + (pf.ctx[1][i] != NULL);
+        kvg_preflight_done(&pf);
+        printf("configuration ok: %zu listeners, %zu admin listeners, %zu workers, "
+               "%zu TLS certificates\n",
+               cfg.nlisteners, cfg.nadmin_listeners, cfg.nworkers, ntls);
+        status = 0;
         goto out;
     }
-    if (action == KVG_ACTION_CHECK) {
-        printf("configuration ok: %zu listeners, %zu admin listeners, %zu workers\n",
-               cfg.nlisteners, cfg.nadmin_listeners, cfg.nworkers);
-        status = 0;
+    if (kvg_config_validate(&cfg, err, sizeof(err)) < 0) {
+        fprintf(stderr, "kvgate: %s\n", err);
         goto out;
     }
     kvg_gateway *gw;

@@ -7,6 +7,7 @@
 #include <event2/event.h>
 #include <event2/listener.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 
 #include "config.h"
@@ -53,6 +54,8 @@ struct kvg_thread {
     struct event *hash_ev;
     bool draining; /* shutdown: no new requests, close when idle */
     bool stopped;
+    /* When this loop last ran its notify callback: /healthz (health.c pings it each second). */
+    _Atomic uint64_t heartbeat_ns;
 };
 
 int kvg_thread_init(kvg_thread *t, kvg_gateway *gw, unsigned index, bool is_control);

@@ -325,6 +325,7 @@ static void notify_cb(evutil_socket_t fd, short what, void *arg)
     uint64_t v;
     ssize_t n = read(fd, &v, sizeof(v));
     (void)n;
+    atomic_store(&t->heartbeat_ns, kvg_now_ns()); /* the loop turns (health.c pings it) */
     kvg_gateway *gw = t->gw;
     if (t->is_control) {
         kvg_gateway_control_wakeup(gw);

@@ -14,6 +14,13 @@
 #include "admin.h"
 #include "admin_helpers.h"
 
+static bool live_value = true;
+static bool live_cb(void *ud, char *why, size_t len)
+{
+    snprintf(why, len, "loop 1 stuck");
+    return *(bool *)ud;
+}
+
 static void test_healthz_readyz(void **state)
 {
     fixture *f = *state;
@@ -25,6 +32,15 @@ static void test_healthz_readyz(void **state)
     r = call(f, "POST", "/healthz", NULL, NULL);
     assert_error(&r, 405, "invalid_request_error", "method POST not allowed here; allowed: GET");
     assert_string_equal(r.allow, "GET");
+    /* the liveness callback can fail it, with its reason */
+    kvg_admin_set_live(f->admin, live_cb, &live_value);
+    assert_int_equal(call(f, "GET", "/healthz", NULL, NULL).status, 200);
+    live_value = false;
+    r = call(f, "GET", "/healthz", NULL, NULL);
+    assert_int_equal(r.status, 503);
+    assert_string_equal(r.body, "{\"status\":\"unhealthy\",\"reason\":\"loop 1 stuck\"}");
+    live_value = true;
+    kvg_admin_set_live(f->admin, NULL, NULL);
 
     r = call(f, "GET", "/readyz", NULL, NULL);
     assert_int_equal(r.status, 503);
