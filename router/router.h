@@ -230,6 +230,14 @@ void kvg_worker_record_usage(kvg_worker *w, uint64_t predicted_tokens, int64_t p
 
 /** Count one retry away from this worker (connect failure or reset before a response). */
 void kvg_worker_record_retry(kvg_worker *w);
+/** Count one answer's time to first token, ttft_ns after the request arrived (the first SSE event
+ *  with output; the first body byte of a JSON answer). Thread-safe (relaxed atomics). */
+void kvg_worker_record_ttft(kvg_worker *w, uint64_t ttft_ns);
+/** Count n gaps of gap_ns between consecutive output events of a stream. Thread-safe. */
+void kvg_worker_record_itl(kvg_worker *w, uint64_t gap_ns, uint64_t n);
+/** Count the output tokens of one answer (usage.completion_tokens); a negative count (not
+ *  reported) counts nothing. Thread-safe. */
+void kvg_worker_record_output_tokens(kvg_worker *w, int64_t tokens);
 
 /** Per-thread opaque slot the gateway uses for its connection pool to this worker.
  *  Slot t may only be touched by thread t. Starts NULL; must be NULL again before the
