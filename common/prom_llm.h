@@ -9,13 +9,13 @@
 #include "common.h"
 #include "prom.h"
 
-#define KVG_MS(x) ((uint64_t)((x) * 1000000.0))
+#define KVG_MS(x) ((uint64_t)((x)*1000000.0))
 
 /* Time to first token: a cached short prompt answers in tens of milliseconds, a long uncached
  * one or a queue in seconds. _sum in microseconds. */
 static const uint64_t kvg_prom_ttft_bounds_ns[] = {
-    KVG_MS(10),  KVG_MS(25),   KVG_MS(50),   KVG_MS(100),  KVG_MS(250),
-    KVG_MS(500), KVG_MS(1000), KVG_MS(2500), KVG_MS(5000), KVG_MS(10000),
+    KVG_MS(10),    KVG_MS(25),    KVG_MS(50),    KVG_MS(100),  KVG_MS(250),
+    KVG_MS(500),   KVG_MS(1000),  KVG_MS(2500),  KVG_MS(5000), KVG_MS(10000),
     KVG_MS(20000), KVG_MS(30000), KVG_MS(60000),
 };
 static const kvg_prom_buckets kvg_prom_ttft_buckets = {

@@ -32,8 +32,8 @@ static void put_output(kvg_buf *b, const kvg_exchange *x)
         kvg_buf_printf(b, "%.3f", (double)x->output_span_ns / 1e6 / (double)(x->output_events - 1));
     else
         kvg_buf_puts(b, "null");
-    kvg_buf_printf(b, ",\"output_events\":%llu,\"output_tokens\":",
-                   (unsigned long long)x->output_events);
+    kvg_buf_printf(
+        b, ",\"output_events\":%llu,\"output_tokens\":", (unsigned long long)x->output_events);
     if (x->have_output_tokens)
         kvg_buf_printf(b, "%lld", (long long)x->output_tokens);
     else

@@ -428,8 +428,7 @@ static int build_state(kvg_gateway *gw, char *token)
     }
     rc = metrics_tokens(gw, &gw->cfg);
     if (rc < 0) {
-        kvg_log_error("invalid KVGATE_METRICS_TOKEN or admin.metrics_tokens: %s",
-                      kvg_strerror(rc));
+        kvg_log_error("invalid KVGATE_METRICS_TOKEN or admin.metrics_tokens: %s", kvg_strerror(rc));
         return rc;
     }
     /* Tenants, keys, admin-defined workers and the policy as the admin API last left them. */

@@ -41,15 +41,17 @@ typedef struct proxy_req {
     uint64_t parse_ns;         /* the body scan, for the decision's stage timings */
     uint32_t attempt_matched;  /* blocks the current worker was predicted to hold */
     kvg_usage_scan usage;      /* the engine's usage report, read from a 200 response */
-    bool body_started;         /* a body byte of the 200 answer arrived */
-    bool sse;                  /* the answer is an event stream: TTFT is its first output */
-    uint64_t events_seen;      /* usage.output_events already timed */
-    uint64_t first_output_ns;  /* monotonic */
-    uint64_t last_output_ns;
     kvg_body_plan plan;        /* the body with the scope's cache_salt, as pieces */
     struct evbuffer *salted;   /* the body with the scope's cache_salt (and no client salt) */
     struct evbuffer *unsalted; /* the body without any cache_salt, for workers that take none */
     char salt[KVG_SALT_LEN + 1];
+
+    /* Time to first token and between output events (time_output). */
+    bool body_started;        /* a body byte of the 200 answer arrived */
+    bool sse;                 /* the answer is an event stream: TTFT is its first output */
+    uint64_t events_seen;     /* usage.output_events already timed */
+    uint64_t first_output_ns; /* monotonic */
+    uint64_t last_output_ns;
 } proxy_req;
 
 typedef enum proxy_route {

@@ -379,9 +379,9 @@ int kvg_body_plan_write(const kvg_body_plan *plan, kvg_buf *out);
 /* ---- the engine's usage report ------------------------------------------------------------- */
 
 typedef enum kvg_usage_field {
-    KVG_USAGE_PROMPT_TOKENS = 0,  /* usage.prompt_tokens */
-    KVG_USAGE_CACHED_TOKENS,      /* usage.prompt_tokens_details.cached_tokens */
-    KVG_USAGE_COMPLETION_TOKENS,  /* usage.completion_tokens */
+    KVG_USAGE_PROMPT_TOKENS = 0, /* usage.prompt_tokens */
+    KVG_USAGE_CACHED_TOKENS,     /* usage.prompt_tokens_details.cached_tokens */
+    KVG_USAGE_COMPLETION_TOKENS, /* usage.completion_tokens */
     KVG_USAGE_FIELD_COUNT,
 } kvg_usage_field;
 

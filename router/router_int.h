@@ -83,6 +83,7 @@ struct kvg_worker {
     kvg_prom_hist ttft;
     kvg_prom_hist itl;
     _Atomic uint64_t output_tokens; /* usage.completion_tokens */
+
     void *slots[]; /* nthreads per-thread slots for the gateway */
 };
 _Static_assert(offsetof(struct kvg_worker, spec) + sizeof(void *) <= 64,

@@ -139,12 +139,13 @@ static void test_output_events(void **state)
     check_events(chat_stream, 2, 2);
     check_splits(chat_stream, 40, 32);
     /* /v1/completions: "text" deltas; the last one empty with its finish reason. */
-    check_events("data: {\"choices\":[{\"index\":0,\"text\":\" a\",\"logprobs\":null,"
-                 "\"finish_reason\":null}]}\n\n"
-                 "data: {\"choices\":[{\"index\":0,\"text\":\" b\"}]}\n\n"
-                 "data: {\"choices\":[{\"index\":0,\"text\":\"\",\"finish_reason\":\"length\"}]}\n\n"
-                 "data: {\"choices\":[],\"usage\":{\"completion_tokens\":3}}\n\ndata: [DONE]\n\n",
-                 2, 3);
+    check_events(
+        "data: {\"choices\":[{\"index\":0,\"text\":\" a\",\"logprobs\":null,"
+        "\"finish_reason\":null}]}\n\n"
+        "data: {\"choices\":[{\"index\":0,\"text\":\" b\"}]}\n\n"
+        "data: {\"choices\":[{\"index\":0,\"text\":\"\",\"finish_reason\":\"length\"}]}\n\n"
+        "data: {\"choices\":[],\"usage\":{\"completion_tokens\":3}}\n\ndata: [DONE]\n\n",
+        2, 3);
     /* CRLF and CR line ends, comments, multi-line data, whitespace around values. */
     check_events(": ping\r\n\r\ndata: {\"delta\": {\"content\" : \"x\"}}\r\n\r\n"
                  "data: {\"delta\":\r\ndata: {\"content\":\"y\"}}\r\rdata: [DONE]\r\r",
