@@ -394,9 +394,9 @@ typedef struct kvg_usage_scan {
     int64_t value[KVG_USAGE_FIELD_COUNT]; /* last value seen; -1 = none */
     uint64_t acc;
     uint64_t output_events; /* SSE events seen so far that carried output */
-    uint8_t matched[KVG_USAGE_SCAN_KEYS];
+    uint16_t alive;         /* keys whose first `matched` bytes are the last bytes seen; 0: idle */
+    uint8_t matched;
     uint8_t state, field, ndigits;
-    bool partial;      /* some key is partly matched */
     bool line_started; /* the current line has a byte that is not CR or LF */
     bool after_cr;     /* the last byte was CR (a CRLF's LF ends no second line) */
     bool event_output; /* the current event carries output */
