@@ -244,6 +244,14 @@ static void up_head(void *ud, int status, const kvg_header *hdrs, size_t n, int6
     kvg_exchange_respond(x, status, content_length);
 }
 
+static bool has_content_type(const kvg_exchange *x)
+{
+    for (size_t i = 0; i < x->resp_nheaders; i++)
+        if (kvg_strcaseeq(x->resp_headers[i].name, x->resp_headers[i].name_len, "content-type"))
+            return true;
+    return false;
+}
+
 static bool is_event_stream(const kvg_exchange *x)
 {
     static const char sse[] = "text/event-stream";
@@ -265,7 +273,8 @@ static void time_output(proxy_req *r)
     uint64_t n;
     if (!r->body_started) {
         r->body_started = true;
-        r->sse = is_event_stream(x);
+        /* The content type says; a worker that sends none streams what was asked for. */
+        r->sse = is_event_stream(x) || (r->info.stream && !has_content_type(x));
     }
     if (r->sse) {
         n = r->usage.output_events - r->events_seen;

@@ -7,6 +7,7 @@ worker and per tenant (with the tenants' label cap), and in the access log.
 Timings here are lower bounds only: the simworker sleeps for prefill and decode, so a first
 token cannot come earlier than its prefill, whatever the load of the machine."""
 import json
+import time
 
 import pytest
 
@@ -145,3 +146,46 @@ def test_tenant_label_cap(simworker, kvgate):
     assert not [k for k in s if 'tenant="second"' in k or 'tenant="third"' in k]
     # Per worker, everything.
     assert gw.metric("kvgate_worker_output_tokens_total", s, worker=sw.name) == 6
+
+
+def test_events_split_across_reads_and_no_content_type(kvgate, fake_upstream):
+    """A worker that names no content type streams what was asked for; events split at odd
+    bytes across reads still count once, a role-only chunk does not, a tool-call delta does."""
+    role = b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
+    tool = (b'data: {"choices":[{"delta":{"content":null,"tool_calls":[{"index":0,"id":"t1",'
+            b'"function":{"name":"f","arguments":""}}]}}]}\n\n')
+    text = b'data: {"choices":[{"delta":{"content":"hi"}}]}\r\n\r\n'
+    usage = (b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,'
+             b'"prompt_tokens_details":null}}\n\ndata: [DONE]\n\n')
+
+    def chunk(sock, data):
+        sock.sendall(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def handler(req, sock):
+        sock.sendall(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        chunk(sock, role)
+        time.sleep(0.1)
+        chunk(sock, tool[:17])  # inside "choices"
+        time.sleep(0.02)
+        chunk(sock, tool[17:-1])  # all but the blank line's last LF
+        time.sleep(0.05)
+        chunk(sock, tool[-1:] + text[:31])  # the event ends here; "content" split
+        time.sleep(0.02)
+        chunk(sock, text[31:] + usage)
+        sock.sendall(b"0\r\n\r\n")
+        return True
+
+    up = fake_upstream(handler, name="fake")
+    gw = kvgate(up)
+    r = http.post(gw.url + CHAT, json={"model": "m", "stream": True,
+                                       "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 200, r.text
+    e = entry(gw, CHAT, 1)
+    assert e["output_events"] == 2, e
+    assert e["output_tokens"] == 2, e
+    assert e["ttft_ms"] - e["ttfb_ms"] >= 0.8 * (100 + 20 + 50), e
+    assert e["itl_ms"] >= 0.8 * 20, e
+    s = gw.scrape()
+    assert gw.metric("kvgate_worker_ttft_seconds_count", s, worker="fake") == 1
+    assert gw.metric("kvgate_worker_itl_seconds_count", s, worker="fake") == 1
+    assert gw.metric("kvgate_worker_output_tokens_total", s, worker="fake") == 2
