@@ -6,7 +6,6 @@ worker and per tenant (with the tenants' label cap), and in the access log.
 
 Timings here are lower bounds only: the simworker sleeps for prefill and decode, so a first
 token cannot come earlier than its prefill, whatever the load of the machine."""
-import json
 import time
 
 import pytest
