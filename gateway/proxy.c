@@ -284,21 +284,21 @@ static void time_output(proxy_req *r)
     }
     if (n == 0)
         return;
-    uint64_t now = kvg_now_ns(), gap = 0;
+    uint64_t now = kvg_now_ns(), gap = 0, events = n;
     if (x->ttft_ns == 0) {
         x->ttft_ns = now > x->start_ns ? now - x->start_ns : 1;
         r->first_output_ns = now;
         kvg_worker_record_ttft(r->worker, x->ttft_ns);
         if (r->tenant)
             kvg_tenant_record_ttft(r->tenant, x->ttft_ns);
-        n--;
+        n--; /* the gaps: one per event after the first */
     } else {
         gap = (now - r->last_output_ns) / n;
     }
     r->last_output_ns = now;
     if (!r->sse)
         return;
-    x->output_events += n + (x->output_events == 0);
+    x->output_events += events;
     x->output_span_ns = now - r->first_output_ns;
     if (n) {
         kvg_worker_record_itl(r->worker, gap, n);
