@@ -172,6 +172,7 @@ void kvg_admin_free(kvg_admin *admin)
     kvg_admin_shared_free(admin->shared); /* its thread applies changes: first */
     OPENSSL_cleanse(admin->secret, sizeof(admin->secret));
     kvg_admin_free_digests(admin->digests, admin->ndigests);
+    kvg_admin_free_digests(admin->metrics_digests, admin->nmetrics_digests);
     pthread_mutex_destroy(&admin->change_lock);
     pthread_mutex_destroy(&admin->lock);
     free(admin->audit_path);

@@ -118,6 +118,11 @@ int kvg_admin_share_state(kvg_admin *admin, char *msg, size_t msg_len);
  *  Tokens must be non-empty, without spaces or control characters; at most 64. Only their
  *  SHA-256 digests are kept. */
 int kvg_admin_set_tokens(kvg_admin *admin, const char *const *tokens, size_t ntokens);
+/** Replace the tokens that grant GET /metrics only (for a Prometheus that should not hold the
+ *  admin token); admin tokens keep working for /metrics. ntokens 0 removes them. Elsewhere a
+ *  metrics token gets 403. 0, -EINVAL or -ENOMEM (old tokens kept); the rules of
+ *  kvg_admin_set_tokens. Only digests are kept. */
+int kvg_admin_set_metrics_tokens(kvg_admin *admin, const char *const *tokens, size_t ntokens);
 /** Register an extra metrics writer, called on every /metrics scrape in registration order
  *  (outside the admin's lock, possibly from several threads at once). 0, -EINVAL (fn NULL),
  *  KVG_ELIMIT (more than 64 writers) or -ENOMEM. */
@@ -139,7 +144,8 @@ void kvg_admin_set_live(kvg_admin *admin, kvg_admin_live_fn fn, void *ud);
 void kvg_admin_handle(kvg_admin *admin, const kvg_admin_request *req, kvg_admin_response *resp);
 /** Check req's credentials before its body is read: true when kvg_admin_handle would go past
  *  authentication (an accepted token, or /healthz and /readyz, which answer anyone); req's
- *  body is not looked at. false when it would answer 401 (or 500, the digest failing): resp
+ *  body is not looked at. false when it would answer 401 (403: a metrics token on another path;
+ *  500: the digest failing): resp
  *  then holds that answer, to send and free with kvg_admin_response_done. Lets a front refuse
  *  a stranger's body unread instead of buffering up to KVG_ADMIN_BODY_MAX for it. */
 bool kvg_admin_preauthorize(kvg_admin *admin, const kvg_admin_request *req,

@@ -43,6 +43,9 @@ struct kvg_admin {
     pthread_mutex_t lock;
     unsigned char (*digests)[ADMIN_DIGEST_LEN];
     size_t ndigests;
+    /* Tokens that grant GET /metrics and nothing else (kvg_admin_set_metrics_tokens). */
+    unsigned char (*metrics_digests)[ADMIN_DIGEST_LEN];
+    size_t nmetrics_digests;
     admin_writer writers[ADMIN_WRITERS_MAX];
     size_t nwriters;
     kvg_admin_ready_fn ready;

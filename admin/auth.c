@@ -66,13 +66,40 @@ int kvg_admin_digest_tokens(const char *const *tokens, size_t n,
     return 0;
 }
 
+int kvg_admin_set_metrics_tokens(kvg_admin *admin, const char *const *tokens, size_t ntokens)
+{
+    unsigned char(*digests)[ADMIN_DIGEST_LEN] = NULL;
+    if (ntokens > 0) {
+        int rc = kvg_admin_digest_tokens(tokens, ntokens, &digests);
+        if (rc < 0)
+            return rc;
+    }
+    pthread_mutex_lock(&admin->lock);
+    unsigned char(*old)[ADMIN_DIGEST_LEN] = admin->metrics_digests;
+    size_t nold = admin->nmetrics_digests;
+    admin->metrics_digests = digests;
+    admin->nmetrics_digests = ntokens;
+    pthread_mutex_unlock(&admin->lock);
+    kvg_admin_free_digests(old, nold);
+    return 0;
+}
+
+/* GET /metrics (any query): what a metrics token may do. */
+static bool metrics_request(const kvg_admin_request *req)
+{
+    if (!req->method || !req->path || strcmp(req->method, "GET") != 0)
+        return false;
+    size_t n = strcspn(req->path, "?");
+    return n == 8 && memcmp(req->path, "/metrics", 8) == 0;
+}
+
 static bool is_space(char c)
 {
     return c == ' ' || c == '\t';
 }
 
 /* Why the header is not acceptable, or NULL when it carries an accepted token. */
-static const char *check(admin_ctx *c, bool *internal, bool *bad_token)
+static const char *check(admin_ctx *c, bool *internal, bool *bad_token, bool *forbidden)
 {
     const char *h = c->req->authorization;
     if (!h || !*h)
@@ -95,23 +122,31 @@ static const char *check(admin_ctx *c, bool *internal, bool *bad_token)
         return "could not check the token";
     }
     /* Compare with every accepted token, without stopping at a match. */
-    bool match = false;
+    bool match = false, metrics_match = false;
     kvg_admin *admin = c->admin;
     pthread_mutex_lock(&admin->lock);
     for (size_t i = 0; i < admin->ndigests; i++)
         match |= kvg_consttime_eq(d, admin->digests[i], ADMIN_DIGEST_LEN);
+    for (size_t i = 0; i < admin->nmetrics_digests; i++)
+        metrics_match |= kvg_consttime_eq(d, admin->metrics_digests[i], ADMIN_DIGEST_LEN);
     pthread_mutex_unlock(&admin->lock);
     OPENSSL_cleanse(d, sizeof(d));
     if (match)
         return NULL;
+    if (metrics_match) {
+        if (metrics_request(c->req))
+            return NULL;
+        *forbidden = true;
+        return "the metrics token grants GET /metrics only";
+    }
     *bad_token = true;
     return "invalid admin token";
 }
 
 bool kvg_admin_authorize(admin_ctx *c)
 {
-    bool internal = false, bad_token = false;
-    const char *why = check(c, &internal, &bad_token);
+    bool internal = false, bad_token = false, forbidden = false;
+    const char *why = check(c, &internal, &bad_token, &forbidden);
     if (!why)
         return true;
     char m[16], p[128];
@@ -119,8 +154,8 @@ bool kvg_admin_authorize(admin_ctx *c)
     kvg_log_warn("admin: remote=%s %s %s: authentication failed: %s", c->remote,
                  kvg_admin_log_safe(c->req->method, m, sizeof(m)),
                  kvg_admin_log_safe(c->req->path, p, sizeof(p)), why);
-    if (internal) {
-        kvg_admin_error(c->resp, 500, "%s", why);
+    if (internal || forbidden) {
+        kvg_admin_error(c->resp, internal ? 500 : 403, "%s", why);
         return false;
     }
     kvg_admin_error(c->resp, 401, "%s", why);

@@ -18,6 +18,28 @@ static void put_str_or_null(kvg_buf *b, const char *s)
         kvg_buf_puts(b, "null");
 }
 
+/* What the user felt: time to first token, the mean gap between output events (ITL), the events
+ * and the output tokens the engine reported; null where unknown. */
+static void put_output(kvg_buf *b, const kvg_exchange *x)
+{
+    kvg_buf_puts(b, ",\"ttft_ms\":");
+    if (x->ttft_ns)
+        kvg_buf_printf(b, "%.3f", (double)x->ttft_ns / 1e6);
+    else
+        kvg_buf_puts(b, "null");
+    kvg_buf_puts(b, ",\"itl_ms\":");
+    if (x->output_events >= 2)
+        kvg_buf_printf(b, "%.3f", (double)x->output_span_ns / 1e6 / (double)(x->output_events - 1));
+    else
+        kvg_buf_puts(b, "null");
+    kvg_buf_printf(
+        b, ",\"output_events\":%llu,\"output_tokens\":", (unsigned long long)x->output_events);
+    if (x->have_output_tokens)
+        kvg_buf_printf(b, "%lld", (long long)x->output_tokens);
+    else
+        kvg_buf_puts(b, "null");
+}
+
 void kvg_thread_exchange_finished(void *thread, kvg_exchange *x)
 {
     kvg_thread *t = thread;
@@ -55,6 +77,7 @@ void kvg_thread_exchange_finished(void *thread, kvg_exchange *x)
         kvg_buf_printf(&b, "%.3f", (double)(x->first_byte_ns - x->start_ns) / 1e6);
     else
         kvg_buf_puts(&b, "null");
+    put_output(&b, x);
     kvg_buf_puts(&b, ",\"error\":");
     put_str_or_null(&b, x->error_type);
     kvg_buf_puts(&b, "}\n");

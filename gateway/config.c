@@ -173,6 +173,13 @@ static const kvg_field admin_fields[] = {
      .count_offset = offsetof(kvg_config, nadmin_tokens),
      .max = KVG_MAX_ADMIN_TOKENS,
      .check = check_token},
+    {.name = "metrics_tokens",
+     .type = KVG_FIELD_STRINGS,
+     .set_in = KVG_SET_CONFIG,
+     .offset = offsetof(kvg_config, metrics_tokens),
+     .count_offset = offsetof(kvg_config, nmetrics_tokens),
+     .max = KVG_MAX_ADMIN_TOKENS,
+     .check = check_token},
     {.name = "max_connections",
      .type = KVG_FIELD_U32,
      .set_in = KVG_SET_CONFIG,
@@ -770,7 +777,8 @@ void kvg_config_usage(FILE *out)
         "  -h, --help                 this text\n"
         "  -V, --version              print the version\n\n"
         "Environment: KVGATE_ADMIN_TOKEN sets the admin bearer token, KVGATE_SECRET the\n"
-        "server secret that cache salts derive from (replicas must share it).\n"
+        "server secret that cache salts derive from (replicas must share it),\n"
+        "KVGATE_METRICS_TOKEN a bearer token that reads GET /metrics and nothing else.\n"
         "Signals: SIGTERM/SIGINT drain and exit (after shutdown_ready_delay_ms), SIGHUP\n"
         "reloads the config file and the TLS certificates.\n");
 }

@@ -187,6 +187,8 @@ typedef struct kvg_config {
     size_t nadmin_listeners;
     char **admin_tokens; /* at most KVG_MAX_ADMIN_TOKENS */
     size_t nadmin_tokens;
+    char **metrics_tokens; /* admin.metrics_tokens: GET /metrics only */
+    size_t nmetrics_tokens;
     uint32_t admin_max_connections; /* admin connections at once (the oldest idle one makes room) */
     char *state_dir;
     unsigned threads; /* 0 = one per core */

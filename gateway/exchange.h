@@ -162,6 +162,12 @@ struct kvg_exchange {
     unsigned retries;
     const char *error_type; /* static string for errors the gateway generated */
     const char *error_code; /* static: the next error's "code" (kvg_exchange_set_error_code) */
+    /* What the user felt (proxy.c, completions and chat 200 answers only). */
+    uint64_t ttft_ns;        /* time to first token after start_ns; 0: no output seen */
+    uint64_t output_events;  /* SSE events with output (0 for a JSON answer) */
+    uint64_t output_span_ns; /* from the first output event to the last */
+    int64_t output_tokens;   /* usage.completion_tokens, when have_output_tokens */
+    bool have_output_tokens;
 
     /* --- binding --- */
     const kvg_exchange_ops *ops;

@@ -22,6 +22,7 @@
 #include "kvg_config.h"
 #include "preflight.h"
 #include "probe.h"
+#include "process_metrics.h"
 #include "tls.h"
 
 /* ---- state directory and admin token ------------------------------------------------------- */
@@ -58,6 +59,17 @@ static int admin_token(kvg_config *cfg, char **out_token, bool *generated)
         return 0;
     }
     return kvg_state_secret(cfg->state_dir, "admin-token", true, out_token, generated);
+}
+
+/* The tokens that grant GET /metrics only: KVGATE_METRICS_TOKEN, else admin.metrics_tokens
+ * (none: only the admin token reads /metrics). */
+static int metrics_tokens(kvg_gateway *gw, const kvg_config *cfg)
+{
+    const char *env = getenv("KVGATE_METRICS_TOKEN");
+    if (env && *env)
+        return kvg_admin_set_metrics_tokens(gw->admin, &env, 1);
+    return kvg_admin_set_metrics_tokens(gw->admin, (const char *const *)cfg->metrics_tokens,
+                                        cfg->nmetrics_tokens);
 }
 
 /* The server secret under which scope salts are computed: KVGATE_SECRET, the config, or one
@@ -232,6 +244,8 @@ static void reload(kvg_gateway *gw)
     kvg_log_set_level(next.log_level);
     if (next.nadmin_tokens > 0 && !getenv("KVGATE_ADMIN_TOKEN"))
         kvg_admin_set_tokens(gw->admin, (const char *const *)next.admin_tokens, next.nadmin_tokens);
+    if (metrics_tokens(gw, &next) < 0)
+        kvg_log_error("reload: invalid metrics token, keeping the old ones");
     if (next.nlisteners != gw->cfg.nlisteners || next.threads != gw->cfg.threads)
         kvg_log_warn("reload: listener and thread changes take effect after a restart");
     kvg_log_info("configuration reloaded: %zu workers from the config", next.nworkers);
@@ -365,6 +379,11 @@ static int build_state(kvg_gateway *gw, char *token)
         kvg_log_error("cannot create the admin API: %s", kvg_strerror(rc));
         return rc;
     }
+    rc = metrics_tokens(gw, &gw->cfg);
+    if (rc < 0) {
+        kvg_log_error("invalid KVGATE_METRICS_TOKEN or admin.metrics_tokens: %s", kvg_strerror(rc));
+        return rc;
+    }
     /* Tenants, keys, admin-defined workers and the policy as the admin API last left them. */
     rc = kvg_admin_load_state(gw->admin, msg, sizeof(msg));
     if (rc < 0) {
@@ -390,6 +409,7 @@ static int build_state(kvg_gateway *gw, char *token)
     kvg_admin_add_metrics(gw->admin, kvg_front_stats_write, gw);
     kvg_admin_add_metrics(gw->admin, kvg_hash_stats_write, gw);
     kvg_admin_add_metrics(gw->admin, kvg_tls_stats_write, gw);
+    kvg_admin_add_metrics(gw->admin, kvg_process_stats_write, NULL);
     kvg_admin_set_ready(gw->admin, ready_cb, gw);
     kvg_admin_set_live(gw->admin, kvg_gateway_live, gw);
     return 0;

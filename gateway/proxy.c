@@ -50,6 +50,13 @@ typedef struct proxy_req {
     struct evbuffer *unsalted; /* the body without any cache_salt, for workers that take none */
     bool verbatim;             /* a multipart body: forwarded as it came, routed by load */
     char salt[KVG_SALT_LEN + 1];
+
+    /* Time to first token and between output events (time_output). */
+    bool body_started;        /* a body byte of the 200 answer arrived */
+    bool sse;                 /* the answer is an event stream: TTFT is its first output */
+    uint64_t events_seen;     /* usage.output_events already timed */
+    uint64_t first_output_ns; /* monotonic */
+    uint64_t last_output_ns;
 } proxy_req;
 
 typedef enum proxy_route {
@@ -188,8 +195,16 @@ static void record_usage(proxy_req *r)
     int64_t cached = r->usage.value[KVG_USAGE_CACHED_TOKENS];
     uint64_t predicted = kvg_route_predicted_tokens(&r->route, r->attempt_matched, prompt);
     kvg_worker_record_usage(r->worker, predicted, prompt, cached);
-    if (r->tenant)
+    int64_t completion = r->usage.value[KVG_USAGE_COMPLETION_TOKENS];
+    kvg_worker_record_output_tokens(r->worker, completion);
+    if (r->tenant) {
         kvg_tenant_record_usage(r->tenant, predicted, prompt, cached);
+        kvg_tenant_record_output_tokens(r->tenant, completion);
+    }
+    if (completion >= 0) {
+        r->x->output_tokens = completion;
+        r->x->have_output_tokens = true;
+    }
 }
 
 static void finish(proxy_req *r, int status)
@@ -331,12 +346,77 @@ static void up_head(void *ud, int status, const kvg_header *hdrs, size_t n, int6
     kvg_exchange_respond(x, status, content_length);
 }
 
+static bool has_content_type(const kvg_exchange *x)
+{
+    for (size_t i = 0; i < x->resp_nheaders; i++)
+        if (kvg_strcaseeq(x->resp_headers[i].name, x->resp_headers[i].name_len, "content-type"))
+            return true;
+    return false;
+}
+
+static bool is_event_stream(const kvg_exchange *x)
+{
+    static const char sse[] = "text/event-stream";
+    for (size_t i = 0; i < x->resp_nheaders; i++) {
+        const kvg_header *h = &x->resp_headers[i];
+        if (kvg_strcaseeq(h->name, h->name_len, "content-type"))
+            return h->value_len >= sizeof(sse) - 1 &&
+                   kvg_strncaseeq(h->value, sizeof(sse) - 1, sse, sizeof(sse) - 1);
+    }
+    return false;
+}
+
+/* Time to first token and the gaps between output events (the usage scanner counts the events),
+ * on the exchange's own thread. A stream's events that arrive in one read share the time since
+ * the previous output event equally; those that arrive with the first one count gaps of 0. */
+static void time_output(proxy_req *r)
+{
+    kvg_exchange *x = r->x;
+    uint64_t n;
+    if (!r->body_started) {
+        r->body_started = true;
+        /* The content type says; a worker that sends none streams what was asked for. */
+        r->sse = is_event_stream(x) || (r->info.stream && !has_content_type(x));
+    }
+    if (r->sse) {
+        n = r->usage.output_events - r->events_seen;
+        r->events_seen = r->usage.output_events;
+    } else {
+        n = x->ttft_ns == 0; /* a JSON answer: its first byte is the first token */
+    }
+    if (n == 0)
+        return;
+    uint64_t now = kvg_now_ns(), gap = 0, events = n;
+    if (x->ttft_ns == 0) {
+        x->ttft_ns = now > x->start_ns ? now - x->start_ns : 1;
+        r->first_output_ns = now;
+        kvg_worker_record_ttft(r->worker, x->ttft_ns);
+        if (r->tenant)
+            kvg_tenant_record_ttft(r->tenant, x->ttft_ns);
+        n--; /* the gaps: one per event after the first */
+    } else {
+        gap = (now - r->last_output_ns) / n;
+    }
+    r->last_output_ns = now;
+    if (!r->sse)
+        return;
+    x->output_events += events;
+    x->output_span_ns = now - r->first_output_ns;
+    if (n) {
+        kvg_worker_record_itl(r->worker, gap, n);
+        if (r->tenant)
+            kvg_tenant_record_itl(r->tenant, gap, n);
+    }
+}
+
 static void up_data(void *ud, const char *data, size_t len)
 {
     proxy_req *r = ud;
     release_pending(r);
-    if (r->status == 200 && r->api != KVG_BODY_API_OTHER)
+    if (r->status == 200 && r->api != KVG_BODY_API_OTHER) {
         kvg_usage_scan_feed(&r->usage, data, len);
+        time_output(r);
+    }
     kvg_exchange_write(r->x, data, len);
     /* Backpressure: a slow client stops us reading the worker, which stops the worker. */
     if (r->up && kvg_exchange_output_full(r->x))

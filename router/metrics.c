@@ -4,6 +4,25 @@
 
 #include <stdio.h>
 
+#include "prom_llm.h"
+
+void kvg_worker_record_ttft(kvg_worker *w, uint64_t ttft_ns)
+{
+    kvg_prom_hist_observe(&w->ttft, &kvg_prom_ttft_buckets, ttft_ns);
+}
+
+void kvg_worker_record_itl(kvg_worker *w, uint64_t gap_ns, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        kvg_prom_hist_observe(&w->itl, &kvg_prom_itl_buckets, gap_ns);
+}
+
+void kvg_worker_record_output_tokens(kvg_worker *w, int64_t tokens)
+{
+    if (tokens > 0)
+        atomic_fetch_add_explicit(&w->output_tokens, (uint64_t)tokens, memory_order_relaxed);
+}
+
 /* One sample per worker of a gauge or counter without extra labels. */
 static void put_simple(kvg_buf *out, const kvg_worker_set *set, const char *name,
                        kvg_prom_type type, const char *help, uint64_t (*value)(const kvg_worker *))
@@ -102,6 +121,22 @@ static void put_engine_load(kvg_buf *out, const kvg_worker_set *set)
     }
 }
 
+static uint64_t output_tokens_value(const kvg_worker *w)
+{
+    return atomic_load_explicit(&((kvg_worker *)w)->output_tokens, memory_order_relaxed);
+}
+
+static void put_histogram_with(kvg_buf *out, const kvg_worker_set *set, const char *name,
+                               const char *help, size_t offset, const kvg_prom_buckets *b)
+{
+    kvg_prom_put_header(out, name, KVG_PROM_HISTOGRAM, help);
+    for (size_t i = 0; i < set->count; i++) {
+        const kvg_worker *w = set->workers[i];
+        const kvg_prom_hist *h = (const kvg_prom_hist *)(const void *)((const char *)w + offset);
+        kvg_prom_put_hist(out, name, KVG_PROM_LABELS({"worker", w->spec->name}), h, b);
+    }
+}
+
 static void put_histogram(kvg_buf *out, const kvg_worker_set *set, const char *name,
                           const char *help, size_t offset)
 {
@@ -154,8 +189,21 @@ void kvg_registry_write_metrics(kvg_registry *reg, kvg_buf *out)
         "Duration of requests finished on the worker, from arrival to the end of the response.",
         offsetof(kvg_worker, duration));
     put_histogram(out, set, "kvgate_worker_ttfb_seconds",
-                  "Time from the arrival of a request to the first response byte from the worker.",
+                  "Time from the arrival of a request to the worker's response head (sent before "
+                  "the first token by streaming engines: not the time to first token).",
                   offsetof(kvg_worker, ttfb));
+    put_histogram_with(out, set, "kvgate_worker_ttft_seconds",
+                       "Time to first token: from the arrival of a completion or chat request to "
+                       "the first SSE event with output (the first body byte of a non-streamed "
+                       "200 answer).",
+                       offsetof(kvg_worker, ttft), &kvg_prom_ttft_buckets);
+    put_histogram_with(out, set, "kvgate_worker_itl_seconds",
+                       "Inter-token latency: time between consecutive SSE events with output of "
+                       "a stream (events arriving in one read share the gap equally).",
+                       offsetof(kvg_worker, itl), &kvg_prom_itl_buckets);
+    put_simple(out, set, "kvgate_worker_output_tokens_total", KVG_PROM_COUNTER,
+               "Output tokens of answers from the worker (usage.completion_tokens).",
+               output_tokens_value);
     put_simple(out, set, "kvgate_worker_retries_total", KVG_PROM_COUNTER,
                "Requests retried on another worker after a connect failure, a reset before "
                "any response byte, or a 502/503/504 held back from the client (upstream.retry_on).",

@@ -231,6 +231,14 @@ void kvg_worker_record_usage(kvg_worker *w, uint64_t predicted_tokens, int64_t p
 /** Count one retry away from this worker (connect failure, reset, or a 502/503/504 held back
  *  before anything reached the client). */
 void kvg_worker_record_retry(kvg_worker *w);
+/** Count one answer's time to first token, ttft_ns after the request arrived (the first SSE event
+ *  with output; the first body byte of a JSON answer). Thread-safe (relaxed atomics). */
+void kvg_worker_record_ttft(kvg_worker *w, uint64_t ttft_ns);
+/** Count n gaps of gap_ns between consecutive output events of a stream. Thread-safe. */
+void kvg_worker_record_itl(kvg_worker *w, uint64_t gap_ns, uint64_t n);
+/** Count the output tokens of one answer (usage.completion_tokens); a negative count (not
+ *  reported) counts nothing. Thread-safe. */
+void kvg_worker_record_output_tokens(kvg_worker *w, int64_t tokens);
 
 /* ---- passive outlier detection and the retry budget (docs/configuration.md, upstream) ------- */
 
@@ -456,22 +464,37 @@ int kvg_body_plan_write(const kvg_body_plan *plan, kvg_buf *out);
 typedef enum kvg_usage_field {
     KVG_USAGE_PROMPT_TOKENS = 0, /* usage.prompt_tokens */
     KVG_USAGE_CACHED_TOKENS,     /* usage.prompt_tokens_details.cached_tokens */
+    KVG_USAGE_COMPLETION_TOKENS, /* usage.completion_tokens */
     KVG_USAGE_FIELD_COUNT,
 } kvg_usage_field;
 
-/* An incremental reader of the two numbers in a response (body or SSE stream) passing through.
- * Embedded; no allocation. */
+/* Keys the scanner matches: the numeric fields above and the four that carry output. */
+#define KVG_USAGE_SCAN_KEYS (KVG_USAGE_FIELD_COUNT + 4)
+
+/* An incremental reader of a response (body or SSE stream) passing through: the usage numbers,
+ * and the SSE events that carry output. Embedded; no allocation. */
 typedef struct kvg_usage_scan {
     int64_t value[KVG_USAGE_FIELD_COUNT]; /* last value seen; -1 = none */
     uint64_t acc;
-    uint8_t matched[KVG_USAGE_FIELD_COUNT];
+    uint64_t output_events; /* SSE events seen so far that carried output */
+    uint16_t alive;         /* keys whose first `matched` bytes are the last bytes seen; 0: idle */
+    uint8_t matched;
     uint8_t state, field, ndigits;
+    bool line_started; /* the current line has a byte that is not CR or LF */
+    bool after_cr;     /* the last byte was CR (a CRLF's LF ends no second line) */
+    bool event_output; /* the current event carries output */
 } kvg_usage_scan;
 
 void kvg_usage_scan_init(kvg_usage_scan *s);
-/** Feed the next bytes of the response. Looks for "prompt_tokens" and "cached_tokens" keys with
- *  integer values anywhere in the bytes, across chunk boundaries; the last occurrence of each
- *  wins (a stream's final usage chunk). Never fails; garbage leaves the values as they were. */
+/** Feed the next bytes of the response. Looks for "prompt_tokens", "cached_tokens" and
+ *  "completion_tokens" keys with integer values anywhere in the bytes, across chunk boundaries;
+ *  the last occurrence of each wins (a stream's final usage chunk). Counts in output_events the
+ *  SSE events (ended by a blank line: LF, CRLF or CR line ends) that carry output: a non-empty
+ *  string value of "content", "text" or "reasoning_content" (chat and completions deltas), or a
+ *  non-empty "tool_calls" array. A role-only chunk ("content":"" or null), a usage chunk and
+ *  [DONE] carry none. A body without blank lines (a JSON answer) has no events. Never fails;
+ *  garbage leaves the values as they were. The result does not depend on how the bytes are
+ *  split across calls. */
 void kvg_usage_scan_feed(kvg_usage_scan *s, const char *data, size_t len);
 
 /* ---- the prefix index (embedded backend) -------------------------------------------------- */

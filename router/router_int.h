@@ -87,6 +87,11 @@ struct kvg_worker {
     _Atomic uint32_t engine_kv_usage; /* float bits */
     _Atomic uint64_t engine_load_ns;
     _Atomic uint64_t scrape_errors;
+    /* What users feel (router/metrics.c, common/prom_llm.h's layouts). */
+    kvg_prom_hist ttft;
+    kvg_prom_hist itl;
+    _Atomic uint64_t output_tokens; /* usage.completion_tokens */
+
     void *slots[]; /* nthreads per-thread slots for the gateway */
 };
 _Static_assert(offsetof(struct kvg_worker, spec) + sizeof(void *) <= 64,

@@ -457,6 +457,9 @@ int kvg_router_worker_new(worker_spec *spec, kvg_worker_source source, unsigned 
         atomic_init(&w->codes[i], 0u);
     kvg_prom_hist_init(&w->duration);
     kvg_prom_hist_init(&w->ttfb);
+    kvg_prom_hist_init(&w->ttft);
+    kvg_prom_hist_init(&w->itl);
+    atomic_init(&w->output_tokens, 0u);
     *out = w;
     return 0;
 }

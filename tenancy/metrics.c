@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "prom.h"
+#include "prom_llm.h"
 
 /*
  * Series (one per tenant of the current snapshot; a removed tenant's series disappear):
@@ -20,6 +21,9 @@
  *   kvgate_tenant_prompt_tokens_total{tenant}      counter  prompt tokens the engines reported
  *   kvgate_tenant_cached_tokens_total{tenant}      counter  of which cached, as reported
  *   kvgate_tenant_predicted_tokens_total{tenant}   counter  of which the router predicted cached
+ *   kvgate_tenant_output_tokens_total{tenant}      counter  completion tokens the engines reported
+ *   kvgate_tenant_ttft_seconds{tenant}             histogram time to first token
+ *   kvgate_tenant_itl_seconds{tenant}              histogram time between output events
  *   kvgate_auth_failures_total{reason}             counter  "missing", "malformed", "unknown"
  * Label cardinality: tenants with an ordinal below label_cap get a label of their own; the rest
  * are summed under tenant="other", which follows the labelled tenants. A tenant whose id is
@@ -32,6 +36,35 @@ const char *const kvg_tenancy_auth_reasons[AUTH_REASON_COUNT] = {
     [AUTH_UNKNOWN] = "unknown",
 };
 
+void kvg_tenant_record_ttft(kvg_tenant *t, uint64_t ttft_ns)
+{
+    kvg_prom_hist_observe(&t->rt->ttft, &kvg_prom_ttft_buckets, ttft_ns);
+}
+
+void kvg_tenant_record_itl(kvg_tenant *t, uint64_t gap_ns, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        kvg_prom_hist_observe(&t->rt->itl, &kvg_prom_itl_buckets, gap_ns);
+}
+
+void kvg_tenant_record_output_tokens(kvg_tenant *t, int64_t tokens)
+{
+    if (tokens > 0)
+        atomic_fetch_add_explicit(&t->rt->output_tokens, (uint64_t)tokens, memory_order_relaxed);
+}
+
+/* dst += src, count by count (dst is the writer's own copy: relaxed is enough). */
+static void hist_add(kvg_prom_hist *dst, const kvg_prom_hist *src)
+{
+    kvg_prom_hist *s = (kvg_prom_hist *)src;
+    for (size_t i = 0; i < KVG_PROM_BUCKETS_MAX + 1; i++)
+        atomic_fetch_add_explicit(&dst->buckets[i],
+                                  atomic_load_explicit(&s->buckets[i], memory_order_relaxed),
+                                  memory_order_relaxed);
+    atomic_fetch_add_explicit(&dst->sum, atomic_load_explicit(&s->sum, memory_order_relaxed),
+                              memory_order_relaxed);
+}
+
 /* The counters of one label value: a tenant's, or the sum of the capped ones. */
 typedef struct tenant_counts {
     uint64_t codes[TENANT_CODE_SLOTS];
@@ -40,6 +73,8 @@ typedef struct tenant_counts {
     uint64_t inflight;
     uint64_t buffered;
     uint64_t usage[3]; /* prompt, cached, predicted tokens */
+    uint64_t output_tokens;
+    kvg_prom_hist ttft, itl;
 } tenant_counts;
 
 static void read_counts(const tenant_runtime *rt, tenant_counts *c)
@@ -55,6 +90,11 @@ static void read_counts(const tenant_runtime *rt, tenant_counts *c)
     c->usage[0] = atomic_load_explicit(&r->usage_prompt, memory_order_relaxed);
     c->usage[1] = atomic_load_explicit(&r->usage_cached, memory_order_relaxed);
     c->usage[2] = atomic_load_explicit(&r->usage_predicted, memory_order_relaxed);
+    c->output_tokens = atomic_load_explicit(&r->output_tokens, memory_order_relaxed);
+    kvg_prom_hist_init(&c->ttft);
+    kvg_prom_hist_init(&c->itl);
+    hist_add(&c->ttft, &r->ttft);
+    hist_add(&c->itl, &r->itl);
 }
 
 static void add_counts(tenant_counts *sum, const tenant_counts *c)
@@ -68,6 +108,9 @@ static void add_counts(tenant_counts *sum, const tenant_counts *c)
     sum->buffered += c->buffered;
     for (size_t i = 0; i < 3; i++)
         sum->usage[i] += c->usage[i];
+    sum->output_tokens += c->output_tokens;
+    hist_add(&sum->ttft, &c->ttft);
+    hist_add(&sum->itl, &c->itl);
 }
 
 typedef enum family {
@@ -79,6 +122,9 @@ typedef enum family {
     FAM_PROMPT_TOKENS,
     FAM_CACHED_TOKENS,
     FAM_PREDICTED_TOKENS,
+    FAM_OUTPUT_TOKENS,
+    FAM_TTFT,
+    FAM_ITL,
     FAM_COUNT,
 } family;
 
@@ -124,6 +170,18 @@ static void put_counts(kvg_buf *out, family f, const char *tenant, const tenant_
         kvg_prom_put_u64(out, names[k], KVG_PROM_LABELS({"tenant", tenant}), c->usage[k]);
         break;
     }
+    case FAM_OUTPUT_TOKENS:
+        kvg_prom_put_u64(out, "kvgate_tenant_output_tokens_total",
+                         KVG_PROM_LABELS({"tenant", tenant}), c->output_tokens);
+        break;
+    case FAM_TTFT:
+        kvg_prom_put_hist(out, "kvgate_tenant_ttft_seconds", KVG_PROM_LABELS({"tenant", tenant}),
+                          &c->ttft, &kvg_prom_ttft_buckets);
+        break;
+    case FAM_ITL:
+        kvg_prom_put_hist(out, "kvgate_tenant_itl_seconds", KVG_PROM_LABELS({"tenant", tenant}),
+                          &c->itl, &kvg_prom_itl_buckets);
+        break;
     case FAM_COUNT:
         break;
     }
@@ -163,6 +221,14 @@ void kvg_tenants_write_metrics(kvg_tenants *ts, size_t label_cap, kvg_buf *out)
         [FAM_PREDICTED_TOKENS] = {"kvgate_tenant_predicted_tokens_total", KVG_PROM_COUNTER,
                                   "Of those, tokens the router predicted cached on the worker "
                                   "it chose."},
+        [FAM_OUTPUT_TOKENS] = {"kvgate_tenant_output_tokens_total", KVG_PROM_COUNTER,
+                               "Output tokens of the tenant's answers, as the engines reported "
+                               "them (usage.completion_tokens)."},
+        [FAM_TTFT] = {"kvgate_tenant_ttft_seconds", KVG_PROM_HISTOGRAM,
+                      "Time to first token of the tenant's completion and chat requests: to the "
+                      "first SSE event with output, or the first body byte of a JSON answer."},
+        [FAM_ITL] = {"kvgate_tenant_itl_seconds", KVG_PROM_HISTOGRAM,
+                     "Time between consecutive SSE events with output of the tenant's streams."},
     };
     kvg_tenant_set *set = kvg_tenants_acquire(ts);
 
@@ -170,6 +236,8 @@ void kvg_tenants_write_metrics(kvg_tenants *ts, size_t label_cap, kvg_buf *out)
 
     /* The capped tenants' sum, read once so every family shows the same moment's sum. */
     tenant_counts other = {0}, c;
+    kvg_prom_hist_init(&other.ttft);
+    kvg_prom_hist_init(&other.itl);
     bool any_other = false;
     for (size_t i = 0; i < set->count; i++) {
         const kvg_tenant *t = set->tenants[i];

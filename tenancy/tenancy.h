@@ -208,6 +208,12 @@ void kvg_tenant_record(kvg_tenant *t, int status, uint64_t prompt_bytes);
  *  cached. */
 void kvg_tenant_record_usage(kvg_tenant *t, uint64_t predicted_tokens, int64_t prompt_tokens,
                              int64_t cached_tokens);
+/** Count one answer's time to first token (see kvg_worker_record_ttft). Thread-safe. */
+void kvg_tenant_record_ttft(kvg_tenant *t, uint64_t ttft_ns);
+/** Count n gaps of gap_ns between consecutive output events of a stream. Thread-safe. */
+void kvg_tenant_record_itl(kvg_tenant *t, uint64_t gap_ns, uint64_t n);
+/** Count the output tokens of one answer (usage.completion_tokens; negative: nothing). */
+void kvg_tenant_record_output_tokens(kvg_tenant *t, int64_t tokens);
 /** Count a refusal by the admission check. */
 void kvg_tenant_record_refusal(kvg_tenant *t, kvg_admit_result why);
 /** Count an authentication failure (no tenant is known): reason "missing", "malformed" or

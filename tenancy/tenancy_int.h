@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "policy.h"
+#include "prom.h"
 #include "tenancy.h"
 
 /*
@@ -95,6 +96,10 @@ typedef struct tenant_runtime {
     _Atomic uint64_t usage_prompt;
     _Atomic uint64_t usage_cached;
     _Atomic uint64_t usage_predicted;
+    /* What the tenant's users feel (tenancy/metrics.c, common/prom_llm.h's layouts). */
+    kvg_prom_hist ttft;
+    kvg_prom_hist itl;
+    _Atomic uint64_t output_tokens; /* usage.completion_tokens */
 } tenant_runtime;
 
 struct kvg_tenant {

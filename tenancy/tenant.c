@@ -364,6 +364,9 @@ int kvg_tenancy_runtime_new(uint64_t ordinal, tenant_runtime **out)
     atomic_init(&rt->usage_prompt, 0u);
     atomic_init(&rt->usage_cached, 0u);
     atomic_init(&rt->usage_predicted, 0u);
+    kvg_prom_hist_init(&rt->ttft);
+    kvg_prom_hist_init(&rt->itl);
+    atomic_init(&rt->output_tokens, 0u);
     *out = rt;
     return 0;
 }

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """deploy/prometheus against a real Prometheus: Debian's /usr/bin/prometheus scrapes a real
 kvgate's admin listener (bearer token from a credentials_file, as deploy/prometheus/prometheus.yml
-does) and a simworker as a vLLM worker, loads deploy/prometheus/kvgate.rules.yml, and the test
+does, with the metrics-only token) and a simworker as a vLLM worker, loads deploy/prometheus/kvgate.rules.yml, and the test
 reads the result back through Prometheus' HTTP API: the targets are up, the series arrive with
 the values the gateway exports, every recording and alerting rule loads and evaluates with
 health ok, every query of deploy/grafana/kvgate-dashboard.json evaluates, and a scrape job
@@ -19,6 +19,8 @@ import httpx
 import pytest
 
 from gwhelpers import COMPL, http
+
+METRICS_TOKEN = "prometheus-metrics-token-0123456789"
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROMETHEUS = pathlib.Path("/usr/bin/prometheus")
@@ -54,7 +56,8 @@ UPCOMING = [
 # Alerts that must stay quiet while the gateway and its one worker are healthy.
 HEALTHY_QUIET = {"KvgateGatewayDown", "KvgateWorkerDown", "KvgateNoWorkerAvailable",
                  "KvgateTenantErrorRatioHigh", "KvgateWorkerErrorRatioHigh",
-                 "KvgateConnectionsRefused", "KvgateAcceptErrors", "KvgateBufferBudgetRefusals"}
+                 "KvgateConnectionsRefused", "KvgateAcceptErrors", "KvgateBufferBudgetRefusals",
+                 "KvgateTimeToFirstTokenHigh"}
 
 
 def free_port() -> int:
@@ -144,7 +147,7 @@ def prometheus(tmp_path):
 
 def test_prometheus_scrapes_kvgate_and_loads_rules(simworker, kvgate, prometheus, tmp_path):
     sw = simworker(time_scale=0)
-    gw = kvgate(sw, auth="keys")
+    gw = kvgate(sw, auth="keys", env={"KVGATE_METRICS_TOKEN": METRICS_TOKEN})
     assert gw.admin.put("/admin/v1/tenants/acme", json={}).status_code in (200, 201)
     r = gw.admin.post("/admin/v1/tenants/acme/keys")
     assert r.status_code == 201, r.text
@@ -156,6 +159,11 @@ def test_prometheus_scrapes_kvgate_and_loads_rules(simworker, kvgate, prometheus
             r = http.post(gw.url + COMPL, headers={"authorization": f"Bearer {key}"},
                           json={"model": sw.model, "prompt": prompt + str(i % 2), "max_tokens": 2})
             assert r.status_code == 200, r.text
+        # One stream, for the inter-token latency (3 output events: 2 gaps).
+        r = http.post(gw.url + COMPL, headers={"authorization": f"Bearer {key}"},
+                      json={"model": sw.model, "prompt": prompt, "max_tokens": 3, "stream": True,
+                            "stream_options": {"include_usage": True}})
+        assert r.status_code == 200, r.text
         r = http.post(gw.url + COMPL, headers={"authorization": "Bearer kvg-" + "A" * 43},
                       json={"model": sw.model, "prompt": "x"})
         assert r.status_code == 401
@@ -163,7 +171,7 @@ def test_prometheus_scrapes_kvgate_and_loads_rules(simworker, kvgate, prometheus
     traffic(4)
 
     token_file = tmp_path / "kvgate-admin-token"
-    token_file.write_text(gw.token + "\n")
+    token_file.write_text(METRICS_TOKEN + "\n")
     token_file.chmod(0o600)
     admin = f"127.0.0.1:{gw.admin_port}"
     # The deploy/prometheus/prometheus.yml jobs, pointed at this test's processes, every second.
@@ -209,7 +217,7 @@ scrape_configs:
     traffic(4)
     w = f'worker="{sw.name}"'
     expected = gw.metric("kvgate_worker_requests_total", worker=sw.name, code="200")
-    assert expected == 8
+    assert expected == 10
     prom.wait("kvgate_worker_requests_total to reach the gateway's count",
               lambda: prom.value(f'sum(kvgate_worker_requests_total{{job="kvgate",{w},code="200"}})')
               == expected)
@@ -217,7 +225,15 @@ scrape_configs:
     assert prom.value(f'kvgate_worker_draining{{{w}}}') == 0
     assert prom.value(f'kvgate_worker_ttfb_seconds_count{{{w}}}') == expected
     assert prom.value(f'kvgate_worker_request_duration_seconds_bucket{{{w},le="+Inf"}}') == expected
-    assert prom.value('kvgate_tenant_requests_total{tenant="acme",code="200"}') == 8
+    assert prom.value('kvgate_tenant_requests_total{tenant="acme",code="200"}') == 10
+    # What users feel: a TTFT for every answer, 2 gaps per stream, 2 or 3 tokens each.
+    assert prom.value(f'kvgate_worker_ttft_seconds_count{{{w}}}') == expected
+    assert prom.value('kvgate_tenant_ttft_seconds_count{tenant="acme"}') == expected
+    assert prom.value(f'kvgate_worker_itl_seconds_count{{{w}}}') == 4
+    assert prom.value('kvgate_tenant_output_tokens_total{tenant="acme"}') == 8 * 2 + 2 * 3
+    assert prom.value('kvgate_build_info{job="kvgate"}') == 1
+    assert prom.value('process_resident_memory_bytes{job="kvgate"}') > 0
+    assert prom.value('process_open_fds{job="kvgate"}') > 0
     assert prom.value('kvgate_auth_failures_total{reason="unknown"}') == 2
     assert prom.value("kvgate_tenants") == 1
     assert prom.value(f'sum(vllm:prefix_cache_queries_total{{{w}}})') > 0
@@ -258,6 +274,12 @@ scrape_configs:
               lambda: (prom.value('tenant:kvgate_tenant_requests:rate5m{tenant="acme"}') or 0) > 0)
     assert prom.value('tenant:kvgate_tenant_errors:ratio_rate5m{tenant="acme"}') == 0
     assert prom.value(f'worker:kvgate_worker_errors:ratio_rate5m{{{w}}}') == 0
+    prom.wait("kvgate:ttft_seconds:p95_rate5m", lambda: prom.query("kvgate:ttft_seconds:p95_rate5m"))
+    prom.wait("tenant:kvgate_tenant_output_tokens:rate5m > 0 for acme",
+              lambda: (prom.value('tenant:kvgate_tenant_output_tokens:rate5m{tenant="acme"}')
+                       or 0) > 0)
+    prom.wait("worker:kvgate_worker_itl_seconds:mean_rate5m",
+              lambda: prom.query(f'worker:kvgate_worker_itl_seconds:mean_rate5m{{{w}}}'))
     prom.wait("worker:kvgate_worker_inflight:avg5m",
               lambda: prom.query(f'worker:kvgate_worker_inflight:avg5m{{{w}}}'))
     # (a rate needs two scrapes of the worker, which may not have happened yet)

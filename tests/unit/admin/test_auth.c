@@ -74,6 +74,49 @@ static void test_auth(void **state)
     kvg_admin_response_done(NULL);
 }
 
+/* A metrics token reads GET /metrics and gets 403 everywhere else; admin tokens still read it. */
+static void test_metrics_token(void **state)
+{
+    fixture *f = *state;
+    const char *m[] = {"tok-metrics", "tok-metrics-2"};
+    assert_int_equal(kvg_admin_set_metrics_tokens(f->admin, m, 2), 0);
+    assert_int_equal(call(f, "GET", "/metrics", "Bearer tok-metrics", NULL).status, 200);
+    assert_int_equal(call(f, "GET", "/metrics?name=x", "bearer tok-metrics-2 ", NULL).status, 200);
+    assert_int_equal(call(f, "GET", "/metrics", AUTH, NULL).status, 200);
+    static const struct {
+        const char *method, *path;
+    } elsewhere[] = {{"GET", "/admin/v1/workers"},
+                     {"PUT", "/admin/v1/workers/w1"},
+                     {"POST", "/metrics"},
+                     {"GET", "/metricsx"},
+                     {"GET", "/metrics/x"},
+                     {"GET", "/admin/v1/nothing"},
+                     {"DELETE", "/admin/v1/tenants/t"}};
+    for (size_t i = 0; i < KVG_ARRAY_LEN(elsewhere); i++) {
+        reply r = call(f, elsewhere[i].method, elsewhere[i].path, "Bearer tok-metrics", NULL);
+        assert_error(&r, 403, "permission_error", "the metrics token grants GET /metrics only");
+        assert_null(r.www_authenticate);
+        kvg_admin_request req = {.method = elsewhere[i].method,
+                                 .path = elsewhere[i].path,
+                                 .authorization = "Bearer tok-metrics",
+                                 .remote = "192.0.2.7:1"};
+        kvg_admin_response resp;
+        assert_false(kvg_admin_preauthorize(f->admin, &req, &resp));
+        assert_int_equal(resp.status, 403);
+        kvg_admin_response_done(&resp);
+    }
+    /* The probes answer anyone; a wrong token is still a 401. */
+    assert_int_equal(call(f, "GET", "/healthz", "Bearer tok-metrics", NULL).status, 200);
+    assert_int_equal(call(f, "GET", "/metrics", "Bearer tok-metric", NULL).status, 401);
+    /* Removed: a 401 again; bad tokens are refused and the old ones kept. */
+    const char *bad[] = {"has space"};
+    assert_int_equal(kvg_admin_set_metrics_tokens(f->admin, bad, 1), -EINVAL);
+    assert_int_equal(call(f, "GET", "/metrics", "Bearer tok-metrics", NULL).status, 200);
+    assert_int_equal(kvg_admin_set_metrics_tokens(f->admin, NULL, 0), 0);
+    assert_int_equal(call(f, "GET", "/metrics", "Bearer tok-metrics", NULL).status, 401);
+    assert_int_equal(call(f, "GET", "/metrics", AUTH, NULL).status, 200);
+}
+
 /* Before the body: what kvg_admin_handle would do up to authentication, nothing more. */
 static void test_preauthorize(void **state)
 {
@@ -122,5 +165,6 @@ static void test_preauthorize(void **state)
 const struct CMUnitTest auth_tests[] = {
     cmocka_unit_test_setup_teardown(test_auth, setup, teardown),
     cmocka_unit_test_setup_teardown(test_preauthorize, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_metrics_token, setup, teardown),
 };
 const size_t auth_tests_count = KVG_ARRAY_LEN(auth_tests);

@@ -179,8 +179,9 @@ static void test_metrics_format(void **state)
     family fams[32];
     size_t nfams;
     assert_int_equal(check_exposition(out.data, fams, &nfams), 0);
-    assert_int_equal(nfams, 21); /* + five prefix-prediction, three engine-load and four outlier
-                                  * and retry-budget families */
+    /* + five prefix-prediction, three engine-load, four outlier and retry-budget, ttft,
+     * itl and output-token families */
+    assert_int_equal(nfams, 24);
 
     assert_int_equal(put(reg, "w1", "http://h:1", KVG_WORKER_SOURCE_ADMIN), 0);
     assert_int_equal(put(reg, "w2", "http://h:2", KVG_WORKER_SOURCE_ADMIN), 0);
@@ -213,19 +214,32 @@ static void test_metrics_format(void **state)
     kvg_worker_record_usage(w1, 0, 50, 16);     /* an unpredicted hit */
     kvg_worker_record_usage(w2, 10, 100, -1);   /* no report: unreported, nothing else */
     kvg_worker_set_engine_load(w1, 2, 0.5f, 1); /* scraped: w1 only */
+    kvg_worker_record_ttft(w1, 80000000);       /* 80 ms */
+    kvg_worker_record_itl(w1, 20000000, 4);     /* four gaps of 20 ms */
+    kvg_worker_record_output_tokens(w1, 5);
+    kvg_worker_record_output_tokens(w2, -1); /* not reported: nothing */
 
     kvg_buf_reset(&out);
     kvg_registry_write_metrics(reg, &out);
     assert_false(out.failed);
     size_t n = check_exposition(out.data, fams, &nfams);
-    assert_int_equal(nfams, 21);
+    assert_int_equal(nfams, 24);
     /* 9 gauges/counters x 2 workers + 3 code series + 2 histograms x 2 workers x 18 lines
+     * + ttft (16 lines) and itl (17 lines) x 2 workers + output tokens x 2 workers
      * + 2 engine-load gauges x 1 worker + 4 usage counters x 2 workers + 4 prediction
      * outcomes x 2 workers (the retry budget's two unlabelled samples are not counted) */
-    assert_int_equal(n, 18 + 3 + 2 * 2 * 18 + 2 + 4 * 2 + 4 * 2);
+    assert_int_equal(n, 18 + 3 + 2 * 2 * 18 + 2 * (16 + 17) + 2 + 2 + 4 * 2 + 4 * 2);
     expect_text(out.data, "kvgate_worker_ejected{worker=\"w1\"} 0\n");
     expect_text(out.data, "kvgate_worker_ejections_total{worker=\"w2\"} 0\n");
     expect_text(out.data, "kvgate_upstream_retry_budget_exceeded_total 0\n");
+    expect_text(out.data, "kvgate_worker_ttft_seconds_bucket{worker=\"w1\",le=\"0.05\"} 0\n");
+    expect_text(out.data, "kvgate_worker_ttft_seconds_bucket{worker=\"w1\",le=\"0.1\"} 1\n");
+    expect_text(out.data, "kvgate_worker_ttft_seconds_sum{worker=\"w1\"} 0.080000\n");
+    expect_text(out.data, "kvgate_worker_itl_seconds_bucket{worker=\"w1\",le=\"0.02\"} 4\n");
+    expect_text(out.data, "kvgate_worker_itl_seconds_count{worker=\"w1\"} 4\n");
+    expect_text(out.data, "kvgate_worker_ttft_seconds_count{worker=\"w2\"} 0\n");
+    expect_text(out.data, "kvgate_worker_output_tokens_total{worker=\"w1\"} 5\n");
+    expect_text(out.data, "kvgate_worker_output_tokens_total{worker=\"w2\"} 0\n");
     expect_text(out.data, "kvgate_worker_engine_waiting{worker=\"w1\"} 2\n");
     expect_text(out.data, "kvgate_worker_engine_kv_usage{worker=\"w1\"} 0.5\n");
     expect_text(out.data, "kvgate_prefix_predicted_tokens_total{worker=\"w1\"} 30\n");

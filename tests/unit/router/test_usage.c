@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Unit tests for the usage reader: whole bodies, SSE streams, every split point, and bytes
- * that look like usage but are not. */
+/* Unit tests for the usage reader: whole bodies, SSE streams, every split point, bytes that look
+ * like usage but are not, and the count of SSE events that carry output. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -95,12 +95,94 @@ static void test_not_usage(void **state)
     check_splits("{\"prompt_tokens\":1234567890123456789012,\"cached_tokens\":3}", -1, 3);
 }
 
+/* Scan s in one feed, in two at every split point, and byte by byte: the same output events and
+ * completion tokens each time. */
+static void check_events(const char *s, uint64_t events, int64_t completion)
+{
+    size_t n = strlen(s);
+    for (size_t cut = 0; cut <= n; cut++) {
+        kvg_usage_scan u;
+        kvg_usage_scan_init(&u);
+        kvg_usage_scan_feed(&u, s, cut);
+        uint64_t mid = u.output_events;
+        kvg_usage_scan_feed(&u, s + cut, n - cut);
+        assert_true(mid <= u.output_events);
+        assert_int_equal(u.output_events, events);
+        assert_int_equal(u.value[KVG_USAGE_COMPLETION_TOKENS], completion);
+    }
+    kvg_usage_scan u;
+    kvg_usage_scan_init(&u);
+    for (size_t i = 0; i < n; i++)
+        kvg_usage_scan_feed(&u, s + i, 1);
+    assert_int_equal(u.output_events, events);
+    assert_int_equal(u.value[KVG_USAGE_COMPLETION_TOKENS], completion);
+}
+
+/* A chat stream as vLLM sends it: a role-only first chunk, content deltas, a last delta with the
+ * finish reason and empty content, the usage chunk, [DONE]. */
+static const char chat_stream[] =
+    "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,"
+    "\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,"
+    "\"finish_reason\":null}]}\n\n"
+    "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" the\"}}]}\n\n"
+    "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\\\" of\"},"
+    "\"logprobs\":{\"content\":[{\"token\":\"x\"}]}}]}\n\n"
+    "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\"},"
+    "\"finish_reason\":\"stop\"}]}\n\n"
+    "data: {\"id\":\"c1\",\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"total_tokens\":42,"
+    "\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":32}}}\n\n"
+    "data: [DONE]\n\n";
+
+static void test_output_events(void **state)
+{
+    (void)state;
+    check_events(chat_stream, 2, 2);
+    check_splits(chat_stream, 40, 32);
+    /* /v1/completions: "text" deltas; the last one empty with its finish reason. */
+    check_events(
+        "data: {\"choices\":[{\"index\":0,\"text\":\" a\",\"logprobs\":null,"
+        "\"finish_reason\":null}]}\n\n"
+        "data: {\"choices\":[{\"index\":0,\"text\":\" b\"}]}\n\n"
+        "data: {\"choices\":[{\"index\":0,\"text\":\"\",\"finish_reason\":\"length\"}]}\n\n"
+        "data: {\"choices\":[],\"usage\":{\"completion_tokens\":3}}\n\ndata: [DONE]\n\n",
+        2, 3);
+    /* CRLF and CR line ends, comments, multi-line data, whitespace around values. */
+    check_events(": ping\r\n\r\ndata: {\"delta\": {\"content\" : \"x\"}}\r\n\r\n"
+                 "data: {\"delta\":\r\ndata: {\"content\":\"y\"}}\r\rdata: [DONE]\r\r",
+                 2, -1);
+    /* Tool calls: a non-empty array is output, an empty one or null is not. */
+    check_events("data: {\"delta\":{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[]}}\n\n"
+                 "data: {\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"t\",\"function\":"
+                 "{\"name\":\"f\",\"arguments\":\"\"}}]}}\n\n"
+                 "data: {\"delta\":{\"tool_calls\": [ {\"index\":0,\"function\":{\"arguments\":"
+                 "\"{}\"}}]}}\n\n"
+                 "data: {\"delta\":{\"tool_calls\":null,\"content\":null}}\n\n",
+                 2, -1);
+    /* Reasoning models stream their reasoning before the answer: output too. */
+    check_events("data: {\"delta\":{\"reasoning_content\":\"hm\",\"content\":null}}\n\n", 1, -1);
+    /* Several output values in one event (n > 1) make one event; an event counts at its blank
+     * line, so one cut short does not count. */
+    check_events("data: {\"choices\":[{\"text\":\"a\"},{\"text\":\"b\"}]}\n\n"
+                 "data: {\"choices\":[{\"text\":\"c\"}]}\n",
+                 1, -1);
+    /* Keys inside strings are not keys; near-miss keys are not output. */
+    check_events("data: {\"x\":\"\\\"content\\\":\\\"y\\\"\",\"contents\":\"z\","
+                 "\"text_offset\":[1],\"content\":5,\"text\":[\"a\"]}\n\n",
+                 0, -1);
+    /* A JSON answer has no events, whatever it holds. */
+    check_events("{\"choices\":[{\"message\":{\"content\":\"hi\"}}],\"usage\":"
+                 "{\"completion_tokens\":1}}",
+                 0, 1);
+    check_events("\n\n\r\n\r\n\r\r", 0, -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_body),
         cmocka_unit_test(test_stream),
         cmocka_unit_test(test_not_usage),
+        cmocka_unit_test(test_output_events),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

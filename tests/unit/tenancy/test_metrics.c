@@ -42,7 +42,7 @@ static size_t check_exposition(const char *text, family *fams, size_t *nfams)
             assert_int_equal(sscanf(buf + 7, "%95s", name), 1);
             for (size_t i = 0; i < *nfams; i++)
                 assert_string_not_equal(fams[i].name, name);
-            assert_true(*nfams < 16);
+            assert_true(*nfams < 20);
             family *f = &fams[(*nfams)++];
             snprintf(f->name, sizeof(f->name), "%s", name);
             f->type[0] = '\0';
@@ -55,7 +55,8 @@ static size_t check_exposition(const char *text, family *fams, size_t *nfams)
             assert_int_equal(sscanf(buf + 7, "%95s %15s", name, type), 2);
             assert_non_null(current);
             assert_string_equal(name, current->name);
-            assert_true(strcmp(type, "gauge") == 0 || strcmp(type, "counter") == 0);
+            assert_true(strcmp(type, "gauge") == 0 || strcmp(type, "counter") == 0 ||
+                        strcmp(type, "histogram") == 0);
             snprintf(((family *)current)->type, sizeof(current->type), "%s", type);
             continue;
         }
@@ -94,7 +95,14 @@ static size_t check_exposition(const char *text, family *fams, size_t *nfams)
             }
         }
         assert_non_null(current);
-        assert_string_equal(buf, current->name);
+        if (strcmp(current->type, "histogram") == 0) {
+            size_t nl = strlen(current->name);
+            assert_int_equal(strncmp(buf, current->name, nl), 0);
+            assert_true(strcmp(buf + nl, "_bucket") == 0 || strcmp(buf + nl, "_sum") == 0 ||
+                        strcmp(buf + nl, "_count") == 0);
+        } else {
+            assert_string_equal(buf, current->name);
+        }
         assert_true(current->type[0] != '\0');
         if (strcmp(current->type, "counter") == 0)
             assert_non_null(strstr(current->name, "_total"));
@@ -109,11 +117,11 @@ static void test_metrics(void **state)
     kvg_tenants *ts = new_store();
     kvg_buf out;
     kvg_buf_init(&out);
-    family fams[16];
+    family fams[20];
     size_t nfams;
     kvg_tenants_write_metrics(ts, 10, &out);
     assert_int_equal(check_exposition(out.data, fams, &nfams), 1 + 3);
-    assert_int_equal(nfams, 10); /* + prompt, cached and predicted tokens */
+    assert_int_equal(nfams, 13); /* + prompt, cached, predicted, output tokens, ttft, itl */
     expect_line(out.data, "kvgate_tenants 0\n");
     expect_line(out.data, "kvgate_auth_failures_total{reason=\"unknown\"} 0\n");
 
@@ -152,6 +160,14 @@ static void test_metrics(void **state)
     assert_int_equal(kvg_tenant_admit(d, 0, 0, NULL), KVG_ADMIT_OK);
     assert_int_equal(kvg_tenant_admit(c, 0, 0, NULL), KVG_ADMIT_OK);
     assert_int_equal(kvg_tenant_admit(a, 0, 0, NULL), KVG_ADMIT_OK);
+    kvg_tenant_record_ttft(a, 5000000);    /* 5 ms */
+    kvg_tenant_record_ttft(c, 30000000);   /* 30 ms */
+    kvg_tenant_record_ttft(d, 2000000000); /* 2 s */
+    kvg_tenant_record_itl(d, 10000000, 3); /* three gaps of 10 ms */
+    kvg_tenant_record_itl(c, 10000000, 0); /* none */
+    kvg_tenant_record_output_tokens(c, 5);
+    kvg_tenant_record_output_tokens(d, 7);
+    kvg_tenant_record_output_tokens(d, -1); /* not reported: nothing */
     kvg_tenants_record_auth_failure(ts, "missing");
     kvg_tenants_record_auth_failure(ts, "unknown");
     kvg_tenants_record_auth_failure(ts, "unknown");
@@ -164,7 +180,7 @@ static void test_metrics(void **state)
     kvg_tenants_write_metrics(ts, 3, &out);
     assert_false(out.failed);
     size_t n = check_exposition(out.data, fams, &nfams);
-    assert_int_equal(nfams, 10);
+    assert_int_equal(nfams, 13);
     static const char *const order[] = {
         "kvgate_tenants",
         "kvgate_tenant_requests_total",
@@ -175,6 +191,9 @@ static void test_metrics(void **state)
         "kvgate_tenant_prompt_tokens_total",
         "kvgate_tenant_cached_tokens_total",
         "kvgate_tenant_predicted_tokens_total",
+        "kvgate_tenant_output_tokens_total",
+        "kvgate_tenant_ttft_seconds",
+        "kvgate_tenant_itl_seconds",
         "kvgate_auth_failures_total",
     };
     for (size_t i = 0; i < nfams; i++)
@@ -206,6 +225,17 @@ static void test_metrics(void **state)
         "kvgate_tenant_buffered_bytes{tenant=\"a\"} 1000\n",
         "kvgate_tenant_buffered_bytes{tenant=\"b\"} 0\n",
         "kvgate_tenant_buffered_bytes{tenant=\"other\"} 42\n",
+        "kvgate_tenant_output_tokens_total{tenant=\"a\"} 0\n",
+        "kvgate_tenant_output_tokens_total{tenant=\"other\"} 12\n",
+        "kvgate_tenant_ttft_seconds_bucket{tenant=\"a\",le=\"0.01\"} 1\n",
+        "kvgate_tenant_ttft_seconds_count{tenant=\"b\"} 0\n",
+        "kvgate_tenant_ttft_seconds_bucket{tenant=\"other\",le=\"0.025\"} 0\n",
+        "kvgate_tenant_ttft_seconds_bucket{tenant=\"other\",le=\"0.05\"} 1\n",
+        "kvgate_tenant_ttft_seconds_bucket{tenant=\"other\",le=\"2.5\"} 2\n",
+        "kvgate_tenant_ttft_seconds_count{tenant=\"other\"} 2\n",
+        "kvgate_tenant_itl_seconds_bucket{tenant=\"other\",le=\"0.005\"} 0\n",
+        "kvgate_tenant_itl_seconds_bucket{tenant=\"other\",le=\"0.01\"} 3\n",
+        "kvgate_tenant_itl_seconds_count{tenant=\"other\"} 3\n",
         "kvgate_auth_failures_total{reason=\"missing\"} 1\n",
         "kvgate_auth_failures_total{reason=\"malformed\"} 1\n",
         "kvgate_auth_failures_total{reason=\"unknown\"} 4\n",
@@ -221,8 +251,9 @@ static void test_metrics(void **state)
     assert_null(strstr(first + 1, "kvgate_tenant_inflight{tenant=\"other\"}"));
     assert_true(first > strstr(out.data, "kvgate_tenant_inflight{tenant=\"b\"}"));
     /* 1 + a: 6 codes + b: 0 + other: 2 codes + 3 x 4 reasons + 3 bytes + 3 inflight
-     * + 3 buffered + 3 x 3 usage counters + 3 auth */
-    assert_int_equal(n, 1 + 6 + 2 + 12 + 3 + 3 + 3 + 9 + 3);
+     * + 3 buffered + 3 x 3 usage counters + 3 output tokens + 3 ttft histograms (13 buckets,
+     * +Inf, sum, count) + 3 itl histograms (14 buckets) + 3 auth */
+    assert_int_equal(n, 1 + 6 + 2 + 12 + 3 + 3 + 3 + 9 + 3 + 3 * 16 + 3 * 17 + 3);
 
     /* a cap above every ordinal: no "other" series unless the tenant named so */
     kvg_buf_reset(&out);

@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Fuzz target: kvg_usage_scan_feed on any bytes (a worker's response). It never fails, and the
+ * values and output events it reads do not depend on where the bytes are split: one feed, two
+ * feeds at a cut chosen by the input, and byte by byte give the same scan. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "router.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void same(const kvg_usage_scan *a, const kvg_usage_scan *b)
+{
+    for (int f = 0; f < KVG_USAGE_FIELD_COUNT; f++)
+        if (a->value[f] != b->value[f] || a->value[f] < -1)
+            abort();
+    if (a->output_events != b->output_events)
+        abort();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    const char *text = (const char *)data;
+    kvg_usage_scan whole, two, bytes;
+    kvg_usage_scan_init(&whole);
+    kvg_usage_scan_feed(&whole, text, size);
+
+    size_t cut = size ? data[0] % (size + 1) : 0;
+    kvg_usage_scan_init(&two);
+    kvg_usage_scan_feed(&two, text, cut);
+    uint64_t mid = two.output_events;
+    kvg_usage_scan_feed(&two, text + cut, size - cut);
+    if (mid > two.output_events)
+        abort();
+    same(&whole, &two);
+
+    kvg_usage_scan_init(&bytes);
+    for (size_t i = 0; i < size; i++)
+        kvg_usage_scan_feed(&bytes, text + i, 1);
+    same(&whole, &bytes);
+    /* An event needs at least a value's opening and first byte and a blank line. */
+    if (whole.output_events > size / 4)
+        abort();
+    return 0;
+}
