@@ -64,15 +64,21 @@ void kvg_thread_exchange_finished(void *thread, kvg_exchange *x)
     put_str_or_null(&b, x->method);
     kvg_buf_puts(&b, ",\"path\":");
     put_str_or_null(&b, x->path);
-    kvg_buf_printf(&b, ",\"status\":%d,\"tenant\":", status);
+    /* 499 as nginx logs it: the client left before the response ended (status_sent says what
+     * it had been sent, 0 when nothing). */
+    kvg_buf_printf(
+        &b, ",\"status\":%d,\"status_sent\":%d,\"model\":", x->client_gone ? 499 : status, status);
+    put_str_or_null(&b, x->model);
+    kvg_buf_puts(&b, ",\"tenant\":");
     put_str_or_null(&b, x->tenant);
     kvg_buf_puts(&b, ",\"worker\":");
     put_str_or_null(&b, x->worker_name);
-    kvg_buf_printf(&b,
-                   ",\"retries\":%u,\"bytes_in\":%llu,\"bytes_out\":%llu,\"duration_ms\":%.3f,"
-                   "\"ttfb_ms\":",
-                   x->retries, (unsigned long long)x->bytes_in, (unsigned long long)x->bytes_out,
-                   (double)(now - x->start_ns) / 1e6);
+    kvg_buf_printf(
+        &b,
+        ",\"tries\":%u,\"retries\":%u,\"bytes_in\":%llu,\"bytes_out\":%llu,\"duration_ms\":%.3f,"
+        "\"ttfb_ms\":",
+        x->tries, x->retries, (unsigned long long)x->bytes_in, (unsigned long long)x->bytes_out,
+        (double)(now - x->start_ns) / 1e6);
     if (kvg_exchange_head_sent(x))
         kvg_buf_printf(&b, "%.3f", (double)(x->first_byte_ns - x->start_ns) / 1e6);
     else

@@ -381,6 +381,7 @@ void kvg_exchange_front_finish(kvg_exchange *x)
      * finished the response itself (end or reset) and is about to detach anyway. Its detach
      * then releases x, possibly before on_abort returns: x must not be touched after it. */
     if (!x->handler_done && !x->abort_delivered && x->resp != KVG_RESP_ENDED) {
+        x->client_gone = true;
         x->resp = KVG_RESP_RESET;
         x->abort_delivered = true;
         x->handler->on_abort(x);

@@ -145,6 +145,7 @@ struct kvg_exchange {
     struct evbuffer *out;        /* bytes not yet handed to the front */
     kvg_exchange_resp resp;      /* where the response is */
     bool abort_delivered;        /* the handler got on_abort (or reset the response itself) */
+    bool client_gone;            /* the client left before the response ended (logged 499) */
     bool front_done;             /* the protocol side has finished with x */
     bool handler_done;           /* the handler detached */
     bool want_writable;
@@ -159,6 +160,8 @@ struct kvg_exchange {
     /* --- for the access log and metrics, set by handlers --- */
     const char *worker_name; /* arena copy */
     const char *tenant;      /* arena copy, or NULL */
+    const char *model;       /* the body's "model" (arena copy), or NULL */
+    unsigned tries;          /* workers a request was sent to (0: none) */
     unsigned retries;
     const char *error_type; /* static string for errors the gateway generated */
     const char *error_code; /* static: the next error's "code" (kvg_exchange_set_error_code) */

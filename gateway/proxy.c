@@ -604,6 +604,8 @@ static void try_next(proxy_req *r)
         }
         rc = kvg_upstream_request(x->thread, w, head->data, head->len, body, &upstream_cbs, r,
                                   &r->up);
+        if (rc >= 0)
+            x->tries++;
         if (rc < 0) {
             fail(r, 500, "internal_error", "cannot start the upstream request");
             return;
@@ -790,6 +792,7 @@ static void on_body(kvg_exchange *x)
         return;
     }
     const char *model = r->info.model;
+    x->model = model; /* in x's arena, for the access log */
     if (r->tenant && !kvg_tenant_allows_model(r->tenant, model)) {
         kvg_exchange_send_error(x, 403, "permission_error",
                                 "The model `%s` is not allowed for this API key.",

@@ -429,3 +429,13 @@ def test_client_disconnect_cancels_upstream(simworker, kvgate):
     assert sim_metric(sw, "vllm:request_success_total", finished_reason="abort") == 5
     assert wait_for(lambda: gw.metric("kvgate_worker_inflight") == 0, 3)
     assert gw.metric("kvgate_http_requests_total", **{"class": "0xx"}) >= 1
+    # The access log says 499 for each of the five, as nginx does, with what had been sent:
+    # 200 for the two streams that had sent events, nothing for the non-streamed one (the two
+    # on the closed connection either); the one that finished says 200.
+    logged = [e for e in gw.access_entries() if e["path"] in (CHAT, COMPL)]
+    gone = [e for e in logged if e["status"] == 499]
+    assert len(gone) == 5, logged
+    sent = sorted(e["status_sent"] for e in gone)
+    assert sent[0] == 0 and sent[-2:] == [200, 200] and set(sent) <= {0, 200}, sent
+    assert all(e["tries"] == 1 and e["model"] == sw.model for e in gone if e["status_sent"]), gone
+    assert [e["status"] for e in logged if e["status"] != 499] == [200]

@@ -57,6 +57,7 @@ def test_dead_worker_is_retried_transparently(simworker, kvgate):
     logged = [e for e in gw.access_entries() if e["path"] == COMPL]
     assert sum(e["retries"] for e in logged) == retries
     assert all(e["status"] == 200 and e["worker"] in (a.name, b.name) for e in logged)
+    assert all(e["tries"] == e["retries"] + 1 for e in logged), logged
 
 
 def test_retries_are_bounded(simworker, kvgate):
