@@ -543,6 +543,46 @@ static int missing_args(const command *cmd, size_t npos)
     return kvg_cli_usage_error("missing %s: %s %.*s", names, cmd->words, (int)len, cmd->args);
 }
 
+/* Check the arguments that become path segments with the gateway's own rule for what the
+ * segment before names (a worker's name, a tenant's id, a key id), so that a bad one is named
+ * as typed rather than as its percent-encoding ("invalid character '%'"), and nothing is sent.
+ * 0, or KVG_CLI_EXIT_USAGE after saying why. */
+static int check_path_args(const command *cmd, const args *a)
+{
+    for (const char *p = strchr(cmd->path, '{'); p; p = strchr(p + 1, '{')) {
+        const char *arg = a->pos[p[1] - '1'];
+        char msg[200], shown[80];
+        int rc = 0;
+        if (p >= cmd->path + 8 && strncmp(p - 8, "workers/", 8) == 0) {
+            rc = kvg_worker_name_validate(arg, msg, sizeof(msg));
+        } else if (p >= cmd->path + 8 && strncmp(p - 8, "tenants/", 8) == 0) {
+            rc = kvg_tenant_id_validate(arg, "id", msg, sizeof(msg));
+        } else {
+            /* key ids are generated: "k" and 15 of [a-z0-9] (tenancy.h) */
+            size_t n = strspn(arg, "abcdefghijklmnopqrstuvwxyz0123456789");
+            rc = strlen(arg) > KVG_KEY_ID_LEN || !*arg || arg[n] ? -1 : 0;
+            if (strlen(arg) > KVG_KEY_ID_LEN)
+                snprintf(msg, sizeof(msg), "key id: longer than %d characters", KVG_KEY_ID_LEN);
+            else if (!*arg)
+                snprintf(msg, sizeof(msg), "key id: must not be empty");
+            else if (rc)
+                snprintf(msg, sizeof(msg), "key id: invalid character %s%c%s; key ids are [a-z0-9]",
+                         arg[n] > 0x20 && arg[n] < 0x7f ? "'" : "",
+                         arg[n] > 0x20 && arg[n] < 0x7f ? arg[n] : '?',
+                         arg[n] > 0x20 && arg[n] < 0x7f ? "'" : "");
+        }
+        if (rc == 0)
+            continue;
+        /* what was typed, printable (it goes to a terminal) and cut */
+        size_t o = 0;
+        for (; arg[o] && o + 4 < sizeof(shown); o++)
+            shown[o] = arg[o] >= 0x20 && arg[o] < 0x7f ? arg[o] : '?';
+        snprintf(shown + o, sizeof(shown) - o, "%s", arg[o] ? "..." : "");
+        return kvg_cli_usage_error("%s \"%s\": %s", cmd->words, shown, msg);
+    }
+    return 0;
+}
+
 /* The admin API path from the command's template and its arguments. */
 static void put_path(kvg_cli *c, const command *cmd, const args *a)
 {
@@ -586,6 +626,8 @@ static int run_command(kvg_cli *c, const command *cmd, int argc, char **argv)
     if (!rc && cmd->finish)
         rc = cmd->finish(c, &a);
     if (rc)
+        return rc;
+    if ((rc = check_path_args(cmd, &a)) != 0)
         return rc;
     if (c->body.len && !cmd->fields)
         kvg_buf_putc(&c->body, '}'); /* the string options' object */

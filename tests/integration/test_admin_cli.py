@@ -71,7 +71,7 @@ def test_cli_exit_status(kvgate):
     rc, _, err = cli(gw, "tenants", "frobnicate")
     assert rc == 2 and err
     rc, out, err = cli(gw, "tenants", "put", "bad id!")
-    assert rc == 1 and "id" in (out + err)
+    assert rc == 2 and "id" in (out + err)
     # The token from the state directory, as the gateway generated it.
     state = gw.state_dir
     (state / "admin-token").write_text(gw.token + "\n")
@@ -116,3 +116,25 @@ def test_cli_policy_settings_and_explain(simworker, kvgate, tmp_path):
     f.write_text('{"model": 1')
     rc, out, err = cli(gw, "explain", str(f))
     assert rc == 1 and "400" in (out + err)
+
+
+def test_cli_bad_id_named_as_typed(kvgate):
+    """A name or id that cannot be one is refused before anything is sent, with the gateway's
+    rule and message, naming the character typed rather than its percent-encoding."""
+    gw = kvgate()
+    cases = [
+        (["tenants", "put", "bad/x"], 'tenants put "bad/x": id: invalid character \'/\''),
+        (["tenants", "get", "a b"], 'tenants get "a b": id: invalid character 0x20'),
+        (["workers", "delete", "w%41"], 'workers delete "w%41": name: invalid character \'%\''),
+        (["keys", "create", ".."], 'keys create "..": id: "." and ".." are reserved'),
+        (["keys", "delete", "acme", "K1"], "key id: invalid character 'K'"),
+        (["tenants", "put", "x" * 200], "id: longer than"),
+    ]
+    for argv, message in cases:
+        rc, out, err = cli(gw, *argv)
+        assert rc == 2 and out == "", (argv, rc, out, err)
+        assert message in err, (argv, err)
+        assert "%2F" not in err and "%20" not in err
+    # Good ids still reach the gateway, which answers for them.
+    rc, out, err = cli(gw, "tenants", "get", "no-such.tenant_1")
+    assert rc == 1 and "404" in err
