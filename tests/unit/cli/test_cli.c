@@ -60,13 +60,13 @@ static void test_calls(void **state)
         bool auth;
     } cases[] = {
         {"workers|list", "GET", "/admin/v1/workers", "", true},
-        {"workers|get|w 1", "GET", "/admin/v1/workers/w%201", "", true},
+        {"workers|get|w.1", "GET", "/admin/v1/workers/w.1", "", true},
         {"workers|put|w1|http://h:1|--model|a|--model=b|--kv-blocks|40|--no-cache-salt", "PUT",
          "/admin/v1/workers/w1",
          "{\"models\":[\"a\",\"b\"],\"kv_blocks\":40,\"cache_salt\":false,\"url\":\"http://h:1\"}",
          true},
         {"workers|delete|w1", "DELETE", "/admin/v1/workers/w1", "", true},
-        {"workers|drain|w/1", "POST", "/admin/v1/workers/w%2F1/drain", "", true},
+        {"workers|drain|w_1", "POST", "/admin/v1/workers/w_1/drain", "", true},
         {"tenants|list", "GET", "/admin/v1/tenants", "", true},
         {"tenants|get|acme", "GET", "/admin/v1/tenants/acme", "", true},
         {"tenants|put|acme|--sharing|group:blue|--rps|2.5|--max-inflight|8", "PUT",
@@ -153,6 +153,15 @@ static void test_usage_errors(void **state)
         "policy|set|--policy|random", /* the name is an argument, not an option */
         "metrics|now",
         "explain",
+        /* names and ids the gateway would refuse, refused before they are encoded */
+        "workers|get|w 1",
+        "workers|drain|w/1",
+        "workers|get|..",
+        "tenants|put|bad/x",
+        "tenants|get|",
+        "keys|create|a%2Fb",
+        "keys|delete|acme|K1",
+        "keys|delete|acme|k12345678901234567",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         kvg_cli c;
