@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "policy.h"
 #include "router.h"
@@ -35,6 +36,9 @@ static const global_opt global_opts[] = {
     {"--state", "DIR",
      "state directory to read admin-token from (default " KVG_CLI_DEFAULT_STATE_DIR ")"},
     {"--timeout", "SECONDS", "for the whole call (default 10)"},
+    {"--output", "FORMAT",
+     "json or table (also -o FORMAT, also after the command); default: a table when stdout is "
+     "a terminal, JSON otherwise"},
 };
 
 enum {
@@ -67,6 +71,11 @@ struct command {
     /** More of the call after the options, before the body is closed (explain reads its file):
      *  0 or KVG_CLI_EXIT_USAGE after saying why. */
     int (*finish)(kvg_cli *c, const args *a);
+    /* The answer as a table (-o table): "" one object, else the member that is the list; NULL
+     * for none (the answer is printed as it came). */
+    const char *table;
+    /* The output is this member of the answer alone, as JSON too. */
+    const char *member;
 };
 
 static int explain_request(kvg_cli *c, const args *a);
@@ -79,24 +88,28 @@ static int explain_request(kvg_cli *c, const args *a);
 
 /* clang-format off */
 static const command commands[] = {
-    CMD("workers list",   "",             "GET",    "/admin/v1/workers"),
-    CMD("workers get",    "NAME",         "GET",    "/admin/v1/workers/{1}"),
+    CMD("workers list",   "",             "GET",    "/admin/v1/workers", .table = "workers"),
+    CMD("workers get",    "NAME",         "GET",    "/admin/v1/workers/{1}", .table = ""),
     CMD("workers put",    "NAME URL",     "PUT",    "/admin/v1/workers/{1}",
-        .fields = &kvg_worker_fields, .field_arg = "url"),
+        .fields = &kvg_worker_fields, .field_arg = "url", .table = ""),
     CMD("workers delete", "NAME",         "DELETE", "/admin/v1/workers/{1}"),
-    CMD("workers drain",  "NAME",         "POST",   "/admin/v1/workers/{1}/drain"),
-    CMD("tenants list",   "",             "GET",    "/admin/v1/tenants"),
-    CMD("tenants get",    "ID",           "GET",    "/admin/v1/tenants/{1}"),
+    CMD("workers drain",  "NAME",         "POST",   "/admin/v1/workers/{1}/drain", .table = ""),
+    CMD("tenants list",   "",             "GET",    "/admin/v1/tenants", .table = "tenants"),
+    CMD("tenants get",    "ID",           "GET",    "/admin/v1/tenants/{1}", .table = ""),
     CMD("tenants put",    "ID",           "PUT",    "/admin/v1/tenants/{1}",
-        .fields = &kvg_tenant_fields, .note = "--sharing group:NAME is --sharing group --group NAME"),
+        .fields = &kvg_tenant_fields, .note = "--sharing group:NAME is --sharing group --group NAME",
+        .table = ""),
     CMD("tenants delete", "ID",           "DELETE", "/admin/v1/tenants/{1}"),
+    CMD("keys list",      "TENANT",       "GET",    "/admin/v1/tenants/{1}",
+        .note = "the tenant's key ids and creation times", .table = "keys", .member = "keys"),
     CMD("keys create",    "TENANT",       "POST",   "/admin/v1/tenants/{1}/keys",
-        .flags = CMD_SHOWS_KEY, .note = "prints the new key once; it cannot be shown again"),
+        .flags = CMD_SHOWS_KEY, .note = "prints the new key once; it cannot be shown again",
+        .table = ""),
     CMD("keys delete",    "TENANT KEYID", "DELETE", "/admin/v1/tenants/{1}/keys/{2}"),
-    CMD("policy get",     "",             "GET",    "/admin/v1/policy"),
+    CMD("policy get",     "",             "GET",    "/admin/v1/policy", .table = ""),
     CMD("policy set",     "[NAME]",       "PUT",    "/admin/v1/policy",
         .fields = &kvg_policy_fields, .field_arg = "policy", .flags = CMD_BODY_REQUIRED,
-        .note = "settings left out keep their values"),
+        .note = "settings left out keep their values", .table = ""),
     CMD("explain",        "FILE [--tenant ID] [--path P]", "POST", "/admin/v1/route/explain",
         .finish = explain_request,
         .note = "the routing decision for the request body in FILE (- for stdin)"),
@@ -325,11 +338,18 @@ static void put_call(const command *cmd, kvg_buf *b)
 
 void kvg_cli_usage(FILE *out)
 {
-    fputs("usage: kvgate admin", out);
+    kvg_buf synopsis;
+    kvg_buf_init(&synopsis);
+    kvg_buf_puts(&synopsis, "usage: kvgate admin");
     for (size_t i = 0; i < KVG_ARRAY_LEN(global_opts); i++)
-        fprintf(out, " [%s %s]", global_opts[i].name, global_opts[i].metavar);
-    fputs(" COMMAND\n\nCalls the admin API of a running kvgate and prints the answer (JSON) to "
-          "stdout.\n\ncommands:\n",
+        kvg_buf_printf(&synopsis, " [%s %s]", global_opts[i].name, global_opts[i].metavar);
+    kvg_buf_puts(&synopsis, " COMMAND");
+    if (!synopsis.failed)
+        print_wrapped(out, synopsis.data, 0, 6, " [");
+    kvg_buf_done(&synopsis);
+    fputs("\n\nCalls the admin API of a running kvgate and prints the answer to stdout: "
+          "a table on a\nterminal, the JSON as the gateway sent it otherwise or with -o json.\n\n"
+          "commands:\n",
           out);
     for (size_t i = 0; i < KVG_ARRAY_LEN(commands); i++) {
         const command *cmd = &commands[i];
@@ -481,6 +501,19 @@ static int parse_args(parse *ps, int argc, char **argv, args *a, size_t max)
         const char *arg = argv[i];
         if (options && strcmp(arg, "--") == 0) {
             options = false; /* what follows is positional, even "--x" */
+            continue;
+        }
+        if (options && (strcmp(arg, "-o") == 0 || strcmp(arg, "--output") == 0 ||
+                        strncmp(arg, "--output=", 9) == 0)) {
+            /* the global -o/--output, also after the command as kubectl takes it */
+            const char *value = arg[1] == '-' && arg[8] == '=' ? arg + 9 : NULL;
+            if (!value && i + 1 < argc)
+                value = argv[++i];
+            if (!value)
+                return kvg_cli_usage_error("%s needs a value", arg);
+            int rc = kvg_cli_set_output(ps->c, value);
+            if (rc)
+                return rc;
             continue;
         }
         if (!options || strncmp(arg, "--", 2) != 0) {
@@ -635,6 +668,8 @@ static int run_command(kvg_cli *c, const command *cmd, int argc, char **argv)
     c->method = cmd->method;
     c->auth = !(cmd->flags & CMD_OPEN);
     c->shows_key = cmd->flags & CMD_SHOWS_KEY;
+    c->table = cmd->table;
+    c->member = cmd->member;
     return 0;
 }
 
@@ -719,6 +754,14 @@ int kvg_cli_global_options(kvg_cli *c, int argc, char **argv, int *first)
             kvg_cli_usage(stdout);
             return -1;
         }
+        if (strcmp(arg, "-o") == 0) {
+            if (i + 1 == argc)
+                return kvg_cli_usage_error("-o needs a value");
+            int rc = kvg_cli_set_output(c, argv[++i]);
+            if (rc)
+                return rc;
+            continue;
+        }
         if (strncmp(arg, "--", 2) != 0)
             break;
         const char *eq = strchr(arg, '=');
@@ -739,6 +782,10 @@ int kvg_cli_global_options(kvg_cli *c, int argc, char **argv, int *first)
             c->token = value;
         } else if (strcmp(name, "--state") == 0) {
             c->state_dir = value;
+        } else if (strcmp(name, "--output") == 0) {
+            int rc = kvg_cli_set_output(c, value);
+            if (rc)
+                return rc;
         } else {
             char *end;
             double t = strtod(value, &end);
@@ -790,6 +837,9 @@ int kvg_cli_main(int argc, char **argv)
     }
     if (c.auth && (rc = kvg_cli_find_token(&c, token, sizeof(token))) != 0)
         goto out;
+    /* A person at a terminal reads a table; a pipe or a script gets the JSON it parses. */
+    if (c.output == KVG_CLI_OUTPUT_AUTO)
+        c.output = isatty(STDOUT_FILENO) ? KVG_CLI_OUTPUT_TABLE : KVG_CLI_OUTPUT_JSON;
     rc = kvg_cli_send(&c, &t, c.auth ? token : NULL);
     if (rc == KVG_CLI_EXIT_OK && c.shows_key)
         fputs("kvgate admin: store the key now: it is not shown again\n", stderr);

@@ -202,6 +202,139 @@ static void test_options_and_url(void **state)
     restore_stderr();
 }
 
+/* -o/--output before or after the command; the command says which table its answer makes. */
+static void test_output_option(void **state)
+{
+    (void)state;
+    char *argv[] = {"admin", "-o", "table", "--output=json", "workers", "list"};
+    kvg_cli c;
+    kvg_cli_init(&c);
+    int first = 0;
+    assert_int_equal(kvg_cli_global_options(&c, 6, argv, &first), 0);
+    assert_int_equal(first, 4);
+    assert_int_equal(c.output, KVG_CLI_OUTPUT_JSON);
+    kvg_cli_done(&c);
+    static const struct {
+        const char *line;
+        kvg_cli_output output;
+        const char *table, *member;
+    } cases[] = {
+        {"workers|list", KVG_CLI_OUTPUT_AUTO, "workers", NULL},
+        {"workers|list|-o|json", KVG_CLI_OUTPUT_JSON, "workers", NULL},
+        {"tenants|list|--output|table", KVG_CLI_OUTPUT_TABLE, "tenants", NULL},
+        {"tenants|get|acme|--output=table", KVG_CLI_OUTPUT_TABLE, "", NULL},
+        {"keys|list|acme", KVG_CLI_OUTPUT_AUTO, "keys", "keys"},
+        {"policy|set|random|-o|json", KVG_CLI_OUTPUT_JSON, "", NULL},
+        {"metrics", KVG_CLI_OUTPUT_AUTO, NULL, NULL},
+        {"explain|-|-o|table", KVG_CLI_OUTPUT_TABLE, NULL, NULL},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        if (strncmp(cases[i].line, "explain", 7) == 0)
+            continue; /* reads stdin */
+        if (build(&c, cases[i].line) != 0)
+            fail_msg("%s: refused", cases[i].line);
+        assert_int_equal(c.output, cases[i].output);
+        if (!cases[i].table)
+            assert_null(c.table);
+        else
+            assert_string_equal(c.table, cases[i].table);
+        if (!cases[i].member)
+            assert_null(c.member);
+        else
+            assert_string_equal(c.member, cases[i].member);
+        kvg_cli_done(&c);
+    }
+    static const char *const bad[] = {"workers|list|-o", "workers|list|-o|yaml",
+                                      "workers|list|--output=", "workers|list|-oj"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        if (build(&c, bad[i]) != KVG_CLI_EXIT_USAGE)
+            fail_msg("%s: not a usage error", bad[i]);
+        kvg_cli_done(&c);
+    }
+}
+
+/* What a print writes, as a string the caller frees. */
+static char *print_table(const char *view, const char *body, int *rc)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    *rc = kvg_cli_print_table(f, view, body, strlen(body));
+    fclose(f);
+    return text;
+}
+
+static void test_tables(void **state)
+{
+    (void)state;
+    int rc;
+    /* a list: columns in first-seen order, objects flattened, "-" where a row has nothing,
+     * arrays joined, objects in arrays counted, control characters shown as '?' */
+    char *t = print_table("tenants",
+                          "{\"tenants\":[{\"id\":\"a\",\"rate\":{\"rps\":2.5},\"models\":[\"m1\","
+                          "\"m2\"],\"keys\":[{\"id\":\"k1\"},{\"id\":\"k2\"}]},{\"id\":\"long-id\","
+                          "\"group\":\"g\\n\",\"models\":[],\"on\":true,\"none\":null}]}",
+                          &rc);
+    assert_int_equal(rc, 0);
+    assert_string_equal(t, "ID       RATE.RPS  MODELS  KEYS  GROUP  ON    NONE\n"
+                           "a        2.5       m1,m2   2     -      -     -\n"
+                           "long-id  -         -       -     g?     true  -\n");
+    free(t);
+    /* one object: FIELD VALUE lines; arrays of objects by their ids */
+    t = print_table("", "{\"id\":\"acme\",\"keys\":[{\"id\":\"k1\"},{\"id\":\"k2\"}],"
+                        "\"rate\":{\"rps\":1}}",
+                    &rc);
+    assert_int_equal(rc, 0);
+    assert_string_equal(t, "FIELD     VALUE\n"
+                           "id        acme\n"
+                           "keys      k1,k2\n"
+                           "rate.rps  1\n");
+    free(t);
+    /* a long cell is cut in a list, at a character's end */
+    char body[512], want[512];
+    char long_model[80];
+    memset(long_model, 'x', 60);
+    long_model[60] = '\0';
+    snprintf(body, sizeof(body), "{\"w\":[{\"m\":\"%s\"}]}", long_model);
+    t = print_table("w", body, &rc);
+    snprintf(want, sizeof(want), "M\n%.45s...\n", long_model);
+    assert_string_equal(t, want);
+    free(t);
+    t = print_table("w", "{\"w\":[]}", &rc);
+    assert_int_equal(rc, 0);
+    assert_string_equal(t, "no w\n");
+    free(t);
+    /* not of the shape: nothing written, the caller prints the answer as it came */
+    static const char *const odd[][2] = {
+        {"w", "not json"}, {"w", "[1]"}, {"w", "{\"v\":[]}"}, {"w", "{\"w\":[1]}"}, {"w", "{\"w\":{}}"}};
+    for (size_t i = 0; i < sizeof(odd) / sizeof(odd[0]); i++) {
+        t = print_table(odd[i][0], odd[i][1], &rc);
+        assert_int_equal(rc, -1);
+        assert_string_equal(t, "");
+        free(t);
+    }
+    /* keys list as JSON: the member alone */
+    kvg_cli c;
+    kvg_cli_init(&c);
+    c.output = KVG_CLI_OUTPUT_JSON;
+    c.table = "keys";
+    c.member = "keys";
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    static const char tenant[] = "{\"id\":\"a\",\"keys\":[{\"id\":\"k1\"}],\"inflight\":0}";
+    kvg_cli_print_answer(f, &c, tenant, strlen(tenant));
+    c.output = KVG_CLI_OUTPUT_TABLE;
+    c.table = "";
+    c.member = NULL;
+    kvg_cli_print_answer(f, &c, "oops", 4); /* not JSON: as it came, with a newline */
+    fclose(f);
+    assert_string_equal(text, "{\"keys\":[{\"id\":\"k1\"}]}\noops\n");
+    free(text);
+    kvg_cli_done(&c);
+}
+
 /* --help comes from the table: every command is in it, with its call. */
 static void test_help(void **state)
 {
@@ -235,7 +368,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_calls),        cmocka_unit_test(test_explain),
         cmocka_unit_test(test_usage_errors), cmocka_unit_test(test_options_and_url),
-        cmocka_unit_test(test_help),
+        cmocka_unit_test(test_help),         cmocka_unit_test(test_output_option),
+        cmocka_unit_test(test_tables),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
