@@ -198,8 +198,8 @@ void kvg_admin_audit(admin_ctx *c)
         kvg_buf_puts(&out, "}\n");
     }
     /* Opened per line: changes are rare, and a rotated file is picked up at once. */
-    int fd = out.failed ? -1
-                        : open(admin->audit_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    int fd =
+        out.failed ? -1 : open(admin->audit_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
     if (fd < 0) {
         kvg_log_error("admin: cannot open the audit log %s: %s", admin->audit_path,
                       out.failed ? "out of memory" : strerror(errno));

@@ -282,8 +282,9 @@ static void test_tables(void **state)
                            "long-id  -         -       -     g?     true  -\n");
     free(t);
     /* one object: FIELD VALUE lines; arrays of objects by their ids */
-    t = print_table("", "{\"id\":\"acme\",\"keys\":[{\"id\":\"k1\"},{\"id\":\"k2\"}],"
-                        "\"rate\":{\"rps\":1}}",
+    t = print_table("",
+                    "{\"id\":\"acme\",\"keys\":[{\"id\":\"k1\"},{\"id\":\"k2\"}],"
+                    "\"rate\":{\"rps\":1}}",
                     &rc);
     assert_int_equal(rc, 0);
     assert_string_equal(t, "FIELD     VALUE\n"
@@ -306,8 +307,11 @@ static void test_tables(void **state)
     assert_string_equal(t, "no w\n");
     free(t);
     /* not of the shape: nothing written, the caller prints the answer as it came */
-    static const char *const odd[][2] = {
-        {"w", "not json"}, {"w", "[1]"}, {"w", "{\"v\":[]}"}, {"w", "{\"w\":[1]}"}, {"w", "{\"w\":{}}"}};
+    static const char *const odd[][2] = {{"w", "not json"},
+                                         {"w", "[1]"},
+                                         {"w", "{\"v\":[]}"},
+                                         {"w", "{\"w\":[1]}"},
+                                         {"w", "{\"w\":{}}"}};
     for (size_t i = 0; i < sizeof(odd) / sizeof(odd[0]); i++) {
         t = print_table(odd[i][0], odd[i][1], &rc);
         assert_int_equal(rc, -1);
