@@ -566,7 +566,8 @@ static void handle(admin_ctx *c)
             run_change(c, r);
         else
             r->handler(c);
-        if (c->action)
+        /* after only where before was taken: not when the shared state could not be read */
+        if (c->action && (c->before.len || c->before.failed))
             kvg_admin_audit_resource(c, &c->after);
     }
     if (r->needs & NEED_TENANTS)
