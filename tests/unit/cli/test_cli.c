@@ -358,6 +358,8 @@ static void test_help(void **state)
         "NAME: least_loaded, round_robin, random, cost, prefix_only",
         "  health                            GET /healthz: no token needed\n",
         "  --timeout SECONDS  for the whole call (default 10)\n",
+        "  --output FORMAT    json or table",
+        "  keys list TENANT                  GET /admin/v1/tenants/TENANT",
     };
     for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
         if (!strstr(text, want[i]))
