@@ -118,14 +118,14 @@ static void fill_row(grid *g, size_t r, const kvg_json *obj, const char *prefix,
     }
 }
 
-/* Write one cell padded to width (no padding after the last column). A list's cell longer than
- * LIST_CELL_MAX is cut, with "..." at the end. */
+/* Write one cell padded to width (no padding after the last column). A cell longer than
+ * LIST_CELL_MAX is cut, with "..." at the end (only lists call this). */
 static void put_cell(FILE *out, const char *s, size_t width, bool last)
 {
     if (!s)
         s = "-";
     size_t len = display_len(s);
-    if (len > LIST_CELL_MAX && width == LIST_CELL_MAX) {
+    if (len > LIST_CELL_MAX) {
         size_t shown = 0, i = 0;
         for (; s[i] && shown < LIST_CELL_MAX - 3; i++)
             shown += ((unsigned char)s[i] & 0xc0) != 0x80;
@@ -137,7 +137,7 @@ static void put_cell(FILE *out, const char *s, size_t width, bool last)
         fputs(s, out);
     }
     if (!last)
-        fprintf(out, "%*s", (int)(width - len + 2), "");
+        fprintf(out, "%*s", (int)(width > len ? width - len + 2 : 2), "");
 }
 
 /* "KV_BLOCKS" for kv_blocks: the header of a column. */
@@ -156,7 +156,7 @@ static void print_rows(FILE *out, const grid *g)
 {
     size_t width[COLUMNS_MAX];
     for (size_t c = 0; c < g->ncolumns; c++) {
-        width[c] = display_len(g->columns[c]);
+        width[c] = KVG_MIN(display_len(g->columns[c]), LIST_CELL_MAX);
         for (size_t r = 0; r < g->nrows; r++) {
             const char *s = g->cells[r * COLUMNS_MAX + c];
             width[c] = KVG_MAX(width[c], KVG_MIN(display_len(s ? s : "-"), LIST_CELL_MAX));
