@@ -480,6 +480,15 @@ static bool check_request(admin_ctx *c, const admin_route *r, const seg *params,
     }
 }
 
+/* One attempt of a change: the resource as it is before, for the audit line, then the
+ * change. */
+static void run_change(admin_ctx *c, const admin_route *r)
+{
+    kvg_buf_reset(&c->before);
+    kvg_admin_audit_resource(c, &c->before);
+    r->handler(c);
+}
+
 /* A change to a shared state: made on the latest state Redis has, and made again on top of
  * whatever another replica committed in between (each attempt's handler starts from the
  * state in memory, which the conflict replaced), so that no replica's edit is lost. A key
@@ -496,7 +505,7 @@ static void run_shared_change(admin_ctx *c, const admin_route *r)
     memcpy(target, c->target, sizeof(target));
     for (unsigned attempt = 1;; attempt++) {
         c->again = false;
-        r->handler(c);
+        run_change(c, r);
         if (!c->again)
             return;
         if (attempt == ADMIN_CHANGE_ATTEMPTS) {
@@ -563,8 +572,13 @@ static void handle(admin_ctx *c)
     if (check_request(c, r, params, nparams)) {
         if (c->action && admin->shared)
             run_shared_change(c, r);
+        else if (c->action)
+            run_change(c, r);
         else
             r->handler(c);
+        /* after only where before was taken: not when the shared state could not be read */
+        if (c->action && (c->before.len || c->before.failed))
+            kvg_admin_audit_resource(c, &c->after);
     }
     if (r->needs & NEED_TENANTS)
         resp->cache_control = "no-store";
@@ -642,4 +656,6 @@ void kvg_admin_handle(kvg_admin *admin, const kvg_admin_request *req, kvg_admin_
         kvg_admin_audit(&c);
         pthread_mutex_unlock(&admin->change_lock);
     }
+    kvg_buf_done(&c.before);
+    kvg_buf_done(&c.after);
 }

@@ -61,6 +61,7 @@ struct kvg_admin {
 };
 
 #define ADMIN_DETAIL_MAX 256
+#define ADMIN_TOKEN_ID_LEN 8 /* hex digits of a token's SHA-256 that name it in the audit log */
 #define ADMIN_TARGET_MAX 160 /* the audit target as the path has it: room for any valid one */
 
 /* What one request is about, for handlers and the audit log. */
@@ -85,6 +86,13 @@ typedef struct admin_ctx {
     /* Set by kvg_admin_commit when another replica changed the shared state first: the newer
      * state is in memory, and the change is to be made again on top of it. */
     bool again;
+    /* Which admin token authenticated the request (kvg_admin_authorize): the first
+     * ADMIN_TOKEN_ID_LEN hex digits of its SHA-256, never the token; "" before. */
+    char token_id[ADMIN_TOKEN_ID_LEN + 1];
+    /* For a change whose request passed its checks: the resource (the worker, the tenant with
+     * its key ids, the policy) as its GET shows it, before and after the change ("null" when
+     * it does not exist), for the audit line; empty when not taken. */
+    kvg_buf before, after;
 } admin_ctx;
 
 /* A request body parsed into a tree (from the arena, which the caller frees). */
@@ -197,9 +205,14 @@ bool kvg_admin_applied(admin_ctx *c, int rc, const char *msg);
  *  the audit line's. True when the caller is to write the answer. */
 bool kvg_admin_changed(admin_ctx *c, int rc, const char *kind, const char *verb,
                        const char *detail);
-/** Write the audit line of a change attempt from c (action, target, detail) and the response
- *  status: to the audit log when set, and at info level. */
+/** Write the audit line of a change attempt from c (action, target, token id, detail, the
+ *  resource before and after) and the response status: to the audit log when set, and at info
+ *  level (there without before and after, which can be long). */
 void kvg_admin_audit(admin_ctx *c);
+/** Append to out the resource a change route acts on (c->action: worker.*, tenant.*, key.*,
+ *  policy.*) as its GET answers it, or "null" when it does not exist. The caller holds
+ *  change_lock. */
+void kvg_admin_audit_resource(admin_ctx *c, kvg_buf *out);
 
 /* Route handlers (admin.c's table has their paths and methods): the method, the names in
  * the path (c->name, c->key_id) and the body the route takes (c->body) are checked. */

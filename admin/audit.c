@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The audit log: one JSON line per admin change attempt, appended to the audit file and logged
- * at info level. Lines name actions, targets and key ids, never key material. */
+ * at info level. Lines name actions, targets, the acting admin token's id, key ids and the
+ * resource before and after the change, never key material or a token. */
 #include "admin_int.h"
 
 #include <errno.h>
@@ -13,6 +14,9 @@
 #define TARGET_OUT_MAX 400
 #define DETAIL_OUT_MAX 800
 #define LINE_MAX_LEN 1536
+/* A resource's JSON larger than this (a tenant with thousands of models) is left out of the
+ * line, with its size, rather than make one line of megabytes. */
+#define RESOURCE_OUT_MAX (64u * 1024)
 
 typedef struct line {
     char buf[LINE_MAX_LEN];
@@ -93,6 +97,67 @@ static void put_string(line *l, const char *s, size_t max)
     put(l, "\"", 1);
 }
 
+/* Append a resource's JSON (from kvg_admin_audit_resource) as member name of the line, with
+ * anything shaped like an API key redacted (a tenant id may be a pasted key); left out when it
+ * was not taken. A key run stays inside its JSON string, so the result stays valid JSON. */
+static void put_resource(kvg_buf *out, const char *name, const kvg_buf *json)
+{
+    static const char redacted[] = KVG_KEY_PREFIX "[redacted]";
+    if (!json->len && !json->failed)
+        return;
+    kvg_buf_printf(out, ",\"%s\":", name);
+    if (json->failed) {
+        kvg_buf_puts(out, "{\"omitted\":\"out of memory\"}");
+        return;
+    }
+    if (json->len > RESOURCE_OUT_MAX) {
+        kvg_buf_printf(out, "{\"omitted_bytes\":%zu}", json->len);
+        return;
+    }
+    const char *s = json->data;
+    size_t from = 0;
+    for (size_t i = 0; i < json->len;) {
+        size_t key = key_at(s + i, json->len - i);
+        if (!key) {
+            i++;
+            continue;
+        }
+        kvg_buf_append(out, s + from, i - from);
+        kvg_buf_append(out, redacted, sizeof(redacted) - 1);
+        i += key;
+        from = i;
+    }
+    kvg_buf_append(out, s + from, json->len - from);
+}
+
+void kvg_admin_audit_resource(admin_ctx *c, kvg_buf *out)
+{
+    void (*get)(admin_ctx *) = NULL;
+    if (strncmp(c->action, "worker.", 7) == 0)
+        get = kvg_admin_worker_get;
+    else if (strncmp(c->action, "tenant.", 7) == 0 || strncmp(c->action, "key.", 4) == 0)
+        get = kvg_admin_tenant_get;
+    else if (strncmp(c->action, "policy.", 7) == 0)
+        get = kvg_admin_policy_get;
+    if (!get)
+        return;
+    /* The GET route on a context of its own: its answer (or 404) is the resource. */
+    kvg_admin_response resp = {.status = 500, .content_type = CT_JSON};
+    kvg_buf_init(&resp.body);
+    admin_ctx g = {.admin = c->admin, .req = c->req, .resp = &resp, .remote = c->remote};
+    memcpy(g.name, c->name, sizeof(g.name));
+    kvg_arena_init(&g.arena, 0);
+    get(&g);
+    if (resp.status == 200 && !resp.body.failed)
+        kvg_buf_append(out, resp.body.data, resp.body.len);
+    else if (resp.status == 404)
+        kvg_buf_puts(out, "null");
+    else
+        out->failed = true;
+    kvg_arena_done(&g.arena);
+    kvg_admin_response_done(&resp);
+}
+
 void kvg_admin_audit(admin_ctx *c)
 {
     kvg_admin *admin = c->admin;
@@ -103,6 +168,11 @@ void kvg_admin_audit(admin_ctx *c)
     put(&l, ts, strlen(ts));
     put(&l, "\",\"remote\":", 11);
     put_string(&l, c->remote, 200);
+    put(&l, ",\"token\":", 9);
+    if (c->token_id[0])
+        put_string(&l, c->token_id, ADMIN_TOKEN_ID_LEN + 2);
+    else
+        put(&l, "null", 4);
     put(&l, ",\"action\":", 10);
     put_string(&l, c->action, 64);
     put(&l, ",\"target\":", 10);
@@ -110,22 +180,37 @@ void kvg_admin_audit(admin_ctx *c)
     int n = snprintf(num, sizeof(num), ",\"status\":%d,\"detail\":", c->resp->status);
     put(&l, num, (size_t)n);
     put_string(&l, c->detail, DETAIL_OUT_MAX);
-    put(&l, "}\n", 2);
 
-    kvg_log_info("admin: audit %.*s", (int)(l.len - 1), l.buf);
+    /* The error log keeps its lines short: there the line goes without before and after. */
+    kvg_log_info("admin: audit %.*s}", (int)l.len, l.buf);
     if (!admin->audit_path)
         return;
+    kvg_buf out;
+    kvg_buf_init(&out);
+    kvg_buf_append(&out, l.buf, l.len);
+    put_resource(&out, "before", &c->before);
+    put_resource(&out, "after", &c->after);
+    kvg_buf_puts(&out, "}\n");
+    if (out.failed) {
+        /* the line without the resources is still worth having */
+        kvg_buf_reset(&out);
+        kvg_buf_append(&out, l.buf, l.len);
+        kvg_buf_puts(&out, "}\n");
+    }
     /* Opened per line: changes are rare, and a rotated file is picked up at once. */
-    int fd = open(admin->audit_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    int fd =
+        out.failed ? -1 : open(admin->audit_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
     if (fd < 0) {
         kvg_log_error("admin: cannot open the audit log %s: %s", admin->audit_path,
-                      strerror(errno));
+                      out.failed ? "out of memory" : strerror(errno));
+        kvg_buf_done(&out);
         return;
     }
     /* One write per line: O_APPEND keeps concurrent writers (another process) whole. */
-    ssize_t w = write(fd, l.buf, l.len);
-    if (w != (ssize_t)l.len)
+    ssize_t w = write(fd, out.data, out.len);
+    if (w != (ssize_t)out.len)
         kvg_log_error("admin: cannot append to the audit log %s: %s", admin->audit_path,
                       w < 0 ? strerror(errno) : "short write");
     close(fd);
+    kvg_buf_done(&out);
 }

@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "policy.h"
 #include "router.h"
@@ -35,6 +36,9 @@ static const global_opt global_opts[] = {
     {"--state", "DIR",
      "state directory to read admin-token from (default " KVG_CLI_DEFAULT_STATE_DIR ")"},
     {"--timeout", "SECONDS", "for the whole call (default 10)"},
+    {"--output", "FORMAT",
+     "json or table (also -o FORMAT, also after the command); default: a table when stdout is "
+     "a terminal, JSON otherwise"},
 };
 
 enum {
@@ -67,6 +71,11 @@ struct command {
     /** More of the call after the options, before the body is closed (explain reads its file):
      *  0 or KVG_CLI_EXIT_USAGE after saying why. */
     int (*finish)(kvg_cli *c, const args *a);
+    /* The answer as a table (-o table): "" one object, else the member that is the list; NULL
+     * for none (the answer is printed as it came). */
+    const char *table;
+    /* The output is this member of the answer alone, as JSON too. */
+    const char *member;
 };
 
 static int explain_request(kvg_cli *c, const args *a);
@@ -79,24 +88,28 @@ static int explain_request(kvg_cli *c, const args *a);
 
 /* clang-format off */
 static const command commands[] = {
-    CMD("workers list",   "",             "GET",    "/admin/v1/workers"),
-    CMD("workers get",    "NAME",         "GET",    "/admin/v1/workers/{1}"),
+    CMD("workers list",   "",             "GET",    "/admin/v1/workers", .table = "workers"),
+    CMD("workers get",    "NAME",         "GET",    "/admin/v1/workers/{1}", .table = ""),
     CMD("workers put",    "NAME URL",     "PUT",    "/admin/v1/workers/{1}",
-        .fields = &kvg_worker_fields, .field_arg = "url"),
+        .fields = &kvg_worker_fields, .field_arg = "url", .table = ""),
     CMD("workers delete", "NAME",         "DELETE", "/admin/v1/workers/{1}"),
-    CMD("workers drain",  "NAME",         "POST",   "/admin/v1/workers/{1}/drain"),
-    CMD("tenants list",   "",             "GET",    "/admin/v1/tenants"),
-    CMD("tenants get",    "ID",           "GET",    "/admin/v1/tenants/{1}"),
+    CMD("workers drain",  "NAME",         "POST",   "/admin/v1/workers/{1}/drain", .table = ""),
+    CMD("tenants list",   "",             "GET",    "/admin/v1/tenants", .table = "tenants"),
+    CMD("tenants get",    "ID",           "GET",    "/admin/v1/tenants/{1}", .table = ""),
     CMD("tenants put",    "ID",           "PUT",    "/admin/v1/tenants/{1}",
-        .fields = &kvg_tenant_fields, .note = "--sharing group:NAME is --sharing group --group NAME"),
+        .fields = &kvg_tenant_fields, .note = "--sharing group:NAME is --sharing group --group NAME",
+        .table = ""),
     CMD("tenants delete", "ID",           "DELETE", "/admin/v1/tenants/{1}"),
+    CMD("keys list",      "TENANT",       "GET",    "/admin/v1/tenants/{1}",
+        .note = "the tenant's key ids and creation times", .table = "keys", .member = "keys"),
     CMD("keys create",    "TENANT",       "POST",   "/admin/v1/tenants/{1}/keys",
-        .flags = CMD_SHOWS_KEY, .note = "prints the new key once; it cannot be shown again"),
+        .flags = CMD_SHOWS_KEY, .note = "prints the new key once; it cannot be shown again",
+        .table = ""),
     CMD("keys delete",    "TENANT KEYID", "DELETE", "/admin/v1/tenants/{1}/keys/{2}"),
-    CMD("policy get",     "",             "GET",    "/admin/v1/policy"),
+    CMD("policy get",     "",             "GET",    "/admin/v1/policy", .table = ""),
     CMD("policy set",     "[NAME]",       "PUT",    "/admin/v1/policy",
         .fields = &kvg_policy_fields, .field_arg = "policy", .flags = CMD_BODY_REQUIRED,
-        .note = "settings left out keep their values"),
+        .note = "settings left out keep their values", .table = ""),
     CMD("explain",        "FILE [--tenant ID] [--path P]", "POST", "/admin/v1/route/explain",
         .finish = explain_request,
         .note = "the routing decision for the request body in FILE (- for stdin)"),
@@ -325,11 +338,18 @@ static void put_call(const command *cmd, kvg_buf *b)
 
 void kvg_cli_usage(FILE *out)
 {
-    fputs("usage: kvgate admin", out);
+    kvg_buf synopsis;
+    kvg_buf_init(&synopsis);
+    kvg_buf_puts(&synopsis, "usage: kvgate admin");
     for (size_t i = 0; i < KVG_ARRAY_LEN(global_opts); i++)
-        fprintf(out, " [%s %s]", global_opts[i].name, global_opts[i].metavar);
-    fputs(" COMMAND\n\nCalls the admin API of a running kvgate and prints the answer (JSON) to "
-          "stdout.\n\ncommands:\n",
+        kvg_buf_printf(&synopsis, " [%s %s]", global_opts[i].name, global_opts[i].metavar);
+    kvg_buf_puts(&synopsis, " COMMAND");
+    if (!synopsis.failed)
+        print_wrapped(out, synopsis.data, 0, 6, " [");
+    kvg_buf_done(&synopsis);
+    fputs("\n\nCalls the admin API of a running kvgate and prints the answer to stdout: "
+          "a table on a\nterminal, the JSON as the gateway sent it otherwise or with -o json.\n\n"
+          "commands:\n",
           out);
     for (size_t i = 0; i < KVG_ARRAY_LEN(commands); i++) {
         const command *cmd = &commands[i];
@@ -483,6 +503,19 @@ static int parse_args(parse *ps, int argc, char **argv, args *a, size_t max)
             options = false; /* what follows is positional, even "--x" */
             continue;
         }
+        if (options && (strcmp(arg, "-o") == 0 || strcmp(arg, "--output") == 0 ||
+                        strncmp(arg, "--output=", 9) == 0)) {
+            /* the global -o/--output, also after the command as kubectl takes it */
+            const char *value = arg[1] == '-' && arg[8] == '=' ? arg + 9 : NULL;
+            if (!value && i + 1 < argc)
+                value = argv[++i];
+            if (!value)
+                return kvg_cli_usage_error("%s needs a value", arg);
+            int rc = kvg_cli_set_output(ps->c, value);
+            if (rc)
+                return rc;
+            continue;
+        }
         if (!options || strncmp(arg, "--", 2) != 0) {
             if (a->npos == max)
                 return kvg_cli_usage_error("unexpected argument \"%s\"", arg);
@@ -543,6 +576,46 @@ static int missing_args(const command *cmd, size_t npos)
     return kvg_cli_usage_error("missing %s: %s %.*s", names, cmd->words, (int)len, cmd->args);
 }
 
+/* Check the arguments that become path segments with the gateway's own rule for what the
+ * segment before names (a worker's name, a tenant's id, a key id), so that a bad one is named
+ * as typed rather than as its percent-encoding ("invalid character '%'"), and nothing is sent.
+ * 0, or KVG_CLI_EXIT_USAGE after saying why. */
+static int check_path_args(const command *cmd, const args *a)
+{
+    for (const char *p = strchr(cmd->path, '{'); p; p = strchr(p + 1, '{')) {
+        const char *arg = a->pos[p[1] - '1'];
+        char msg[200], shown[80];
+        int rc = 0;
+        if (p >= cmd->path + 8 && strncmp(p - 8, "workers/", 8) == 0) {
+            rc = kvg_worker_name_validate(arg, msg, sizeof(msg));
+        } else if (p >= cmd->path + 8 && strncmp(p - 8, "tenants/", 8) == 0) {
+            rc = kvg_tenant_id_validate(arg, "id", msg, sizeof(msg));
+        } else {
+            /* key ids are generated: "k" and 15 of [a-z0-9] (tenancy.h) */
+            size_t n = strspn(arg, "abcdefghijklmnopqrstuvwxyz0123456789");
+            rc = strlen(arg) > KVG_KEY_ID_LEN || !*arg || arg[n] ? -1 : 0;
+            if (strlen(arg) > KVG_KEY_ID_LEN)
+                snprintf(msg, sizeof(msg), "key id: longer than %d characters", KVG_KEY_ID_LEN);
+            else if (!*arg)
+                snprintf(msg, sizeof(msg), "key id: must not be empty");
+            else if (rc)
+                snprintf(msg, sizeof(msg), "key id: invalid character %s%c%s; key ids are [a-z0-9]",
+                         arg[n] > 0x20 && arg[n] < 0x7f ? "'" : "",
+                         arg[n] > 0x20 && arg[n] < 0x7f ? arg[n] : '?',
+                         arg[n] > 0x20 && arg[n] < 0x7f ? "'" : "");
+        }
+        if (rc == 0)
+            continue;
+        /* what was typed, printable (it goes to a terminal) and cut */
+        size_t o = 0;
+        for (; arg[o] && o + 4 < sizeof(shown); o++)
+            shown[o] = arg[o] >= 0x20 && arg[o] < 0x7f ? arg[o] : '?';
+        snprintf(shown + o, sizeof(shown) - o, "%s", arg[o] ? "..." : "");
+        return kvg_cli_usage_error("%s \"%s\": %s", cmd->words, shown, msg);
+    }
+    return 0;
+}
+
 /* The admin API path from the command's template and its arguments. */
 static void put_path(kvg_cli *c, const command *cmd, const args *a)
 {
@@ -587,12 +660,16 @@ static int run_command(kvg_cli *c, const command *cmd, int argc, char **argv)
         rc = cmd->finish(c, &a);
     if (rc)
         return rc;
+    if ((rc = check_path_args(cmd, &a)) != 0)
+        return rc;
     if (c->body.len && !cmd->fields)
         kvg_buf_putc(&c->body, '}'); /* the string options' object */
     put_path(c, cmd, &a);
     c->method = cmd->method;
     c->auth = !(cmd->flags & CMD_OPEN);
     c->shows_key = cmd->flags & CMD_SHOWS_KEY;
+    c->table = cmd->table;
+    c->member = cmd->member;
     return 0;
 }
 
@@ -677,6 +754,14 @@ int kvg_cli_global_options(kvg_cli *c, int argc, char **argv, int *first)
             kvg_cli_usage(stdout);
             return -1;
         }
+        if (strcmp(arg, "-o") == 0) {
+            if (i + 1 == argc)
+                return kvg_cli_usage_error("-o needs a value");
+            int rc = kvg_cli_set_output(c, argv[++i]);
+            if (rc)
+                return rc;
+            continue;
+        }
         if (strncmp(arg, "--", 2) != 0)
             break;
         const char *eq = strchr(arg, '=');
@@ -697,6 +782,10 @@ int kvg_cli_global_options(kvg_cli *c, int argc, char **argv, int *first)
             c->token = value;
         } else if (strcmp(name, "--state") == 0) {
             c->state_dir = value;
+        } else if (strcmp(name, "--output") == 0) {
+            int rc = kvg_cli_set_output(c, value);
+            if (rc)
+                return rc;
         } else {
             char *end;
             double t = strtod(value, &end);
@@ -748,6 +837,9 @@ int kvg_cli_main(int argc, char **argv)
     }
     if (c.auth && (rc = kvg_cli_find_token(&c, token, sizeof(token))) != 0)
         goto out;
+    /* A person at a terminal reads a table; a pipe or a script gets the JSON it parses. */
+    if (c.output == KVG_CLI_OUTPUT_AUTO)
+        c.output = isatty(STDOUT_FILENO) ? KVG_CLI_OUTPUT_TABLE : KVG_CLI_OUTPUT_JSON;
     rc = kvg_cli_send(&c, &t, c.auth ? token : NULL);
     if (rc == KVG_CLI_EXIT_OK && c.shows_key)
         fputs("kvgate admin: store the key now: it is not shown again\n", stderr);

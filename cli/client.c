@@ -274,15 +274,12 @@ static const char *error_message(const kvg_buf *body, kvg_arena *arena)
     return m && m->type == KVG_JSON_STRING ? m->u.str.ptr : NULL;
 }
 
-static int report(const response *r)
+static int report(const kvg_cli *c, const response *r)
 {
     bool ok = r->status >= 200 && r->status < 300;
     if (ok) {
-        if (r->body.len) {
-            fwrite(r->body.data, 1, r->body.len, stdout);
-            if (r->body.data[r->body.len - 1] != '\n')
-                putchar('\n');
-        }
+        if (r->body.len)
+            kvg_cli_print_answer(stdout, c, r->body.data, r->body.len);
         return fflush(stdout) == 0 ? KVG_CLI_EXIT_OK : KVG_CLI_EXIT_FAIL;
     }
     kvg_arena arena;
@@ -301,7 +298,7 @@ int kvg_cli_send(const kvg_cli *c, const kvg_cli_target *t, const char *token)
 {
     response r = {.status = 0};
     kvg_buf_init(&r.body);
-    int rc = call(c, t, token, &r) < 0 ? KVG_CLI_EXIT_FAIL : report(&r);
+    int rc = call(c, t, token, &r) < 0 ? KVG_CLI_EXIT_FAIL : report(c, &r);
     kvg_buf_done(&r.body);
     return rc;
 }

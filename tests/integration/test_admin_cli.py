@@ -3,6 +3,8 @@
 and the policy, and its exit status says how the call went."""
 
 import json
+import os
+import re
 import subprocess
 
 from conftest import binary
@@ -71,7 +73,7 @@ def test_cli_exit_status(kvgate):
     rc, _, err = cli(gw, "tenants", "frobnicate")
     assert rc == 2 and err
     rc, out, err = cli(gw, "tenants", "put", "bad id!")
-    assert rc == 1 and "id" in (out + err)
+    assert rc == 2 and "id" in (out + err)
     # The token from the state directory, as the gateway generated it.
     state = gw.state_dir
     (state / "admin-token").write_text(gw.token + "\n")
@@ -116,3 +118,128 @@ def test_cli_policy_settings_and_explain(simworker, kvgate, tmp_path):
     f.write_text('{"model": 1')
     rc, out, err = cli(gw, "explain", str(f))
     assert rc == 1 and "400" in (out + err)
+
+
+def test_cli_bad_id_named_as_typed(kvgate):
+    """A name or id that cannot be one is refused before anything is sent, with the gateway's
+    rule and message, naming the character typed rather than its percent-encoding."""
+    gw = kvgate()
+    cases = [
+        (["tenants", "put", "bad/x"], 'tenants put "bad/x": id: invalid character \'/\''),
+        (["tenants", "get", "a b"], 'tenants get "a b": id: invalid character 0x20'),
+        (["workers", "delete", "w%41"], 'workers delete "w%41": name: invalid character \'%\''),
+        (["keys", "create", ".."], 'keys create "..": id: "." and ".." are reserved'),
+        (["keys", "delete", "acme", "K1"], "key id: invalid character 'K'"),
+        (["tenants", "put", "x" * 200], "id: longer than"),
+    ]
+    for argv, message in cases:
+        rc, out, err = cli(gw, *argv)
+        assert rc == 2 and out == "", (argv, rc, out, err)
+        assert message in err, (argv, err)
+        assert "%2F" not in err and "%20" not in err
+    # Good ids still reach the gateway, which answers for them.
+    rc, out, err = cli(gw, "tenants", "get", "no-such.tenant_1")
+    assert rc == 1 and "404" in err
+
+
+def cli_tty(gw, *args):
+    """Run kvgate admin with stdout on a pseudo-terminal, as a person at a shell would; returns
+    the exit status and what the terminal showed (newlines as "\\n")."""
+    master, slave = os.openpty()
+    argv = [str(binary("kvgate")), "admin", "--url", gw.admin_url, "--token", gw.token, *args]
+    try:
+        p = subprocess.Popen(argv, stdout=slave, stderr=subprocess.PIPE)
+    finally:
+        os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the terminal's other end is closed
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    p.wait(timeout=20)
+    p.stderr.close()
+    return p.returncode, b"".join(chunks).decode().replace("\r\n", "\n")
+
+
+def columns(text):
+    """A table's lines split into cells at runs of two or more spaces."""
+    return [re.split(r"\s{2,}", line.strip()) for line in text.strip().splitlines()]
+
+
+def test_cli_table_on_a_terminal_json_otherwise(simworker, kvgate):
+    sw = simworker(time_scale=0)
+    gw = kvgate(auth="keys")
+    assert cli(gw, "workers", "put", "w1", sw.url, "--model", sw.model, "--kv-blocks", "512")[0] == 0
+    assert cli(gw, "workers", "put", "gpu-long-name", sw.url, "--model", "a", "--model", "b")[0] == 0
+    assert cli(gw, "tenants", "put", "acme", "--sharing", "group:blue", "--rps", "100")[0] == 0
+    assert cli(gw, "tenants", "put", "z", "--model", sw.model)[0] == 0
+    rc, out, _ = cli(gw, "keys", "create", "acme")
+    kid = json.loads(out)["id"]
+
+    # Workers: a header, one aligned row per worker; every column starts at the header's column.
+    rc, out = cli_tty(gw, "workers", "list")
+    assert rc == 0, out
+    lines = out.strip().splitlines()
+    head = columns(out)[0]
+    assert head[:4] == ["NAME", "URL", "MODELS", "KV_BLOCKS"] and "HEALTH" in head
+    rows = {r[0]: dict(zip(head, r)) for r in columns(out)[1:]}
+    assert rows["w1"]["URL"] == sw.url and rows["w1"]["KV_BLOCKS"] == "512"
+    assert rows["gpu-long-name"]["MODELS"] == "a,b"
+    starts = [lines[0].index(h) for h in ("URL", "MODELS", "KV_BLOCKS")]
+    for line in lines[1:]:
+        for s in starts:
+            assert line[s - 2:s] == "  " and line[s] != " ", (line, s)
+    assert not json_like(out)
+
+    # Tenants: nested members flattened, a tenant's keys counted; a missing group is "-".
+    rc, out = cli_tty(gw, "tenants", "list")
+    assert rc == 0
+    head = columns(out)[0]
+    assert head[:3] == ["ID", "SHARING", "GROUP"] and "RATE.RPS" in head and "KEYS" in head
+    rows = {r[0]: dict(zip(head, r)) for r in columns(out)[1:]}
+    assert rows["acme"]["GROUP"] == "blue" and rows["acme"]["RATE.RPS"] == "100"
+    assert rows["acme"]["KEYS"] == "1" and rows["z"]["GROUP"] == "-"
+
+    # Keys of a tenant, and one object (the policy) as FIELD VALUE lines.
+    rc, out = cli_tty(gw, "keys", "list", "acme")
+    assert rc == 0 and columns(out)[0] == ["ID", "CREATED"] and columns(out)[1][0] == kid
+    rc, out = cli_tty(gw, "policy", "get")
+    assert rc == 0 and columns(out)[0] == ["FIELD", "VALUE"]
+    assert ["policy", "cost"] in columns(out) and ["load_factor", "2"] in columns(out)
+    rc, out = cli_tty(gw, "tenants", "get", "acme")
+    assert ["keys", kid] in columns(out) and ["group", "blue"] in columns(out)
+
+    # -o json on a terminal, -o table in a pipe; the default in a pipe is the JSON as sent.
+    rc, out = cli_tty(gw, "-o", "json", "workers", "list")
+    assert rc == 0 and {w["name"] for w in json.loads(out)["workers"]} == {"w1", "gpu-long-name"}
+    rc, out = cli_tty(gw, "workers", "list", "--output=json")
+    assert rc == 0 and json.loads(out)["workers"]
+    rc, out, _ = cli(gw, "workers", "list")
+    assert rc == 0 and len(json.loads(out)["workers"]) == 2
+    rc, out, _ = cli(gw, "-o", "table", "workers", "list")
+    assert rc == 0 and columns(out)[0][0] == "NAME"
+    rc, out, _ = cli(gw, "keys", "list", "acme")
+    assert rc == 0 and [k["id"] for k in json.loads(out)["keys"]] == [kid]
+    rc, out, err = cli(gw, "-o", "yaml", "workers", "list")
+    assert rc == 2 and "json or table" in err
+    # Answers without a table (metrics, probes) come as they are on a terminal too.
+    rc, out = cli_tty(gw, "health")
+    assert rc == 0 and json.loads(out)
+    # An empty list says so.
+    assert cli(gw, "workers", "delete", "w1")[0] == 0
+    assert cli(gw, "workers", "delete", "gpu-long-name")[0] == 0
+    rc, out = cli_tty(gw, "workers", "list")
+    assert rc == 0 and out.strip() == "no workers"
+
+
+def json_like(text):
+    try:
+        json.loads(text)
+        return True
+    except ValueError:
+        return False

@@ -77,7 +77,13 @@ typedef struct audit_want {
     const char *action, *target;
     int status;
     const char *detail; /* prefix */
+    /* in the resource before and after, as JSON text: "null" for none, NULL when the line has
+     * no before and after (the request failed its checks) */
+    const char *before, *after;
 } audit_want;
+
+/* The first 8 hex digits of SHA-256("tok-a"): the token that acted, named without itself. */
+#define TOKEN_ID "4f66a428"
 
 static void test_audit_log(void **state)
 {
@@ -85,23 +91,28 @@ static void test_audit_log(void **state)
     char *log = capture_stderr(audit_actions, f);
     char *file = slurp(f->audit_path);
     assert_non_null(file);
-    char key_target[64];
+    char key_target[64], key_listed[64];
     snprintf(key_target, sizeof(key_target), "acme/%s", audit_key_id);
+    snprintf(key_listed, sizeof(key_listed), "\"keys\":[{\"id\":\"%s\"", audit_key_id);
     const audit_want want[] = {
-        {"worker.put", "w1", 201, "created url=http://h:1"},
-        {"worker.put", "w1", 200, "replaced url=http://h:2"},
-        {"worker.put", "w1", 400, "url: https is not supported"},
-        {"worker.drain", "w1", 200, "draining"},
-        {"worker.delete", "w1", 204, "deleted"},
-        {"tenant.put", "acme", 201, "created sharing=group:g1"},
-        {"tenant.put", "acme", 400, "sharing: must be"},
-        {"key.create", key_target, 201, "created"},
-        {"key.create", "acme/", 201, "created"},
-        {"key.delete", key_target, 204, "deleted"},
-        {"policy.put", "policy", 200, "policy=random"},
-        {"tenant.delete", "acme", 204, "deleted"},
-        {"tenant.delete", "bad\"id\n", 400, "id: "},
-        {"tenant.delete", "kvg-[redacted]", 404, "tenant \"kvg-[redacted]\" not found"},
+        {"worker.put", "w1", 201, "created url=http://h:1", "null", "\"url\":\"http://h:1\""},
+        {"worker.put", "w1", 200, "replaced url=http://h:2", "\"url\":\"http://h:1\"",
+         "\"url\":\"http://h:2\""},
+        {"worker.put", "w1", 400, "url: https is not supported", "\"url\":\"http://h:2\"",
+         "\"url\":\"http://h:2\""},
+        {"worker.drain", "w1", 200, "draining", "\"draining\":false", "\"draining\":true"},
+        {"worker.delete", "w1", 204, "deleted", "{\"name\":\"w1\"", "null"},
+        {"tenant.put", "acme", 201, "created sharing=group:g1", "null", "\"group\":\"g1\""},
+        {"tenant.put", "acme", 400, "sharing: must be", "\"group\":\"g1\"", "\"group\":\"g1\""},
+        {"key.create", key_target, 201, "created", "\"keys\":[]", key_listed},
+        {"key.create", "acme/", 201, "created", key_listed, key_listed},
+        {"key.delete", key_target, 204, "deleted", key_listed, "\"keys\":[{\"id\":\"k"},
+        {"policy.put", "policy", 200, "policy=random", "{\"policy\":\"cost\"",
+         "{\"policy\":\"random\""},
+        {"tenant.delete", "acme", 204, "deleted", "{\"id\":\"acme\"", "null"},
+        {"tenant.delete", "bad\"id\n", 400, "id: ", NULL, NULL},
+        {"tenant.delete", "kvg-[redacted]", 404, "tenant \"kvg-[redacted]\" not found", "null",
+         "null"},
     };
 
     /* the file: one JSON object per line, exactly these fields */
@@ -116,11 +127,31 @@ static void test_audit_log(void **state)
             fail_msg("audit line %zu is not JSON (%s): %.*s", n, err.message, (int)(nl - line),
                      line);
         assert_int_equal(v->type, KVG_JSON_OBJECT);
-        assert_int_equal(v->u.obj.count, 6);
-        static const char *const names[] = {"time",   "remote", "action",
-                                            "target", "status", "detail"};
-        for (size_t k = 0; k < 6; k++)
+        static const char *const names[] = {"time",   "remote", "token",  "action", "target",
+                                            "status", "detail", "before", "after"};
+        size_t count = want[n].before ? 9 : 7;
+        assert_int_equal(v->u.obj.count, count);
+        for (size_t k = 0; k < count; k++)
             assert_string_equal(v->u.obj.keys[k], names[k]);
+        assert_string_equal(kvg_json_get(v, "token")->u.str.ptr, TOKEN_ID);
+        /* before and after: the resource as JSON (an object, or null), holding what is wanted */
+        const char *before = strstr(line, ",\"before\":");
+        assert_true((before != NULL && before < nl) == (want[n].before != NULL));
+        if (want[n].before) {
+            const char *after = strstr(before, ",\"after\":");
+            assert_true(after && after < nl);
+            char *b = kvg_arena_strndup(&arena, before + 10, (size_t)(after - before - 10));
+            char *a = kvg_arena_strndup(&arena, after + 9, (size_t)(nl - 1 - after - 9));
+            if (!strstr(b, want[n].before) || !strstr(a, want[n].after))
+                fail_msg("line %zu: before %s after %s; expected %s and %s", n, b, a,
+                         want[n].before, want[n].after);
+            if (strcmp(want[n].before, "null") == 0)
+                assert_string_equal(b, "null");
+            if (strcmp(want[n].after, "null") == 0)
+                assert_string_equal(a, "null");
+            assert_int_equal(kvg_json_get(v, "before")->type,
+                             *b == 'n' ? KVG_JSON_NULL : KVG_JSON_OBJECT);
+        }
         const char *ts = kvg_json_get(v, "time")->u.str.ptr;
         assert_int_equal(strlen(ts), 24);
         assert_true(ts[4] == '-' && ts[10] == 'T' && ts[19] == '.' && ts[23] == 'Z');
@@ -133,9 +164,10 @@ static void test_audit_log(void **state)
         const char *detail = kvg_json_get(v, "detail")->u.str.ptr;
         if (strncmp(detail, want[n].detail, strlen(want[n].detail)) != 0)
             fail_msg("line %zu: detail \"%s\", expected \"%s\"", n, detail, want[n].detail);
-        /* the same line went to the error log */
-        char *copy = kvg_arena_strndup(&arena, line, (size_t)(nl - line));
-        if (!strstr(log, copy))
+        /* the same line went to the error log, without before and after */
+        const char *cut = before && before < nl ? before : nl - 1;
+        char *copy = kvg_arena_strndup(&arena, line, (size_t)(cut - line));
+        if (!strstr(log, copy) || strstr(log, copy)[cut - line] != '}')
             fail_msg("audit line %zu not in the error log:\n%s", n, log);
     }
     assert_int_equal(n, KVG_ARRAY_LEN(want));

@@ -60,13 +60,13 @@ static void test_calls(void **state)
         bool auth;
     } cases[] = {
         {"workers|list", "GET", "/admin/v1/workers", "", true},
-        {"workers|get|w 1", "GET", "/admin/v1/workers/w%201", "", true},
+        {"workers|get|w.1", "GET", "/admin/v1/workers/w.1", "", true},
         {"workers|put|w1|http://h:1|--model|a|--model=b|--kv-blocks|40|--no-cache-salt", "PUT",
          "/admin/v1/workers/w1",
          "{\"models\":[\"a\",\"b\"],\"kv_blocks\":40,\"cache_salt\":false,\"url\":\"http://h:1\"}",
          true},
         {"workers|delete|w1", "DELETE", "/admin/v1/workers/w1", "", true},
-        {"workers|drain|w/1", "POST", "/admin/v1/workers/w%2F1/drain", "", true},
+        {"workers|drain|w_1", "POST", "/admin/v1/workers/w_1/drain", "", true},
         {"tenants|list", "GET", "/admin/v1/tenants", "", true},
         {"tenants|get|acme", "GET", "/admin/v1/tenants/acme", "", true},
         {"tenants|put|acme|--sharing|group:blue|--rps|2.5|--max-inflight|8", "PUT",
@@ -153,6 +153,15 @@ static void test_usage_errors(void **state)
         "policy|set|--policy|random", /* the name is an argument, not an option */
         "metrics|now",
         "explain",
+        /* names and ids the gateway would refuse, refused before they are encoded */
+        "workers|get|w 1",
+        "workers|drain|w/1",
+        "workers|get|..",
+        "tenants|put|bad/x",
+        "tenants|get|",
+        "keys|create|a%2Fb",
+        "keys|delete|acme|K1",
+        "keys|delete|acme|k12345678901234567",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         kvg_cli c;
@@ -193,6 +202,143 @@ static void test_options_and_url(void **state)
     restore_stderr();
 }
 
+/* -o/--output before or after the command; the command says which table its answer makes. */
+static void test_output_option(void **state)
+{
+    (void)state;
+    char *argv[] = {"admin", "-o", "table", "--output=json", "workers", "list"};
+    kvg_cli c;
+    kvg_cli_init(&c);
+    int first = 0;
+    assert_int_equal(kvg_cli_global_options(&c, 6, argv, &first), 0);
+    assert_int_equal(first, 4);
+    assert_int_equal(c.output, KVG_CLI_OUTPUT_JSON);
+    kvg_cli_done(&c);
+    static const struct {
+        const char *line;
+        kvg_cli_output output;
+        const char *table, *member;
+    } cases[] = {
+        {"workers|list", KVG_CLI_OUTPUT_AUTO, "workers", NULL},
+        {"workers|list|-o|json", KVG_CLI_OUTPUT_JSON, "workers", NULL},
+        {"tenants|list|--output|table", KVG_CLI_OUTPUT_TABLE, "tenants", NULL},
+        {"tenants|get|acme|--output=table", KVG_CLI_OUTPUT_TABLE, "", NULL},
+        {"keys|list|acme", KVG_CLI_OUTPUT_AUTO, "keys", "keys"},
+        {"policy|set|random|-o|json", KVG_CLI_OUTPUT_JSON, "", NULL},
+        {"metrics", KVG_CLI_OUTPUT_AUTO, NULL, NULL},
+        {"explain|-|-o|table", KVG_CLI_OUTPUT_TABLE, NULL, NULL},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        if (strncmp(cases[i].line, "explain", 7) == 0)
+            continue; /* reads stdin */
+        if (build(&c, cases[i].line) != 0)
+            fail_msg("%s: refused", cases[i].line);
+        assert_int_equal(c.output, cases[i].output);
+        if (!cases[i].table)
+            assert_null(c.table);
+        else
+            assert_string_equal(c.table, cases[i].table);
+        if (!cases[i].member)
+            assert_null(c.member);
+        else
+            assert_string_equal(c.member, cases[i].member);
+        kvg_cli_done(&c);
+    }
+    static const char *const bad[] = {"workers|list|-o", "workers|list|-o|yaml",
+                                      "workers|list|--output=", "workers|list|-oj"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        if (build(&c, bad[i]) != KVG_CLI_EXIT_USAGE)
+            fail_msg("%s: not a usage error", bad[i]);
+        kvg_cli_done(&c);
+    }
+}
+
+/* What a print writes, as a string the caller frees. */
+static char *print_table(const char *view, const char *body, int *rc)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    *rc = kvg_cli_print_table(f, view, body, strlen(body));
+    fclose(f);
+    return text;
+}
+
+static void test_tables(void **state)
+{
+    (void)state;
+    int rc;
+    /* a list: columns in first-seen order, objects flattened, "-" where a row has nothing,
+     * arrays joined, objects in arrays counted, control characters shown as '?' */
+    char *t = print_table("tenants",
+                          "{\"tenants\":[{\"id\":\"a\",\"rate\":{\"rps\":2.5},\"models\":[\"m1\","
+                          "\"m2\"],\"keys\":[{\"id\":\"k1\"},{\"id\":\"k2\"}]},{\"id\":\"long-id\","
+                          "\"group\":\"g\\n\",\"models\":[],\"on\":true,\"none\":null}]}",
+                          &rc);
+    assert_int_equal(rc, 0);
+    assert_string_equal(t, "ID       RATE.RPS  MODELS  KEYS  GROUP  ON    NONE\n"
+                           "a        2.5       m1,m2   2     -      -     -\n"
+                           "long-id  -         -       -     g?     true  -\n");
+    free(t);
+    /* one object: FIELD VALUE lines; arrays of objects by their ids */
+    t = print_table("",
+                    "{\"id\":\"acme\",\"keys\":[{\"id\":\"k1\"},{\"id\":\"k2\"}],"
+                    "\"rate\":{\"rps\":1}}",
+                    &rc);
+    assert_int_equal(rc, 0);
+    assert_string_equal(t, "FIELD     VALUE\n"
+                           "id        acme\n"
+                           "keys      k1,k2\n"
+                           "rate.rps  1\n");
+    free(t);
+    /* a long cell is cut in a list, at a character's end */
+    char body[512], want[512];
+    char long_model[80];
+    memset(long_model, 'x', 60);
+    long_model[60] = '\0';
+    snprintf(body, sizeof(body), "{\"w\":[{\"m\":\"%s\"}]}", long_model);
+    t = print_table("w", body, &rc);
+    snprintf(want, sizeof(want), "M\n%.45s...\n", long_model);
+    assert_string_equal(t, want);
+    free(t);
+    t = print_table("w", "{\"w\":[]}", &rc);
+    assert_int_equal(rc, 0);
+    assert_string_equal(t, "no w\n");
+    free(t);
+    /* not of the shape: nothing written, the caller prints the answer as it came */
+    static const char *const odd[][2] = {{"w", "not json"},
+                                         {"w", "[1]"},
+                                         {"w", "{\"v\":[]}"},
+                                         {"w", "{\"w\":[1]}"},
+                                         {"w", "{\"w\":{}}"}};
+    for (size_t i = 0; i < sizeof(odd) / sizeof(odd[0]); i++) {
+        t = print_table(odd[i][0], odd[i][1], &rc);
+        assert_int_equal(rc, -1);
+        assert_string_equal(t, "");
+        free(t);
+    }
+    /* keys list as JSON: the member alone */
+    kvg_cli c;
+    kvg_cli_init(&c);
+    c.output = KVG_CLI_OUTPUT_JSON;
+    c.table = "keys";
+    c.member = "keys";
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    static const char tenant[] = "{\"id\":\"a\",\"keys\":[{\"id\":\"k1\"}],\"inflight\":0}";
+    kvg_cli_print_answer(f, &c, tenant, strlen(tenant));
+    c.output = KVG_CLI_OUTPUT_TABLE;
+    c.table = "";
+    c.member = NULL;
+    kvg_cli_print_answer(f, &c, "oops", 4); /* not JSON: as it came, with a newline */
+    fclose(f);
+    assert_string_equal(text, "{\"keys\":[{\"id\":\"k1\"}]}\noops\n");
+    free(text);
+    kvg_cli_done(&c);
+}
+
 /* --help comes from the table: every command is in it, with its call. */
 static void test_help(void **state)
 {
@@ -212,6 +358,8 @@ static void test_help(void **state)
         "NAME: least_loaded, round_robin, random, cost, prefix_only",
         "  health                            GET /healthz: no token needed\n",
         "  --timeout SECONDS  for the whole call (default 10)\n",
+        "  --output FORMAT    json or table",
+        "  keys list TENANT                  GET /admin/v1/tenants/TENANT",
     };
     for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
         if (!strstr(text, want[i]))
@@ -226,7 +374,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_calls),        cmocka_unit_test(test_explain),
         cmocka_unit_test(test_usage_errors), cmocka_unit_test(test_options_and_url),
-        cmocka_unit_test(test_help),
+        cmocka_unit_test(test_help),         cmocka_unit_test(test_output_option),
+        cmocka_unit_test(test_tables),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
