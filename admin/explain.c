@@ -82,9 +82,9 @@ static void respond(admin_ctx *c, const kvg_route_decision *d, const kvg_body_in
         kvg_buf_puts(b, "null");
     kvg_buf_printf(b,
                    ",\"prefix\":{\"unit\":\"%s\",\"length\":%zu,\"block_size\":%u,\"blocks\":%u}"
-                   ",\"hash_backend\":\"%s\",\"serving\":%zu,\"candidates\":[",
+                   ",\"hash_backend\":\"%s\",\"serving\":%zu,\"ejected\":%zu,\"candidates\":[",
                    kvg_hash_unit_str(d->unit), d->stream_units, d->block_size, d->nkeys,
-                   d->hash_backend ? d->hash_backend : "cpu", d->serving);
+                   d->hash_backend ? d->hash_backend : "cpu", d->serving, d->ejected);
     for (size_t i = 0; i < d->ncands; i++) {
         if (i)
             kvg_buf_putc(b, ',');

@@ -64,6 +64,10 @@ def test_failing_worker_is_ejected_returns_and_is_ejected_longer(simworker, kvga
     assert gw.metric("kvgate_worker_ejections_total", samples, worker="bad") == 1
     assert gw.metric("kvgate_worker_ejected", samples, worker="bad") == 1
     assert gw.metric("kvgate_worker_ejected", samples, worker=a.name) == 0
+    # Route explain leaves it out and says so.
+    ex = gw.admin.post("/admin/v1/route/explain", json={"request": BODY}).json()
+    assert ex["serving"] == 3 and ex["ejected"] == 1, ex
+    assert {c["worker"] for c in ex["candidates"]} == {a.name, b.name}, ex
     # Out of routing while ejected: every request succeeds on the two others.
     for _ in range(12):
         r = post(gw)

@@ -248,7 +248,7 @@ def test_explain_contract(simworker, kvgate):
     assert ex["scope"] == "global" and ex["model"] == ws[0].model
     assert ex["prefix"]["unit"] == "bytes" and ex["prefix"]["block_size"] == 64
     assert ex["prefix"]["blocks"] == ex["prefix"]["length"] // 64
-    assert ex["hash_backend"] == "cpu" and ex["serving"] == 2
+    assert ex["hash_backend"] == "cpu" and ex["serving"] == 2 and ex["ejected"] == 0
     assert ex["chosen"] == ex["candidates"][0]["worker"]
     for c in ex["candidates"]:
         assert set(c) == {"worker", "matched_blocks", "inflight", "pending_blocks", "waiting",
