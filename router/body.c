@@ -29,13 +29,13 @@
  * salt goes after the last kept member, or where the first removed one was: rewriting an
  * output again gives the same bytes.
  *
- * kvg_body_scan extends this pass: for a completions or chat body the values of prompt,
- * messages and tools get the scanners of body_canon.c, which emit the canonical prefix stream
+ * kvg_body_scan extends this pass: for a completions, chat or responses body the values of
+ * prompt, messages, tools, instructions and input get the scanners of body_canon.c, which emit the canonical prefix stream
  * (docs/canonical.md) as they go. The lexer they all share is body_lex.h and body_lex.c.
  */
 
-/* The longest top-level key we look for ("cache_salt", "messages"). */
-#define KEY_MAX 10
+/* The longest top-level key we look for ("instructions"). */
+#define KEY_MAX 12
 /* A \uXXXX escape is the longest spelling of one decoded byte: raw keys longer than this
  * cannot decode to a key we look for. */
 #define KEY_RAW_MAX (6 * KEY_MAX)
@@ -57,6 +57,8 @@ static member_kind classify(const unsigned char *k, size_t len)
         return IS("messages") ? MEMBER_MESSAGES : MEMBER_OTHER;
     case 10:
         return IS("cache_salt") ? MEMBER_CACHE_SALT : MEMBER_OTHER;
+    case 12:
+        return IS("instructions") ? MEMBER_INSTRUCTIONS : MEMBER_OTHER;
     default:
         return MEMBER_OTHER;
     }
@@ -157,13 +159,19 @@ static int scan_member(rewrite *rw, member_kind kind, const unsigned char **pp)
     case MEMBER_PROMPT:
     case MEMBER_MESSAGES:
     case MEMBER_INPUT:
+    case MEMBER_INSTRUCTIONS:
     case MEMBER_TOOLS:
         if (rw->api == KVG_BODY_API_COMPLETIONS && kind == MEMBER_PROMPT)
             rc = kvg_body_scan_prompt(rw, pp);
         else if (rw->api == KVG_BODY_API_CHAT && kind == MEMBER_MESSAGES)
             rc = kvg_body_scan_messages(rw, pp);
-        else if (rw->api == KVG_BODY_API_CHAT && kind == MEMBER_TOOLS)
+        else if ((rw->api == KVG_BODY_API_CHAT || rw->api == KVG_BODY_API_RESPONSES) &&
+                 kind == MEMBER_TOOLS)
             rc = kvg_body_scan_tools(rw, pp);
+        else if (rw->api == KVG_BODY_API_RESPONSES && kind == MEMBER_INPUT)
+            rc = kvg_body_scan_input(rw, pp);
+        else if (rw->api == KVG_BODY_API_RESPONSES && kind == MEMBER_INSTRUCTIONS)
+            rc = kvg_body_scan_instructions(rw, pp);
         else
             rc = kvg_body_scan_value(&rw->sc, pp, 2);
         if (rc == 0)
@@ -313,6 +321,8 @@ const char *kvg_body_api_str(kvg_body_api api)
         return "completions";
     case KVG_BODY_API_CHAT:
         return "chat";
+    case KVG_BODY_API_RESPONSES:
+        return "responses";
     default:
         return "unknown";
     }
