@@ -174,7 +174,8 @@ static int scan_member(rewrite *rw, member_kind kind, const unsigned char **pp)
             rc = kvg_body_scan_instructions(rw, pp);
         else
             rc = kvg_body_scan_value(&rw->sc, pp, 2);
-        if (rc == 0)
+        /* "instructions" is prompt only where the API reads it. */
+        if (rc == 0 && (kind != MEMBER_INSTRUCTIONS || rw->api == KVG_BODY_API_RESPONSES))
             rw->info.prompt_bytes += (uint64_t)(*pp - v);
         return rc;
     default:
