@@ -63,6 +63,7 @@ typedef enum proxy_route {
     ROUTE_NONE = 0,
     ROUTE_COMPLETIONS,
     ROUTE_CHAT,
+    ROUTE_RESPONSES, /* POST /v1/responses: prefix-aware like chat */
     ROUTE_EMBEDDINGS,
     ROUTE_MODELS,
     ROUTE_MODEL,       /* GET /v1/models/{id} */
@@ -93,6 +94,7 @@ static proxy_route classify(const kvg_config *cfg, const char *path)
     } routes[] = {
         {"/v1/completions", ROUTE_COMPLETIONS},
         {"/v1/chat/completions", ROUTE_CHAT},
+        {"/v1/responses", ROUTE_RESPONSES},
         {"/v1/embeddings", ROUTE_EMBEDDINGS},
         {"/v1/models", ROUTE_MODELS},
     };
@@ -1036,6 +1038,7 @@ static void on_head(kvg_exchange *x)
     r->x = x;
     r->api = route == ROUTE_COMPLETIONS ? KVG_BODY_API_COMPLETIONS
              : route == ROUTE_CHAT      ? KVG_BODY_API_CHAT
+             : route == ROUTE_RESPONSES ? KVG_BODY_API_RESPONSES
                                         : KVG_BODY_API_OTHER;
     kvg_usage_scan_init(&r->usage);
     /* Authenticate before reading a byte of the body: an unknown caller costs nothing more. */

@@ -1,0 +1,106 @@
+# SPDX-License-Identifier: Apache-2.0
+"""POST /v1/responses through the gateway: routed like chat (prefix-aware, salted), its type
+errors answered 400 with the field path, and a conversation moving between /v1/responses and
+/v1/chat/completions kept on the worker that holds its prefix (docs/canonical.md, RESPONSES).
+
+kvgate-simworker does not serve /v1/responses, so the workers here are fake_upstream scripts
+that answer every request and record what they received."""
+import json
+
+from gwhelpers import CHAT, assert_openai_error, forwarded, http, json_response, worker_cfg
+
+RESPONSES = "/v1/responses"
+QUIET_HEALTH = {"interval_ms": 600000, "fall": 100, "rise": 1}
+
+
+def answer(req, sock):
+    json_response(sock, {"id": "resp_0123", "object": "response", "status": "completed",
+                         "output": [], "usage": {"input_tokens": 1, "output_tokens": 1}})
+    return True
+
+
+def start(kvgate, fake_upstream, n):
+    ups = [fake_upstream(answer, name=f"w{i}") for i in range(n)]
+    gw = kvgate(config={"health": QUIET_HEALTH, "workers": [worker_cfg(u) for u in ups]})
+    return gw, ups
+
+
+def conversation(k):
+    """The same conversation (k picks its text) for /v1/responses and /v1/chat/completions."""
+    system = f"conversation {k}: you answer questions about the weather. " * 40
+    question = f"what is the weather in city {k}?"
+    # The tools section opens the stream: k in it, so conversations differ from the first block.
+    tools = [{"type": "function", "name": f"get_weather_{k}", "parameters": {"type": "object"}}]
+    resp = {"model": "m", "instructions": system, "tools": tools, "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": question}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+         "arguments": "{\"city\":1}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}]}
+    chat = {"model": "m", "tools": tools, "messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": [{"type": "text", "text": question}]},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\":1}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]}
+    return resp, chat
+
+
+def test_responses_forwarded_salted(kvgate, fake_upstream):
+    gw, ups = start(kvgate, fake_upstream, 1)
+    body = json.dumps({"model": "m", "input": "hello", "instructions": "be brief"}).encode()
+    r = http.post(gw.url + RESPONSES, content=body,
+                  headers={"content-type": "application/json"}, timeout=10)
+    assert r.status_code == 200, r.text
+    assert r.json()["id"] == "resp_0123"
+    req = ups[0].requests[-1]
+    assert req["method"] == "POST" and req["path"] == RESPONSES
+    assert req["body"] == forwarded(body)
+    # A client's own cache_salt is replaced by the scope's.
+    r = http.post(gw.url + RESPONSES, json={"input": "x", "cache_salt": "mine"}, timeout=10)
+    assert r.status_code == 200
+    assert b'"mine"' not in ups[0].requests[-1]["body"]
+
+
+def test_responses_type_errors_name_the_field(kvgate, fake_upstream):
+    gw, ups = start(kvgate, fake_upstream, 1)
+    cases = [({"input": 5}, "input: "),
+             ({"input": [{"role": "user", "content": 1}]}, "input[0].content: "),
+             ({"input": [{"role": "user"}, {"role": "user", "content": [{"type": "x"}]}]},
+              "input[1].content[0].type: "),
+             ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]},
+              "input[0].call_id: "),
+             ({"instructions": [], "input": "x"}, "instructions: ")]
+    for body, path in cases:
+        r = http.post(gw.url + RESPONSES, json=body, timeout=10)
+        assert r.status_code == 400, (body, r.text)
+        err = assert_openai_error(r.content, 400, "invalid_request_error")
+        assert err["message"].startswith(path), (path, err["message"])
+    assert not ups[0].requests  # a worker never sees a body the gateway refused
+    # GET is not a route of this path.
+    assert http.get(gw.url + RESPONSES, timeout=10).status_code == 405
+
+
+def test_conversation_keeps_its_worker_across_apis(kvgate, fake_upstream):
+    gw, ups = start(kvgate, fake_upstream, 4)
+    placed = []
+    for k in range(8):
+        resp, chat = conversation(k)
+        a = http.post(gw.url + RESPONSES, json=resp, timeout=10)
+        b = http.post(gw.url + CHAT, json=chat, timeout=10)
+        assert a.status_code == 200 and b.status_code == 200
+        placed.append((a.headers["x-kvgate-worker"], b.headers["x-kvgate-worker"]))
+    assert all(x == y for x, y in placed), placed
+    # Not just the first blocks: every block key of the chat form is one the /v1/responses
+    # request recorded on its worker (route/explain reads the chat body as the front does).
+    for k in range(8, 12):
+        resp, chat = conversation(k)
+        a = http.post(gw.url + RESPONSES, json=resp, timeout=10)
+        assert a.status_code == 200
+        e = gw.admin.post("/admin/v1/route/explain", json={"request": chat}).json()
+        assert e["api"] == "chat" and e["prefix"]["blocks"] > 8, e
+        best = e["candidates"][0]
+        assert best["worker"] == a.headers["x-kvgate-worker"], e
+        assert best["matched_blocks"] == e["prefix"]["blocks"], e
+    # Routing follows the prefix: the conversations do not all land on one worker.
+    assert len({x for x, _ in placed}) > 1, placed
