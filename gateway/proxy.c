@@ -92,10 +92,8 @@ static proxy_route classify(const kvg_config *cfg, const char *path)
         const char *path;
         proxy_route route;
     } routes[] = {
-        {"/v1/completions", ROUTE_COMPLETIONS},
-        {"/v1/chat/completions", ROUTE_CHAT},
-        {"/v1/responses", ROUTE_RESPONSES},
-        {"/v1/embeddings", ROUTE_EMBEDDINGS},
+        {"/v1/completions", ROUTE_COMPLETIONS}, {"/v1/chat/completions", ROUTE_CHAT},
+        {"/v1/responses", ROUTE_RESPONSES},     {"/v1/embeddings", ROUTE_EMBEDDINGS},
         {"/v1/models", ROUTE_MODELS},
     };
     for (size_t i = 0; i < KVG_ARRAY_LEN(routes); i++)

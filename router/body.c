@@ -30,8 +30,9 @@
  * output again gives the same bytes.
  *
  * kvg_body_scan extends this pass: for a completions, chat or responses body the values of
- * prompt, messages, tools, instructions and input get the scanners of body_canon.c, which emit the canonical prefix stream
- * (docs/canonical.md) as they go. The lexer they all share is body_lex.h and body_lex.c.
+ * prompt, messages, tools, instructions and input get the scanners of body_canon.c, which emit the
+ * canonical prefix stream (docs/canonical.md) as they go. The lexer they all share is body_lex.h
+ * and body_lex.c.
  */
 
 /* The longest top-level key we look for ("instructions"). */

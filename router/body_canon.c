@@ -550,9 +550,9 @@ static int emit_media(rewrite *rw, const unsigned char *v, int type, const where
         } else {
             rc = scan_span(rw, &p, DEPTH_MEDIA_V, &refs[k]);
             if (rc == 0 && !refs[k].is_string)
-                kvg_body_type_error(rw, refs[k].v, "%s[%zu].%s[%zu].%s.%s: must be a string, not %s",
-                                    w->base, w->i, w->field, j, tk, ref_key[k],
-                                    value_type(*refs[k].v));
+                kvg_body_type_error(rw, refs[k].v,
+                                    "%s[%zu].%s[%zu].%s.%s: must be a string, not %s", w->base,
+                                    w->i, w->field, j, tk, ref_key[k], value_type(*refs[k].v));
         }
         if (rc < 0)
             return rc;
@@ -569,8 +569,8 @@ static int emit_media(rewrite *rw, const unsigned char *v, int type, const where
             kvg_body_type_error(rw, v, "%s[%zu].%s[%zu].file: needs file_id or file_data", w->base,
                                 w->i, w->field, j);
         else
-            kvg_body_type_error(rw, v, "%s[%zu].%s[%zu].%s.%s: missing", w->base, w->i, w->field,
-                                j, tk, type == PART_INPUT_AUDIO ? "data" : "url");
+            kvg_body_type_error(rw, v, "%s[%zu].%s[%zu].%s.%s: missing", w->base, w->i, w->field, j,
+                                tk, type == PART_INPUT_AUDIO ? "data" : "url");
         return 0;
     }
     return emit_digest(rw, v, part_tag[type], ref);
@@ -619,7 +619,8 @@ static int scan_part(rewrite *rw, const unsigned char **pp, const where *w, size
     if (*o != '{') {
         rc = kvg_body_scan_value(sc, pp, DEPTH_PART);
         if (rc == 0)
-            kvg_body_type_error(rw, o, "%s[%zu].%s[%zu]: must be an object, not %s", w->base, w->i, w->field, j, value_type(*o));
+            kvg_body_type_error(rw, o, "%s[%zu].%s[%zu]: must be an object, not %s", w->base, w->i,
+                                w->field, j, value_type(*o));
         return rc;
     }
     span mem[PART_KEY_COUNT] = {{0}};
@@ -632,7 +633,8 @@ static int scan_part(rewrite *rw, const unsigned char **pp, const where *w, size
         if (k < 0) {
             rc = kvg_body_scan_value(sc, &p, DEPTH_PART_V);
         } else if (mem[k].v) {
-            kvg_body_type_error(rw, p, "%s[%zu].%s[%zu].%s: appears more than once", w->base, w->i, w->field, j, part_key[k]);
+            kvg_body_type_error(rw, p, "%s[%zu].%s[%zu].%s: appears more than once", w->base, w->i,
+                                w->field, j, part_key[k]);
             rc = kvg_body_scan_value(sc, &p, DEPTH_PART_V);
         } else {
             rc = scan_span(rw, &p, DEPTH_PART_V, &mem[k]);
@@ -650,17 +652,20 @@ static int scan_part(rewrite *rw, const unsigned char **pp, const where *w, size
     if (!t->v) {
         kvg_body_type_error(rw, o, "%s[%zu].%s[%zu].type: missing", w->base, w->i, w->field, j);
     } else if (!t->is_string) {
-        kvg_body_type_error(rw, t->v, "%s[%zu].%s[%zu].type: must be a string, not %s", w->base, w->i, w->field, j, value_type(*t->v));
+        kvg_body_type_error(rw, t->v, "%s[%zu].%s[%zu].type: must be a string, not %s", w->base,
+                            w->i, w->field, j, value_type(*t->v));
     } else {
         type = key_index(t->s, t->e, t->escaped, part_key, PART_KEY_COUNT);
         if (type <= PART_TYPE)
-            kvg_body_type_error(rw, t->v, "%s[%zu].%s[%zu].type: unknown part type", w->base, w->i, w->field, j);
+            kvg_body_type_error(rw, t->v, "%s[%zu].%s[%zu].type: unknown part type", w->base, w->i,
+                                w->field, j);
     }
     if (type <= PART_TYPE)
         return 0;
     const span *m = &mem[type];
     if (!m->v) {
-        kvg_body_type_error(rw, o, "%s[%zu].%s[%zu].%s: missing", w->base, w->i, w->field, j, part_key[type]);
+        kvg_body_type_error(rw, o, "%s[%zu].%s[%zu].%s: missing", w->base, w->i, w->field, j,
+                            part_key[type]);
         return 0;
     }
     if (type != PART_TEXT) {
@@ -668,7 +673,8 @@ static int scan_part(rewrite *rw, const unsigned char **pp, const where *w, size
         return emit_media(rw, m->v, type, w, j);
     }
     if (!m->is_string) {
-        kvg_body_type_error(rw, m->v, "%s[%zu].%s[%zu].text: must be a string, not %s", w->base, w->i, w->field, j, value_type(*m->v));
+        kvg_body_type_error(rw, m->v, "%s[%zu].%s[%zu].text: must be a string, not %s", w->base,
+                            w->i, w->field, j, value_type(*m->v));
         return 0;
     }
     /* Consecutive text parts are joined with a newline, as vLLM does. */
@@ -923,16 +929,14 @@ static const span *pick_ref(rewrite *rw, const span *mem, const int *keys, int n
             continue;
         if (!m->is_string) {
             kvg_body_type_error(rw, m->v, "%s[%zu].%s[%zu].%s: must be a string or null, not %s",
-                                w->base, w->i, w->field, j, rpart_key[keys[k]],
-                                value_type(*m->v));
+                                w->base, w->i, w->field, j, rpart_key[keys[k]], value_type(*m->v));
             return NULL;
         }
         if (!ref)
             ref = m;
     }
     if (!ref)
-        kvg_body_type_error(rw, o, "%s[%zu].%s[%zu]: %s needs %s", w->base, w->i, w->field, j,
-                            type,
+        kvg_body_type_error(rw, o, "%s[%zu].%s[%zu]: %s needs %s", w->base, w->i, w->field, j, type,
                             n == 2 ? "image_url or file_id" : "file_id, file_data or file_url");
     return ref;
 }
@@ -948,8 +952,8 @@ static int scan_resp_part(rewrite *rw, const unsigned char **pp, const where *w,
     if (*o != '{') {
         rc = kvg_body_scan_value(sc, pp, DEPTH_PART);
         if (rc == 0)
-            kvg_body_type_error(rw, o, "%s[%zu].%s[%zu]: must be an object, not %s", w->base,
-                                w->i, w->field, j, value_type(*o));
+            kvg_body_type_error(rw, o, "%s[%zu].%s[%zu]: must be an object, not %s", w->base, w->i,
+                                w->field, j, value_type(*o));
         return rc;
     }
     span mem[RPART_KEY_COUNT] = {{0}};
@@ -962,8 +966,8 @@ static int scan_resp_part(rewrite *rw, const unsigned char **pp, const where *w,
         if (k < 0) {
             rc = kvg_body_scan_value(sc, &p, DEPTH_PART_V);
         } else if (mem[k].v) {
-            kvg_body_type_error(rw, p, "%s[%zu].%s[%zu].%s: appears more than once", w->base,
-                                w->i, w->field, j, rpart_key[k]);
+            kvg_body_type_error(rw, p, "%s[%zu].%s[%zu].%s: appears more than once", w->base, w->i,
+                                w->field, j, rpart_key[k]);
             rc = kvg_body_scan_value(sc, &p, DEPTH_PART_V);
         } else {
             rc = scan_span(rw, &p, DEPTH_PART_V, &mem[k]);
@@ -997,8 +1001,8 @@ static int scan_resp_part(rewrite *rw, const unsigned char **pp, const where *w,
         static const int image[] = {RPART_IMAGE_URL, RPART_FILE_ID};
         static const int file[] = {RPART_FILE_ID, RPART_FILE_DATA, RPART_FILE_URL};
         bool img = type == RTYPE_INPUT_IMAGE;
-        const span *ref = pick_ref(rw, mem, img ? image : file, img ? 2 : 3, o, w, j,
-                                   rpart_type[type]);
+        const span *ref =
+            pick_ref(rw, mem, img ? image : file, img ? 2 : 3, o, w, j, rpart_type[type]);
         *prev_text = false;
         return ref ? emit_digest(rw, o, img ? "image" : "file", ref) : 0;
     }
@@ -1016,8 +1020,8 @@ static int scan_resp_part(rewrite *rw, const unsigned char **pp, const where *w,
         return emit_media(rw, m->v, PART_INPUT_AUDIO, w, j);
     }
     if (!m->is_string) {
-        kvg_body_type_error(rw, m->v, "%s[%zu].%s[%zu].%s: must be a string, not %s", w->base,
-                            w->i, w->field, j, rpart_key[member], value_type(*m->v));
+        kvg_body_type_error(rw, m->v, "%s[%zu].%s[%zu].%s: must be a string, not %s", w->base, w->i,
+                            w->field, j, rpart_key[member], value_type(*m->v));
         return 0;
     }
     if (*prev_text)
@@ -1093,8 +1097,8 @@ static const char *const item_key[ITEM_KEY_COUNT] = {"type", "call_id", "name", 
                                                      "output"};
 
 /* The string member k of input[i], required: its span, or NULL (a type error recorded). */
-static const span *item_string(rewrite *rw, const span *mem, const unsigned char *const *dup,
-                               int k, const unsigned char *o, size_t i)
+static const span *item_string(rewrite *rw, const span *mem, const unsigned char *const *dup, int k,
+                               const unsigned char *o, size_t i)
 {
     const span *m = &mem[k];
     if (dup[k])
@@ -1128,8 +1132,7 @@ static int scan_item(rewrite *rw, const unsigned char **pp, size_t i)
     if (*o != '{') {
         rc = kvg_body_scan_value(sc, pp, DEPTH_ITEM);
         if (rc == 0)
-            kvg_body_type_error(rw, o, "input[%zu]: must be an object, not %s", i,
-                                value_type(*o));
+            kvg_body_type_error(rw, o, "input[%zu]: must be an object, not %s", i, value_type(*o));
         return rc;
     }
     span mem[ITEM_KEY_COUNT] = {{0}};

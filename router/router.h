@@ -400,7 +400,7 @@ typedef struct kvg_prefix_stream {
 typedef struct kvg_body_info {
     const char *model; /* top-level "model" (decoded, arena copy), NULL if absent/null */
     size_t model_len;
-    bool stream;                  /* top-level "stream": true */
+    bool stream;           /* top-level "stream": true */
     uint64_t prompt_bytes; /* raw JSON bytes of "prompt", "messages", "input" and "tools" (and
                               "instructions" for KVG_BODY_API_RESPONSES) */
     unsigned cache_salts_removed; /* top-level "cache_salt" members dropped */

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Fuzz target: kvg_body_scan for every API (completions, chat, responses). It accepts and rejects exactly as kvg_body_rewrite
- * does, except for type errors it adds on valid JSON; its output is the rewriter's; its stream
- * stays within the bound on the body; and the stream does not change when the output is
- * scanned again or when the body is re-spelled (other whitespace, escaped letters). */
+/* Fuzz target: kvg_body_scan for every API (completions, chat, responses). It accepts and rejects
+ * exactly as kvg_body_rewrite does, except for type errors it adds on valid JSON; its output is the
+ * rewriter's; its stream stays within the bound on the body; and the stream does not change when
+ * the output is scanned again or when the body is re-spelled (other whitespace, escaped letters).
+ */
 #include <stdlib.h>
 #include <string.h>
 

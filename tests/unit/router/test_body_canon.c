@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for the canonical prefix stream (router/body_canon.c, docs/canonical.md): exact
- * bytes for completions, chat and responses, spellings, type errors with field paths, bounds, allocation
- * failures, an escape at every position of a long prompt. */
+ * bytes for completions, chat and responses, spellings, type errors with field paths, bounds,
+ * allocation failures, an escape at every position of a long prompt. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -424,8 +424,8 @@ static void test_scan_alloc_failures(void **state)
 /* ---- responses (docs/canonical.md, RESPONSES) ---- */
 
 #define TOOLS_F RS "tools" US "[{\"type\":\"function\",\"name\":\"f\"}]" GS
-#define CALL_C1                                                                                   \
-    RS "assistant" US US                                                                          \
+#define CALL_C1                                                                                    \
+    RS "assistant" US US                                                                           \
        "tool_calls=[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"get\","          \
        "\"arguments\":\"{\\\"a\\\":1}\"}}]" GS
 
@@ -438,15 +438,20 @@ static void test_scan_responses(void **state)
         {"{\"input\":null,\"instructions\":null,\"tools\":null}", NULL, 0},
         {"{\"model\":\"m\"}", NULL, 0},
         /* tools, then instructions, then input, whatever the member order */
-        {"{\"input\":\"q\",\"instructions\":\"s\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}]}",
+        {"{\"input\":\"q\",\"instructions\":\"s\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}"
+         "]}",
          TOOLS_F RS "system" US "s" GS RS "user" US "q" GS, 0},
-        {"{\"input\":\"q\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],\"instructions\":\"s\"}",
+        {"{\"input\":\"q\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],\"instructions\":"
+         "\"s\"}",
          TOOLS_F RS "system" US "s" GS RS "user" US "q" GS, 0},
-        {"{\"instructions\":\"s\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],\"input\":\"q\"}",
+        {"{\"instructions\":\"s\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],\"input\":"
+         "\"q\"}",
          TOOLS_F RS "system" US "s" GS RS "user" US "q" GS, 0},
-        {"{\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],\"input\":\"q\",\"instructions\":\"s\"}",
+        {"{\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],\"input\":\"q\",\"instructions\":"
+         "\"s\"}",
          TOOLS_F RS "system" US "s" GS RS "user" US "q" GS, 0},
-        {"{\"instructions\":\"s\\u00e9\",\"input\":\"q\"}", RS "system" US "s\xc3\xa9" GS RS "user" US "q" GS, 0},
+        {"{\"instructions\":\"s\\u00e9\",\"input\":\"q\"}",
+         RS "system" US "s\xc3\xa9" GS RS "user" US "q" GS, 0},
         /* message items: chat's frames; text parts joined with a newline as chat's */
         {"{\"input\":[{\"content\":[{\"type\":\"input_text\",\"text\":\"a\"},{\"text\":\"b\","
          "\"type\":\"output_text\"},{\"type\":\"refusal\",\"refusal\":\"no\"},{\"type\":"
@@ -454,7 +459,8 @@ static void test_scan_responses(void **state)
          "\"text\":\"c\"}],\"type\":\"message\",\"role\":\"user\",\"id\":\"m1\"}]}",
          RS "user" US "a\nb\nno" FS "image:d97939f939e715b1c86562d5fa9734a4" FS "c" GS, 0},
         /* a message item has no name or tool_calls: they are ignored */
-        {"{\"input\":[{\"role\":\"assistant\",\"name\":\"x\",\"tool_calls\":[1],\"content\":null}]}",
+        {"{\"input\":[{\"role\":\"assistant\",\"name\":\"x\",\"tool_calls\":[1],\"content\":null}]"
+         "}",
          RS "assistant" US GS, 0},
         /* input_image by file_id when its url is null; input_file by the first of its refs */
         {"{\"input\":[{\"role\":\"u\",\"content\":[{\"type\":\"input_image\",\"image_url\":null,"
@@ -485,7 +491,8 @@ static void test_scan_responses(void **state)
         {"{\"instructions\":\"s\",\"input\":\"q\",\"tools\":[]}",
          "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":"
          "\"q\"}],\"tools\":[]}"},
-        {"{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":\"get\",\"arguments\":"
+        {"{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":\"get\","
+         "\"arguments\":"
          "\"{\\\"a\\\":1}\"},{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":"
          "\"42\"}]}",
          "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\","
@@ -518,7 +525,8 @@ static void test_scan_responses_types(void **state)
     (void)state;
     const kvg_body_api R = KVG_BODY_API_RESPONSES;
     const scan_bad_case cases[] = {
-        {R, "{\"input\":5}", KVG_ETYPE, 9, "input: must be a string, an array or null, not a number"},
+        {R, "{\"input\":5}", KVG_ETYPE, 9,
+         "input: must be a string, an array or null, not a number"},
         {R, "{\"input\":[]}", KVG_ETYPE, 9, "input: must not be empty"},
         {R, "{\"input\":\"a\",\"input\":\"b\"}", KVG_ETYPE, 21, "input: appears more than once"},
         {R, "{\"instructions\":1}", KVG_ETYPE, 16,
@@ -534,27 +542,33 @@ static void test_scan_responses_types(void **state)
          KVG_ETYPE, 41, "input[0].content[0].type: unknown part type"},
         {R, "{\"input\":[{\"role\":\"u\",\"content\":[{\"type\":\"input_text\"}]}]}", KVG_ETYPE, 33,
          "input[0].content[0].text: missing"},
-        {R, "{\"input\":[{\"role\":\"u\",\"content\":[{\"type\":\"input_image\",\"detail\":\"auto\"}]}]}",
-         KVG_ETYPE, 33, "input[0].content[0]: input_image needs image_url or file_id"},
-        {R, "{\"input\":[{\"role\":\"u\",\"content\":[{\"type\":\"input_image\",\"image_url\":5}]}]}",
-         KVG_ETYPE, 67, "input[0].content[0].image_url: must be a string or null, not a number"},
-        {R, "{\"input\":[{\"role\":\"u\",\"content\":[{\"type\":\"input_file\",\"file_url\":null}]}]}",
-         KVG_ETYPE, 33, "input[0].content[0]: input_file needs file_id, file_data or file_url"},
-        {R, "{\"input\":[{\"type\":\"function_call\",\"name\":\"f\",\"arguments\":\"{}\"}]}", KVG_ETYPE,
-         10, "input[0].call_id: missing"},
         {R,
-         "{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"f\",\"arguments\":{}}]}",
+         "{\"input\":[{\"role\":\"u\",\"content\":[{\"type\":\"input_image\",\"detail\":\"auto\"}]}"
+         "]}",
+         KVG_ETYPE, 33, "input[0].content[0]: input_image needs image_url or file_id"},
+        {R,
+         "{\"input\":[{\"role\":\"u\",\"content\":[{\"type\":\"input_image\",\"image_url\":5}]}]}",
+         KVG_ETYPE, 67, "input[0].content[0].image_url: must be a string or null, not a number"},
+        {R,
+         "{\"input\":[{\"role\":\"u\",\"content\":[{\"type\":\"input_file\",\"file_url\":null}]}]}",
+         KVG_ETYPE, 33, "input[0].content[0]: input_file needs file_id, file_data or file_url"},
+        {R, "{\"input\":[{\"type\":\"function_call\",\"name\":\"f\",\"arguments\":\"{}\"}]}",
+         KVG_ETYPE, 10, "input[0].call_id: missing"},
+        {R,
+         "{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"f\",\"arguments\":{}"
+         "}]}",
          KVG_ETYPE, 71, "input[0].arguments: must be a string, not an object"},
         {R, "{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":5}]}",
          KVG_ETYPE, 64, "input[0].output: must be a string, an array or null, not a number"},
         {R, "{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\",\"call_id\":\"d\"}]}",
          KVG_ETYPE, 65, "input[0].call_id: appears more than once"},
-        {R, "{\"input\":[{\"type\":7}]}", KVG_ETYPE, 18, "input[0].type: must be a string, not a number"},
-        {R, "{\"input\":[{\"type\":\"message\",\"role\":\"u\",\"type\":\"message\"}]}", KVG_ETYPE, 46,
-         "input[0].type: appears more than once"},
+        {R, "{\"input\":[{\"type\":7}]}", KVG_ETYPE, 18,
+         "input[0].type: must be a string, not a number"},
+        {R, "{\"input\":[{\"type\":\"message\",\"role\":\"u\",\"type\":\"message\"}]}", KVG_ETYPE,
+         46, "input[0].type: appears more than once"},
         /* the other APIs do not read input and instructions */
-        {KVG_BODY_API_CHAT, "{\"messages\":[{\"role\":\"u\"}],\"input\":5,\"instructions\":1}", 0, 0,
-         NULL},
+        {KVG_BODY_API_CHAT, "{\"messages\":[{\"role\":\"u\"}],\"input\":5,\"instructions\":1}", 0,
+         0, NULL},
         {KVG_BODY_API_COMPLETIONS, "{\"input\":[],\"instructions\":{}}", 0, 0, NULL},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
