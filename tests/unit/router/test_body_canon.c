@@ -591,8 +591,8 @@ static void test_scan_responses_bounds(void **state)
         "{\"type\":\"function_call\",\"call_id\":\"\",\"name\":\"\",\"arguments\":\"\"}",
         "{\"type\":\"\"}",
         "{\"role\":\"\",\"content\":[{\"type\":\"input_image\",\"file_id\":\"\"}]}",
-        "{\"role\":\"\",\"content\":[{\"type\":\"input_file\",\"file_id\":\"\"},{\"type\":"
-        "\"input_file\",\"file_id\":\"\"}]}",
+        ("{\"role\":\"\",\"content\":[{\"type\":\"input_file\",\"file_id\":\"\"},{\"type\":"
+         "\"input_file\",\"file_id\":\"\"}]}"),
         "{\"type\":\"function_call_output\",\"call_id\":\"\",\"output\":\"\"}",
     };
     for (size_t k = 0; k < sizeof(items) / sizeof(items[0]); k++) {
