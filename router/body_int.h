@@ -20,6 +20,7 @@ typedef enum member_kind {
     MEMBER_MESSAGES,
     MEMBER_INPUT,
     MEMBER_INSTRUCTIONS,
+    MEMBER_PREVIOUS_RESPONSE_ID,
     MEMBER_TOOLS,
     MEMBER_KIND_COUNT,
 } member_kind;

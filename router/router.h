@@ -405,6 +405,10 @@ typedef struct kvg_body_info {
                               "instructions" for KVG_BODY_API_RESPONSES) */
     unsigned cache_salts_removed; /* top-level "cache_salt" members dropped */
     kvg_prefix_stream prefix;     /* filled by kvg_body_scan for completions, chat, responses */
+    /* KVG_BODY_API_RESPONSES: top-level "previous_response_id" (decoded, arena copy; it may
+     * hold NUL bytes, hence the length), NULL if absent or null. */
+    const char *previous_response_id;
+    size_t previous_response_id_len;
 } kvg_body_info;
 
 /** Validate a request body (exactly one JSON object; strict RFC 8259: UTF-8, no trailing
@@ -437,7 +441,8 @@ int kvg_body_rewrite(const char *body, size_t len, const char *salt, kvg_arena *
  *  "messages[0].content[1].type: "), reported only for valid JSON. The stream is allocated from
  *  arena (-ENOMEM when it fails). -EINVAL for an api out of range. For KVG_BODY_API_RESPONSES:
  *  "tools" as for chat, "instructions" (string or null), "input" (string, non-empty array of
- *  items, or null), with paths "instructions: ", "input[2].content[0].type: ". For
+ *  items, or null), "previous_response_id" (string or null, into info), with paths
+ *  "instructions: ", "input[2].content[0].type: ". For
  *  KVG_BODY_API_OTHER it is exactly kvg_body_rewrite. */
 int kvg_body_scan(const char *body, size_t len, kvg_body_api api, const char *salt,
                   kvg_arena *arena, kvg_buf *out, kvg_body_info *info, kvg_json_error *err);

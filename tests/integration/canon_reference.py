@@ -281,10 +281,13 @@ def responses(top):
     one user message; items are messages, function calls and their outputs, or other items)."""
     found = {}
     for k, v in top:
-        if k in ("tools", "instructions", "input"):
+        if k in ("tools", "instructions", "input", "previous_response_id"):
             if k in found:
                 raise Reject(f"{k}: appears more than once")
             found[k] = v
+    prev = found.get("previous_response_id")
+    if prev is not None and not is_string(prev):
+        raise Reject("previous_response_id: must be a string or null")
     out = b""
     tools = found.get("tools")
     if tools is not None:

@@ -2,6 +2,8 @@
 """POST /v1/responses through the gateway: routed like chat (prefix-aware, salted), its type
 errors answered 400 with the field path, and a conversation moving between /v1/responses and
 /v1/chat/completions kept on the worker that holds its prefix (docs/canonical.md, RESPONSES).
+Requests that need a stored response (previous_response_id, GET/DELETE /v1/responses/{id},
+POST /v1/responses/{id}/cancel) go to the worker whose answer (JSON or SSE) named it.
 
 kvgate-simworker does not serve /v1/responses, so the workers here are fake_upstream scripts
 that answer every request and record what they received."""
@@ -104,3 +106,111 @@ def test_conversation_keeps_its_worker_across_apis(kvgate, fake_upstream):
         assert best["matched_blocks"] == e["prefix"]["blocks"], e
     # Routing follows the prefix: the conversations do not all land on one worker.
     assert len({x for x, _ in placed}) > 1, placed
+
+
+# ---- responses and their worker (docs/api.md) ------------------------------------------------
+
+
+def stateful(name, stream=False):
+    """A worker that names its responses after itself, as JSON or as SSE."""
+    counter = [0]
+
+    def handler(req, sock):
+        counter[0] += 1
+        rid = f"resp_{name}_{counter[0]}"
+        if req["method"] == "POST" and req["path"] == RESPONSES and stream:
+            first = {"type": "response.created", "sequence_number": 0,
+                     "response": {"id": rid, "object": "response", "status": "in_progress"}}
+            body = (b"event: response.created\ndata: " + json.dumps(first).encode() + b"\n\n"
+                    b"event: response.completed\ndata: {\"type\":\"response.completed\"}\n\n")
+            sock.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                         b"content-length: %d\r\n\r\n" % len(body) + body)
+            return True
+        json_response(sock, {"object": "response", "id": rid, "worker": name,
+                             "path": req["path"], "method": req["method"]})
+        return True
+    return handler
+
+
+def test_previous_response_id_goes_to_its_worker(kvgate, fake_upstream):
+    ups = [fake_upstream(stateful(f"w{i}", stream=i % 2 == 1), name=f"w{i}") for i in range(4)]
+    gw = kvgate(config={"health": QUIET_HEALTH, "workers": [worker_cfg(u) for u in ups]})
+    made = {}
+    for k in range(12):  # different openings: the prefix rule spreads them over the workers
+        r = http.post(gw.url + RESPONSES, json={"model": "m", "input": f"{k} " * 300},
+                      timeout=10)
+        assert r.status_code == 200, r.text
+        worker = r.headers["x-kvgate-worker"]
+        if "text/event-stream" in r.headers["content-type"]:
+            rid = json.loads(r.text.split("data: ", 2)[1].split("\n", 1)[0])["response"]["id"]
+        else:
+            rid = r.json()["id"]
+        assert rid.startswith(f"resp_{worker}_")
+        made[rid] = worker
+    assert len(set(made.values())) > 1, made
+    assert {"w0", "w2"} & set(made.values()) and {"w1", "w3"} & set(made.values()), made
+    for rid, worker in made.items():
+        # A follow-up whose own prefix would go anywhere goes to the worker holding rid.
+        body = {"model": "m", "previous_response_id": rid, "input": f"next after {rid} " * 300}
+        r = http.post(gw.url + RESPONSES, json=body, timeout=10)
+        assert r.status_code == 200 and r.headers["x-kvgate-worker"] == worker, (rid, r.headers)
+        for method, path in (("GET", f"{RESPONSES}/{rid}"), ("POST", f"{RESPONSES}/{rid}/cancel"),
+                             ("DELETE", f"{RESPONSES}/{rid}")):
+            r = http._call(method, gw.url + path, timeout=10)
+            assert r.status_code == 200, (method, path, r.text)
+            assert r.headers["x-kvgate-worker"] == worker, (method, path)
+            got = [q for q in ups if q.name == worker][0].requests[-1]
+            assert (got["method"], got["path"]) == (method, path)
+    # An unknown id goes by the normal rule; a bad method or sub-path is refused.
+    r = http.get(gw.url + f"{RESPONSES}/resp_unknown", timeout=10)
+    assert r.status_code == 200
+    r = http.post(gw.url + RESPONSES, json={"previous_response_id": "resp_unknown", "input": "x"},
+                  timeout=10)
+    assert r.status_code == 200
+    assert http.post(gw.url + f"{RESPONSES}/resp_x", json={}, timeout=10).status_code == 405
+    assert http.get(gw.url + f"{RESPONSES}/resp_x/cancel", timeout=10).status_code == 405
+    assert http.get(gw.url + f"{RESPONSES}/resp_x/other", timeout=10).status_code == 404
+    r = http.post(gw.url + RESPONSES, json={"previous_response_id": 5, "input": "x"}, timeout=10)
+    assert r.status_code == 400
+    assert_openai_error(r.content, 400)["message"].startswith("previous_response_id: ")
+
+
+def test_previous_response_id_when_its_worker_is_gone(kvgate, fake_upstream):
+    ups = [fake_upstream(stateful(f"w{i}"), name=f"w{i}") for i in range(2)]
+    gw = kvgate(config={"health": QUIET_HEALTH, "workers": [worker_cfg(u) for u in ups]})
+    r = http.post(gw.url + RESPONSES, json={"input": "hello"}, timeout=10)
+    rid, worker = r.json()["id"], r.headers["x-kvgate-worker"]
+    other = [u.name for u in ups if u.name != worker][0]
+    assert gw.admin.delete(f"/admin/v1/workers/{worker}").status_code in (200, 204)
+    # Not eligible any more: the normal rule, the other worker.
+    r = http.get(gw.url + f"{RESPONSES}/{rid}", timeout=10)
+    assert r.status_code == 200 and r.headers["x-kvgate-worker"] == other
+
+
+def test_response_affinity_is_per_scope(kvgate, fake_upstream):
+    ups = [fake_upstream(stateful(f"w{i}"), name=f"w{i}") for i in range(4)]
+    gw = kvgate(auth="keys", config={"health": QUIET_HEALTH,
+                                     "workers": [worker_cfg(u) for u in ups]})
+    keys = {}
+    for tid in ("a", "b"):
+        r = gw.admin.put(f"/admin/v1/tenants/{tid}", json={"sharing": "isolated"})
+        assert r.status_code in (200, 201), r.text
+        keys[tid] = {"authorization": "Bearer " + gw.admin.post(
+            f"/admin/v1/tenants/{tid}/keys").json()["key"]}
+    made = {}
+    for k in range(8):
+        r = http.post(gw.url + RESPONSES, json={"input": f"{k} " * 300}, headers=keys["a"],
+                      timeout=10)
+        assert r.status_code == 200, r.text
+        made[r.json()["id"]] = r.headers["x-kvgate-worker"]
+    same_a = same_b = 0
+    for rid, worker in made.items():
+        ra = http.get(gw.url + f"{RESPONSES}/{rid}", headers=keys["a"], timeout=10)
+        rb = http.get(gw.url + f"{RESPONSES}/{rid}", headers=keys["b"], timeout=10)
+        assert ra.status_code == 200 and rb.status_code == 200
+        same_a += ra.headers["x-kvgate-worker"] == worker
+        same_b += rb.headers["x-kvgate-worker"] == worker
+    # The owner's scope follows its responses; another tenant's requests are not steered to
+    # the engine that holds them (they go by load, and land there only by chance).
+    assert same_a == len(made)
+    assert same_b < len(made), (same_b, made)

@@ -517,6 +517,19 @@ static void test_scan_responses(void **state)
     result r;
     assert_int_equal(scan(&r, "{\"instructions\":\"abc\",\"input\":\"x\"}", R), 0);
     assert_int_equal(r.info.prompt_bytes, 8);
+    assert_null(r.info.previous_response_id);
+    done(&r);
+    /* previous_response_id, decoded, for the gateway's response affinity; not in the stream */
+    assert_int_equal(scan(&r, "{\"previous_response_id\":\"resp_\\u0041\",\"input\":\"x\"}", R), 0);
+    assert_int_equal(r.info.previous_response_id_len, 6);
+    assert_string_equal(r.info.previous_response_id, "resp_A");
+    assert_int_equal(r.info.prefix.text_len, strlen(RS "user" US "x" GS));
+    done(&r);
+    assert_int_equal(scan(&r, "{\"previous_response_id\":null}", R), 0);
+    assert_null(r.info.previous_response_id);
+    done(&r);
+    assert_int_equal(scan(&r, "{\"previous_response_id\":\"resp_1\"}", KVG_BODY_API_CHAT), 0);
+    assert_null(r.info.previous_response_id);
     done(&r);
 }
 
@@ -564,6 +577,10 @@ static void test_scan_responses_types(void **state)
          KVG_ETYPE, 65, "input[0].call_id: appears more than once"},
         {R, "{\"input\":[{\"type\":7}]}", KVG_ETYPE, 18,
          "input[0].type: must be a string, not a number"},
+        {R, "{\"previous_response_id\":1}", KVG_ETYPE, 24,
+         "previous_response_id: must be a string or null, not a number"},
+        {R, "{\"previous_response_id\":\"a\",\"previous_response_id\":\"a\"}", KVG_ETYPE, 51,
+         "previous_response_id: appears more than once"},
         {R, "{\"input\":[{\"type\":\"message\",\"role\":\"u\",\"type\":\"message\"}]}", KVG_ETYPE,
          46, "input[0].type: appears more than once"},
         /* the other APIs do not read input and instructions */
