@@ -80,8 +80,8 @@ bool kvg_resp_affinity_find(const char *scope, const char *id, size_t len, char 
 
 static bool id_char(char c)
 {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == '-' || c == '.';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-' || c == '.';
 }
 
 /* The id after `"id"` at key (within [key, end)): 1 with [*s, *e) when complete, 0 when the
