@@ -60,7 +60,7 @@ typedef struct proxy_req {
     uint64_t last_output_ns;
     const char *pin;           /* the worker that holds the response this request needs */
     kvg_resp_id_scan *id_scan; /* a /v1/responses answer: looking for its id (arena) */
-    bool by_id;                /* /v1/responses/{id}[/cancel]: no body to read */
+    bool by_id;                /* /v1/responses/{id}[/cancel]: any body forwarded as it came */
 } proxy_req;
 
 typedef enum proxy_route {
@@ -882,7 +882,8 @@ static void on_body(kvg_exchange *x)
         .salt = r->salt,
         .policy = kvg_thread_policy(x->thread),
         .rotation = atomic_fetch_add_explicit(&gw->rotation, 1, memory_order_relaxed),
-        .rank_limit = PROXY_MAX_CANDIDATES, /* the attempts never go further */
+        /* The attempts never go further; a pinned worker must be found wherever it ranks. */
+        .rank_limit = r->pin ? 0 : PROXY_MAX_CANDIDATES,
         .clock_ns = kvg_now_ns,
         .now_ns = parsed_at, /* for the age of scraped load: microseconds do not matter */
         .engine_load_max_age_ns = kvg_scrape_max_age_ns(gw),

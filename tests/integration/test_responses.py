@@ -214,3 +214,17 @@ def test_response_affinity_is_per_scope(kvgate, fake_upstream):
     # the engine that holds them (they go by load, and land there only by chance).
     assert same_a == len(made)
     assert same_b < len(made), (same_b, made)
+
+
+def test_affinity_beyond_the_ranked_candidates(kvgate, fake_upstream):
+    # More workers than the gateway ranks for its attempts (16): the pinned one is found
+    # wherever the normal rule would rank it.
+    ups = [fake_upstream(stateful(f"w{i}"), name=f"w{i}") for i in range(20)]
+    gw = kvgate(config={"health": QUIET_HEALTH, "workers": [worker_cfg(u) for u in ups]})
+    for k in range(10):
+        r = http.post(gw.url + RESPONSES, json={"input": f"{k} " * 300}, timeout=10)
+        rid, worker = r.json()["id"], r.headers["x-kvgate-worker"]
+        body = {"previous_response_id": rid, "input": f"other {k} " * 300}
+        r = http.post(gw.url + RESPONSES, json=body, timeout=10)
+        assert r.headers["x-kvgate-worker"] == worker
+        assert http.get(gw.url + f"{RESPONSES}/{rid}").headers["x-kvgate-worker"] == worker
