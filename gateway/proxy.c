@@ -15,6 +15,7 @@
 #include "policy.h"
 #include "handlers.h"
 #include "probe.h"
+#include "resp_affinity.h"
 #include "tenancy.h"
 #include "upstream.h"
 
@@ -57,12 +58,17 @@ typedef struct proxy_req {
     uint64_t events_seen;     /* usage.output_events already timed */
     uint64_t first_output_ns; /* monotonic */
     uint64_t last_output_ns;
+    const char *pin;           /* the worker that holds the response this request needs */
+    kvg_resp_id_scan *id_scan; /* a /v1/responses answer: looking for its id (arena) */
+    bool by_id;                /* /v1/responses/{id}[/cancel]: any body forwarded as it came */
 } proxy_req;
 
 typedef enum proxy_route {
     ROUTE_NONE = 0,
     ROUTE_COMPLETIONS,
     ROUTE_CHAT,
+    ROUTE_RESPONSES,   /* POST /v1/responses: prefix-aware like chat */
+    ROUTE_RESPONSE_ID, /* GET, DELETE /v1/responses/{id}, POST .../{id}/cancel: to its worker */
     ROUTE_EMBEDDINGS,
     ROUTE_MODELS,
     ROUTE_MODEL,       /* GET /v1/models/{id} */
@@ -81,6 +87,9 @@ static size_t path_len(const char *path)
     return q ? (size_t)(q - path) : strlen(path);
 }
 
+#define RESPONSE_PREFIX "/v1/responses/"
+#define RESPONSE_PREFIX_LEN (sizeof(RESPONSE_PREFIX) - 1)
+
 #define MODEL_PREFIX "/v1/models/"
 #define MODEL_PREFIX_LEN (sizeof(MODEL_PREFIX) - 1)
 
@@ -91,9 +100,8 @@ static proxy_route classify(const kvg_config *cfg, const char *path)
         const char *path;
         proxy_route route;
     } routes[] = {
-        {"/v1/completions", ROUTE_COMPLETIONS},
-        {"/v1/chat/completions", ROUTE_CHAT},
-        {"/v1/embeddings", ROUTE_EMBEDDINGS},
+        {"/v1/completions", ROUTE_COMPLETIONS}, {"/v1/chat/completions", ROUTE_CHAT},
+        {"/v1/responses", ROUTE_RESPONSES},     {"/v1/embeddings", ROUTE_EMBEDDINGS},
         {"/v1/models", ROUTE_MODELS},
     };
     for (size_t i = 0; i < KVG_ARRAY_LEN(routes); i++)
@@ -101,6 +109,8 @@ static proxy_route classify(const kvg_config *cfg, const char *path)
             return routes[i].route;
     if (n > MODEL_PREFIX_LEN && memcmp(path, MODEL_PREFIX, MODEL_PREFIX_LEN) == 0)
         return ROUTE_MODEL;
+    if (n > RESPONSE_PREFIX_LEN && memcmp(path, RESPONSE_PREFIX, RESPONSE_PREFIX_LEN) == 0)
+        return ROUTE_RESPONSE_ID;
     for (size_t i = 0; i < cfg->npassthrough_paths; i++)
         if (strlen(cfg->passthrough_paths[i]) == n &&
             memcmp(cfg->passthrough_paths[i], path, n) == 0)
@@ -409,6 +419,52 @@ static void time_output(proxy_req *r)
     }
 }
 
+/* The request's sharing scope, which keys the response affinity as it salts the cache. */
+static const char *scope_of(const proxy_req *r)
+{
+    return r->tenant ? kvg_tenant_scope(r->tenant) : "global";
+}
+
+/* A /v1/responses answer: remember which worker made the response it names (its first
+ * "id":"resp_..."), for the requests that will need it (resp_affinity.h). */
+static void learn_response_id(proxy_req *r, const char *data, size_t len)
+{
+    if (!r->id_scan) {
+        r->id_scan = kvg_arena_alloc(&r->x->arena, sizeof(*r->id_scan));
+        if (!r->id_scan)
+            return; /* affinity is an optimisation: without memory, the normal rule */
+        memset(r->id_scan, 0, sizeof(*r->id_scan));
+    }
+    const char *id;
+    size_t n;
+    if (r->worker && kvg_resp_id_scan_feed(r->id_scan, data, len, &id, &n))
+        kvg_resp_affinity_learn(scope_of(r), id, n, kvg_worker_name(r->worker));
+}
+
+/* The worker remembered for response id [id, id + n) in the request's scope, as its pin
+ * (arena); none when unknown. */
+static void pin_response(proxy_req *r, const char *id, size_t n)
+{
+    char name[KVG_WORKER_NAME_MAX + 1];
+    if (kvg_resp_affinity_find(scope_of(r), id, n, name, sizeof(name)))
+        r->pin = kvg_arena_strdup(&r->x->arena, name);
+}
+
+/* Put the pinned worker first among the candidates, when it is one (healthy, serving the
+ * model, not draining); else the decision stands. */
+static void apply_pin(proxy_req *r)
+{
+    kvg_route_decision *d = &r->route;
+    for (size_t i = 0; r->pin && i < d->ncands; i++) {
+        if (strcmp(kvg_worker_name(d->cands[i].worker), r->pin) != 0)
+            continue;
+        kvg_route_candidate c = d->cands[i];
+        memmove(d->cands + 1, d->cands, i * sizeof(c));
+        d->cands[0] = c;
+        return;
+    }
+}
+
 static void up_data(void *ud, const char *data, size_t len)
 {
     proxy_req *r = ud;
@@ -417,6 +473,8 @@ static void up_data(void *ud, const char *data, size_t len)
         kvg_usage_scan_feed(&r->usage, data, len);
         time_output(r);
     }
+    if (r->status == 200 && r->api == KVG_BODY_API_RESPONSES)
+        learn_response_id(r, data, len);
     kvg_exchange_write(r->x, data, len);
     /* Backpressure: a slow client stops us reading the worker, which stops the worker. */
     if (r->up && kvg_exchange_output_full(r->x))
@@ -766,7 +824,7 @@ static void on_body(kvg_exchange *x)
     int rc;
     kvg_json_error err = {0};
     uint64_t parse_start = kvg_now_ns();
-    if (r->api == KVG_BODY_API_OTHER && multipart(x))
+    if (r->by_id || (r->api == KVG_BODY_API_OTHER && multipart(x)))
         rc = verbatim_plan(r);
     else
         rc = scan_body(r, r->api, r->salt, &r->plan, &r->info, &err);
@@ -791,6 +849,8 @@ static void on_body(kvg_exchange *x)
         finish(r, rc == -ENOMEM ? 500 : 400);
         return;
     }
+    if (r->info.previous_response_id)
+        pin_response(r, r->info.previous_response_id, r->info.previous_response_id_len);
     const char *model = r->info.model;
     x->model = model; /* in x's arena, for the access log */
     if (r->tenant && !kvg_tenant_allows_model(r->tenant, model)) {
@@ -822,7 +882,8 @@ static void on_body(kvg_exchange *x)
         .salt = r->salt,
         .policy = kvg_thread_policy(x->thread),
         .rotation = atomic_fetch_add_explicit(&gw->rotation, 1, memory_order_relaxed),
-        .rank_limit = PROXY_MAX_CANDIDATES, /* the attempts never go further */
+        /* The attempts never go further; a pinned worker must be found wherever it ranks. */
+        .rank_limit = r->pin ? 0 : PROXY_MAX_CANDIDATES,
         .clock_ns = kvg_now_ns,
         .now_ns = parsed_at, /* for the age of scraped load: microseconds do not matter */
         .engine_load_max_age_ns = kvg_scrape_max_age_ns(gw),
@@ -853,6 +914,7 @@ static void forward(proxy_req *r)
         }
         return;
     }
+    apply_pin(r);
     kvg_router_count(gw->router, &r->route);
     /* References for the attempts we may make: the best few are all a retry budget needs. */
     size_t take = KVG_MIN(r->route.ncands, (size_t)PROXY_MAX_CANDIDATES);
@@ -1019,7 +1081,32 @@ static void on_head(kvg_exchange *x)
     default:
         break;
     }
-    if (strcmp(x->method, "POST") != 0) {
+    const char *id = NULL;
+    size_t id_len = 0;
+    if (route == ROUTE_RESPONSE_ID) {
+        /* {id}, {id}/cancel: GET and DELETE the first, POST the second. */
+        id = x->path + RESPONSE_PREFIX_LEN;
+        size_t rest = path_len(x->path) - RESPONSE_PREFIX_LEN;
+        const char *slash = memchr(id, '/', rest);
+        id_len = slash ? (size_t)(slash - id) : rest;
+        bool cancel = slash && rest - id_len == 7 && memcmp(slash, "/cancel", 7) == 0;
+        const char *want = cancel ? "POST" : slash ? NULL : "GET or DELETE";
+        bool ok = cancel ? strcmp(x->method, "POST") == 0
+                         : strcmp(x->method, "GET") == 0 || strcmp(x->method, "DELETE") == 0;
+        if (!want || id_len == 0) {
+            kvg_exchange_set_error_code(x, "unknown_url");
+            kvg_exchange_send_error(x, 404, "not_found_error", "no route for %s %.*s", x->method,
+                                    (int)KVG_MIN(path_len(x->path), 200), x->path);
+            kvg_exchange_detach(x);
+            return;
+        }
+        if (!ok) {
+            kvg_exchange_send_error(x, 405, "invalid_request_error", "use %s for %.*s", want,
+                                    (int)KVG_MIN(path_len(x->path), 200), x->path);
+            kvg_exchange_detach(x);
+            return;
+        }
+    } else if (strcmp(x->method, "POST") != 0) {
         kvg_exchange_send_error(x, 405, "invalid_request_error", "use POST for %.*s",
                                 (int)path_len(x->path), x->path);
         kvg_exchange_detach(x);
@@ -1036,6 +1123,7 @@ static void on_head(kvg_exchange *x)
     r->x = x;
     r->api = route == ROUTE_COMPLETIONS ? KVG_BODY_API_COMPLETIONS
              : route == ROUTE_CHAT      ? KVG_BODY_API_CHAT
+             : route == ROUTE_RESPONSES ? KVG_BODY_API_RESPONSES
                                         : KVG_BODY_API_OTHER;
     kvg_usage_scan_init(&r->usage);
     /* Authenticate before reading a byte of the body: an unknown caller costs nothing more. */
@@ -1045,6 +1133,10 @@ static void on_head(kvg_exchange *x)
             kvg_exchange_detach(x);
             return;
         }
+    }
+    if (id) { /* the tenant's scope keys the affinity */
+        r->by_id = true;
+        pin_response(r, id, id_len);
     }
     x->handler_state = r;
     /* The body and its rewritten copy are held until the answer ends: count both in the

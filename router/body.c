@@ -29,13 +29,14 @@
  * salt goes after the last kept member, or where the first removed one was: rewriting an
  * output again gives the same bytes.
  *
- * kvg_body_scan extends this pass: for a completions or chat body the values of prompt,
- * messages and tools get the scanners of body_canon.c, which emit the canonical prefix stream
- * (docs/canonical.md) as they go. The lexer they all share is body_lex.h and body_lex.c.
+ * kvg_body_scan extends this pass: for a completions, chat or responses body the values of
+ * prompt, messages, tools, instructions and input get the scanners of body_canon.c, which emit the
+ * canonical prefix stream (docs/canonical.md) as they go. The lexer they all share is body_lex.h
+ * and body_lex.c.
  */
 
-/* The longest top-level key we look for ("cache_salt", "messages"). */
-#define KEY_MAX 10
+/* The longest top-level key we look for ("previous_response_id"). */
+#define KEY_MAX 20
 /* A \uXXXX escape is the longest spelling of one decoded byte: raw keys longer than this
  * cannot decode to a key we look for. */
 #define KEY_RAW_MAX (6 * KEY_MAX)
@@ -57,6 +58,10 @@ static member_kind classify(const unsigned char *k, size_t len)
         return IS("messages") ? MEMBER_MESSAGES : MEMBER_OTHER;
     case 10:
         return IS("cache_salt") ? MEMBER_CACHE_SALT : MEMBER_OTHER;
+    case 12:
+        return IS("instructions") ? MEMBER_INSTRUCTIONS : MEMBER_OTHER;
+    case 20:
+        return IS("previous_response_id") ? MEMBER_PREVIOUS_RESPONSE_ID : MEMBER_OTHER;
     default:
         return MEMBER_OTHER;
     }
@@ -144,6 +149,39 @@ static int scan_stream(rewrite *rw, const unsigned char **pp)
     return 0;
 }
 
+/* The top-level "previous_response_id" of a responses body: a string (decoded into the arena,
+ * for the gateway's response affinity) or null. */
+static int scan_previous_response_id(rewrite *rw, const unsigned char **pp)
+{
+    const unsigned char *v = *pp;
+    if (rw->seen[MEMBER_PREVIOUS_RESPONSE_ID] > 1)
+        kvg_body_type_error(rw, v, "previous_response_id: appears more than once");
+    if (*v != '"') {
+        int rc = kvg_body_scan_value(&rw->sc, pp, 2);
+        if (rc == 0 && *v != 'n')
+            kvg_body_type_error(rw, v, "previous_response_id: must be a string or null, not %s",
+                                value_type(*v));
+        return rc;
+    }
+    bool escaped = false; /* as in scan_model */
+    int rc = scan_string(&rw->sc, pp, &escaped);
+    if (rc < 0)
+        return rc;
+    const unsigned char *s = v + 1, *e = *pp - 1;
+    char *id = kvg_arena_alloc(rw->arena, (size_t)(e - s) + 1);
+    if (!id)
+        return fail(&rw->sc, -ENOMEM, v, "out of memory");
+    size_t n = escaped ? decode_string(s, e, (unsigned char *)id) : (size_t)(e - s);
+    if (!escaped)
+        memcpy(id, s, n);
+    id[n] = '\0';
+    if (rw->seen[MEMBER_PREVIOUS_RESPONSE_ID] == 1) {
+        rw->info.previous_response_id = id;
+        rw->info.previous_response_id_len = n;
+    }
+    return 0;
+}
+
 /* Scan the value of a top-level member of the given kind at *pp (on its first byte). */
 static int scan_member(rewrite *rw, member_kind kind, const unsigned char **pp)
 {
@@ -154,19 +192,30 @@ static int scan_member(rewrite *rw, member_kind kind, const unsigned char **pp)
         return scan_model(rw, pp);
     case MEMBER_STREAM:
         return scan_stream(rw, pp);
+    case MEMBER_PREVIOUS_RESPONSE_ID:
+        if (rw->api == KVG_BODY_API_RESPONSES)
+            return scan_previous_response_id(rw, pp);
+        return kvg_body_scan_value(&rw->sc, pp, 2);
     case MEMBER_PROMPT:
     case MEMBER_MESSAGES:
     case MEMBER_INPUT:
+    case MEMBER_INSTRUCTIONS:
     case MEMBER_TOOLS:
         if (rw->api == KVG_BODY_API_COMPLETIONS && kind == MEMBER_PROMPT)
             rc = kvg_body_scan_prompt(rw, pp);
         else if (rw->api == KVG_BODY_API_CHAT && kind == MEMBER_MESSAGES)
             rc = kvg_body_scan_messages(rw, pp);
-        else if (rw->api == KVG_BODY_API_CHAT && kind == MEMBER_TOOLS)
+        else if ((rw->api == KVG_BODY_API_CHAT || rw->api == KVG_BODY_API_RESPONSES) &&
+                 kind == MEMBER_TOOLS)
             rc = kvg_body_scan_tools(rw, pp);
+        else if (rw->api == KVG_BODY_API_RESPONSES && kind == MEMBER_INPUT)
+            rc = kvg_body_scan_input(rw, pp);
+        else if (rw->api == KVG_BODY_API_RESPONSES && kind == MEMBER_INSTRUCTIONS)
+            rc = kvg_body_scan_instructions(rw, pp);
         else
             rc = kvg_body_scan_value(&rw->sc, pp, 2);
-        if (rc == 0)
+        /* "instructions" is prompt only where the API reads it. */
+        if (rc == 0 && (kind != MEMBER_INSTRUCTIONS || rw->api == KVG_BODY_API_RESPONSES))
             rw->info.prompt_bytes += (uint64_t)(*pp - v);
         return rc;
     default:
@@ -313,6 +362,8 @@ const char *kvg_body_api_str(kvg_body_api api)
         return "completions";
     case KVG_BODY_API_CHAT:
         return "chat";
+    case KVG_BODY_API_RESPONSES:
+        return "responses";
     default:
         return "unknown";
     }

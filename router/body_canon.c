@@ -33,8 +33,9 @@
 #define DEPTH_PART_V 6  /* messages[i].content[j].image_url */
 #define DEPTH_MEDIA_V 7 /* messages[i].content[j].image_url.url */
 
-/* The longest nested key we look for ("tool_call_id"), and its longest escaped spelling. */
-#define NESTED_KEY_MAX 12
+/* The longest nested key or type name we look for ("function_call_output"), and its longest
+ * escaped spelling. */
+#define NESTED_KEY_MAX 20
 #define NESTED_KEY_RAW_MAX (6 * NESTED_KEY_MAX)
 
 /* Bytes of stream the rest of a body, rem bytes, can produce. Decoding, minimal re-escaping and
@@ -44,9 +45,17 @@
  * 2 bytes more than that (`\x1cvideo_url:<32 hex>\x1c` is 44 bytes for a 43-byte part). rem/8
  * covers that, 64 the tools frame (whose key may lie before the counted bytes). As this holds
  * piece by piece, it holds at every point of the body: the stream written so far leaves room
- * for as many bytes as the body has left (which scan_put_string relies on). */
-static size_t stream_capacity(size_t rem)
+ * for as many bytes as the body has left (which scan_put_string relies on).
+ * A responses body has frames that outgrow their JSON more: a function_call item (61 bytes at
+ * least, `{"type":"function_call","call_id":"","name":"","arguments":""}`) becomes 90 bytes
+ * plus its strings, an item of another type (`{"type":""}`, 11) its canonical JSON plus 7, an
+ * input_image or input_file part (35 and 34 bytes with a file_id) a 40- or 39-byte reference,
+ * instructions and a string input (`""`) 9 and 7 bytes: twice the bytes bounds each piece, with
+ * room for the body's rest to spare, and 64 the frames whose keys lie before the counted bytes. */
+static size_t stream_capacity(kvg_body_api api, size_t rem)
 {
+    if (api == KVG_BODY_API_RESPONSES)
+        return 2 * rem + 64;
     return rem + rem / 8 + 64;
 }
 
@@ -55,7 +64,7 @@ static int canon_reserve(rewrite *rw, const unsigned char *v)
     canon *c = &rw->canon;
     if (c->buf)
         return 0;
-    size_t cap = stream_capacity((size_t)(rw->sc.end - v));
+    size_t cap = stream_capacity(rw->api, (size_t)(rw->sc.end - v));
     c->buf = kvg_arena_alloc(rw->arena, cap);
     if (!c->buf)
         return fail(&rw->sc, -ENOMEM, v, "out of memory");
@@ -185,7 +194,7 @@ static int key_index(const unsigned char *s, const unsigned char *e, bool escape
     if (len > NESTED_KEY_MAX)
         return -1;
     for (int i = 0; i < n; i++)
-        if (strlen(names[i]) == len && memcmp(names[i], k, len) == 0)
+        if (names[i] && strlen(names[i]) == len && memcmp(names[i], k, len) == 0)
             return i;
     return -1;
 }
@@ -486,6 +495,14 @@ typedef struct span {
     bool is_string, escaped;
 } span;
 
+/* Where a message's content lives, for type errors: "<base>[<i>].<field>" ("messages[2].content",
+ * "input[3].output"). */
+typedef struct where {
+    const char *base;
+    size_t i;
+    const char *field;
+} where;
+
 /* Scan the value at *pp (on its first byte) into sp: strings are scanned (and recorded),
  * anything else validated. */
 static int scan_span(rewrite *rw, const unsigned char **pp, unsigned depth, span *sp)
@@ -502,13 +519,15 @@ static int scan_span(rewrite *rw, const unsigned char **pp, unsigned depth, span
 
 /* The media object of a part (already validated: parse errors cannot happen here) at v:
  * its reference string hashed into the stream as \x1c<tag>:<32 hex>\x1c. */
-static int emit_media(rewrite *rw, const unsigned char *v, int type, size_t i, size_t j)
+static int emit_digest(rewrite *rw, const unsigned char *v, const char *tag, const span *ref);
+
+static int emit_media(rewrite *rw, const unsigned char *v, int type, const where *w, size_t j)
 {
     const scanner *sc = &rw->sc;
     const char *tk = part_key[type];
     if (*v != '{') {
-        kvg_body_type_error(rw, v, "messages[%zu].content[%zu].%s: must be an object, not %s", i, j,
-                            tk, value_type(*v));
+        kvg_body_type_error(rw, v, "%s[%zu].%s[%zu].%s: must be an object, not %s", w->base, w->i,
+                            w->field, j, tk, value_type(*v));
         return 0;
     }
     span refs[REF_COUNT] = {{0}};
@@ -525,15 +544,15 @@ static int emit_media(rewrite *rw, const unsigned char *v, int type, size_t i, s
         if (!wanted) {
             rc = kvg_body_scan_value(sc, &p, DEPTH_MEDIA_V);
         } else if (refs[k].v) {
-            kvg_body_type_error(rw, p, "messages[%zu].content[%zu].%s.%s: appears more than once",
-                                i, j, tk, ref_key[k]);
+            kvg_body_type_error(rw, p, "%s[%zu].%s[%zu].%s.%s: appears more than once", w->base,
+                                w->i, w->field, j, tk, ref_key[k]);
             rc = kvg_body_scan_value(sc, &p, DEPTH_MEDIA_V);
         } else {
             rc = scan_span(rw, &p, DEPTH_MEDIA_V, &refs[k]);
             if (rc == 0 && !refs[k].is_string)
                 kvg_body_type_error(rw, refs[k].v,
-                                    "messages[%zu].content[%zu].%s.%s: must be a string, not %s", i,
-                                    j, tk, ref_key[k], value_type(*refs[k].v));
+                                    "%s[%zu].%s[%zu].%s.%s: must be a string, not %s", w->base,
+                                    w->i, w->field, j, tk, ref_key[k], value_type(*refs[k].v));
         }
         if (rc < 0)
             return rc;
@@ -547,13 +566,21 @@ static int emit_media(rewrite *rw, const unsigned char *v, int type, size_t i, s
                                                  : &refs[REF_URL];
     if (!ref->v) {
         if (type == PART_FILE)
-            kvg_body_type_error(
-                rw, v, "messages[%zu].content[%zu].file: needs file_id or file_data", i, j);
+            kvg_body_type_error(rw, v, "%s[%zu].%s[%zu].file: needs file_id or file_data", w->base,
+                                w->i, w->field, j);
         else
-            kvg_body_type_error(rw, v, "messages[%zu].content[%zu].%s.%s: missing", i, j, tk,
-                                type == PART_INPUT_AUDIO ? "data" : "url");
+            kvg_body_type_error(rw, v, "%s[%zu].%s[%zu].%s.%s: missing", w->base, w->i, w->field, j,
+                                tk, type == PART_INPUT_AUDIO ? "data" : "url");
         return 0;
     }
+    return emit_digest(rw, v, part_tag[type], ref);
+}
+
+/* A media reference (a string member, already validated, of the value at v) into the stream as
+ * \x1c<tag>:<32 hex>\x1c; nothing when it is not a string (a type error already). */
+static int emit_digest(rewrite *rw, const unsigned char *v, const char *tag, const span *ref)
+{
+    const scanner *sc = &rw->sc;
     if (!ref->is_string)
         return 0;
     const unsigned char *s = ref->s;
@@ -567,9 +594,9 @@ static int emit_media(rewrite *rw, const unsigned char *v, int type, size_t i, s
     }
     XXH128_hash_t digest = XXH3_128bits(s, n);
     unsigned char frame[64];
-    size_t tl = strlen(part_tag[type]), f = 0;
+    size_t tl = strlen(tag), f = 0;
     frame[f++] = SEP_FILE;
-    memcpy(frame + f, part_tag[type], tl);
+    memcpy(frame + f, tag, tl);
     f += tl;
     frame[f++] = ':';
     /* XXH128's canonical form: high half then low, each big-endian, in lowercase hex. */
@@ -583,7 +610,8 @@ static int emit_media(rewrite *rw, const unsigned char *v, int type, size_t i, s
 
 /* messages[i].content[j], at *pp (on its first byte). Its members may come in any order, so
  * they are recorded and the part is emitted once its type is known. */
-static int scan_part(rewrite *rw, const unsigned char **pp, size_t i, size_t j, bool *prev_text)
+static int scan_part(rewrite *rw, const unsigned char **pp, const where *w, size_t j,
+                     bool *prev_text)
 {
     const scanner *sc = &rw->sc;
     const unsigned char *o = *pp, *p = o;
@@ -591,8 +619,8 @@ static int scan_part(rewrite *rw, const unsigned char **pp, size_t i, size_t j, 
     if (*o != '{') {
         rc = kvg_body_scan_value(sc, pp, DEPTH_PART);
         if (rc == 0)
-            kvg_body_type_error(rw, o, "messages[%zu].content[%zu]: must be an object, not %s", i,
-                                j, value_type(*o));
+            kvg_body_type_error(rw, o, "%s[%zu].%s[%zu]: must be an object, not %s", w->base, w->i,
+                                w->field, j, value_type(*o));
         return rc;
     }
     span mem[PART_KEY_COUNT] = {{0}};
@@ -605,8 +633,8 @@ static int scan_part(rewrite *rw, const unsigned char **pp, size_t i, size_t j, 
         if (k < 0) {
             rc = kvg_body_scan_value(sc, &p, DEPTH_PART_V);
         } else if (mem[k].v) {
-            kvg_body_type_error(rw, p, "messages[%zu].content[%zu].%s: appears more than once", i,
-                                j, part_key[k]);
+            kvg_body_type_error(rw, p, "%s[%zu].%s[%zu].%s: appears more than once", w->base, w->i,
+                                w->field, j, part_key[k]);
             rc = kvg_body_scan_value(sc, &p, DEPTH_PART_V);
         } else {
             rc = scan_span(rw, &p, DEPTH_PART_V, &mem[k]);
@@ -622,30 +650,31 @@ static int scan_part(rewrite *rw, const unsigned char **pp, size_t i, size_t j, 
     const span *t = &mem[PART_TYPE];
     int type = -1;
     if (!t->v) {
-        kvg_body_type_error(rw, o, "messages[%zu].content[%zu].type: missing", i, j);
+        kvg_body_type_error(rw, o, "%s[%zu].%s[%zu].type: missing", w->base, w->i, w->field, j);
     } else if (!t->is_string) {
-        kvg_body_type_error(rw, t->v, "messages[%zu].content[%zu].type: must be a string, not %s",
-                            i, j, value_type(*t->v));
+        kvg_body_type_error(rw, t->v, "%s[%zu].%s[%zu].type: must be a string, not %s", w->base,
+                            w->i, w->field, j, value_type(*t->v));
     } else {
         type = key_index(t->s, t->e, t->escaped, part_key, PART_KEY_COUNT);
         if (type <= PART_TYPE)
-            kvg_body_type_error(rw, t->v, "messages[%zu].content[%zu].type: unknown part type", i,
-                                j);
+            kvg_body_type_error(rw, t->v, "%s[%zu].%s[%zu].type: unknown part type", w->base, w->i,
+                                w->field, j);
     }
     if (type <= PART_TYPE)
         return 0;
     const span *m = &mem[type];
     if (!m->v) {
-        kvg_body_type_error(rw, o, "messages[%zu].content[%zu].%s: missing", i, j, part_key[type]);
+        kvg_body_type_error(rw, o, "%s[%zu].%s[%zu].%s: missing", w->base, w->i, w->field, j,
+                            part_key[type]);
         return 0;
     }
     if (type != PART_TEXT) {
         *prev_text = false;
-        return emit_media(rw, m->v, type, i, j);
+        return emit_media(rw, m->v, type, w, j);
     }
     if (!m->is_string) {
-        kvg_body_type_error(rw, m->v, "messages[%zu].content[%zu].text: must be a string, not %s",
-                            i, j, value_type(*m->v));
+        kvg_body_type_error(rw, m->v, "%s[%zu].%s[%zu].text: must be a string, not %s", w->base,
+                            w->i, w->field, j, value_type(*m->v));
         return 0;
     }
     /* Consecutive text parts are joined with a newline, as vLLM does. */
@@ -656,8 +685,10 @@ static int scan_part(rewrite *rw, const unsigned char **pp, size_t i, size_t j, 
     return 0;
 }
 
-/* The piece of messages[i] for member `kind`, at *pp (on its first byte), appended. */
-static int scan_piece(rewrite *rw, piece kind, const unsigned char **pp, size_t i)
+static int scan_content(rewrite *rw, const unsigned char **pp, const where *w);
+
+/* The piece of a message for member `kind`, at *pp (on its first byte), appended. */
+static int scan_piece(rewrite *rw, piece kind, const unsigned char **pp, const where *w)
 {
     const scanner *sc = &rw->sc;
     canon *c = &rw->canon;
@@ -683,11 +714,11 @@ static int scan_piece(rewrite *rw, piece kind, const unsigned char **pp, size_t 
         }
         rc = kvg_body_scan_value(sc, pp, DEPTH_FIELD);
         if (rc == 0 && kind == PIECE_ROLE)
-            kvg_body_type_error(rw, v, "messages[%zu].role: must be a string, not %s", i,
+            kvg_body_type_error(rw, v, "%s[%zu].role: must be a string, not %s", w->base, w->i,
                                 value_type(*v));
         else if (rc == 0 && *v != 'n')
-            kvg_body_type_error(rw, v, "messages[%zu].%s: must be a string or null, not %s", i,
-                                piece_key[kind], value_type(*v));
+            kvg_body_type_error(rw, v, "%s[%zu].%s: must be a string or null, not %s", w->base,
+                                w->i, piece_key[kind], value_type(*v));
         return rc;
     case PIECE_TOOL_CALLS:
         if (*v == '[') {
@@ -696,49 +727,35 @@ static int scan_piece(rewrite *rw, piece kind, const unsigned char **pp, size_t 
         }
         rc = kvg_body_scan_value(sc, pp, DEPTH_FIELD);
         if (rc == 0 && *v != 'n')
-            kvg_body_type_error(rw, v, "messages[%zu].tool_calls: must be an array or null, not %s",
-                                i, value_type(*v));
+            kvg_body_type_error(rw, v, "%s[%zu].tool_calls: must be an array or null, not %s",
+                                w->base, w->i, value_type(*v));
         return rc;
     case PIECE_CONTENT:
-        if (*v == '"')
-            return scan_put_string(rw, pp);
-        if (*v == '[') {
-            const unsigned char *p = v;
-            bool prev_text = false;
-            rc = first_item(sc, &p, ']');
-            for (size_t j = 0; rc > 0; j++) {
-                rc = scan_part(rw, &p, i, j, &prev_text);
-                if (rc < 0)
-                    return rc;
-                rc = next_item(sc, &p, ']');
-            }
-            *pp = p;
-            return rc;
-        }
-        rc = kvg_body_scan_value(sc, pp, DEPTH_FIELD);
-        if (rc == 0 && *v != 'n')
-            kvg_body_type_error(rw, v,
-                                "messages[%zu].content: must be a string, an array or null, not %s",
-                                i, value_type(*v));
-        return rc;
+        return scan_content(rw, pp, w);
     default:
         return kvg_body_scan_value(sc, pp, DEPTH_FIELD);
     }
 }
 
-/* messages[i] at *pp (on its first byte): \x1e role \x1f [name=N \x1f] content
+/* The members of a message item of a responses body that feed the stream: chat's name,
+ * tool_calls and tool_call_id have no counterpart there (function calls are items of their
+ * own) and are ignored like any other member. */
+static const char *const item_piece_key[PIECE_COUNT] = {"role", NULL, "content", NULL, NULL};
+
+/* A message at *pp (on its first byte): \x1e role \x1f [name=N \x1f] content
  * [\x1ftool_calls=J] [\x1ftool_call_id=I] \x1d. Pieces are appended in body order, each with
  * its own separators, and put in stream order afterwards if the body had them otherwise. */
-static int scan_message(rewrite *rw, const unsigned char **pp, size_t i)
+static int scan_message(rewrite *rw, const unsigned char **pp, const where *w)
 {
     const scanner *sc = &rw->sc;
     canon *c = &rw->canon;
     const unsigned char *m = *pp, *p = m;
+    const char *const *keys = rw->api == KVG_BODY_API_RESPONSES ? item_piece_key : piece_key;
     int rc;
     if (*m != '{') {
         rc = kvg_body_scan_value(sc, pp, DEPTH_ITEM);
         if (rc == 0)
-            kvg_body_type_error(rw, m, "messages[%zu]: must be an object, not %s", i,
+            kvg_body_type_error(rw, m, "%s[%zu]: must be an object, not %s", w->base, w->i,
                                 value_type(*m));
         return rc;
     }
@@ -748,18 +765,19 @@ static int scan_message(rewrite *rw, const unsigned char **pp, size_t i)
     rc = first_item(sc, &p, '}');
     while (rc > 0) {
         int k = -1;
-        rc = obj_key(sc, &p, piece_key, PIECE_COUNT, &k);
+        rc = obj_key(sc, &p, keys, PIECE_COUNT, &k);
         if (rc < 0)
             return rc;
         if (k < 0) {
             rc = kvg_body_scan_value(sc, &p, DEPTH_FIELD);
         } else if (seen[k]) {
-            kvg_body_type_error(rw, p, "messages[%zu].%s: appears more than once", i, piece_key[k]);
+            kvg_body_type_error(rw, p, "%s[%zu].%s: appears more than once", w->base, w->i,
+                                piece_key[k]);
             rc = kvg_body_scan_value(sc, &p, DEPTH_FIELD);
         } else {
             seen[k] = true;
             off[k] = c->len;
-            rc = scan_piece(rw, (piece)k, &p, i);
+            rc = scan_piece(rw, (piece)k, &p, w);
             len[k] = c->len - off[k];
             sorted = sorted && k > last;
             last = k;
@@ -772,7 +790,7 @@ static int scan_message(rewrite *rw, const unsigned char **pp, size_t i)
         return rc;
     *pp = p;
     if (!seen[PIECE_ROLE])
-        kvg_body_type_error(rw, m, "messages[%zu].role: missing", i);
+        kvg_body_type_error(rw, m, "%s[%zu].role: missing", w->base, w->i);
     if (!sorted && !c->overflow) {
         rc = scratch_reserve(rw);
         if (rc < 0)
@@ -810,13 +828,32 @@ int kvg_body_scan_messages(rewrite *rw, const unsigned char **pp)
     if (rc == 0)
         kvg_body_type_error(rw, v, "messages: must not be empty");
     for (size_t i = 0; rc > 0; i++) {
-        rc = scan_message(rw, &p, i);
+        where w = {"messages", i, "content"};
+        rc = scan_message(rw, &p, &w);
         if (rc < 0)
             return rc;
         rc = next_item(sc, &p, ']');
     }
     *pp = p;
     return rc;
+}
+
+/* Move the end of the stream, [from, len), to position at (<= from), after the bytes before
+ * at and before those of [at, from): a section the chat templates render earlier than the body
+ * gave it. */
+static int move_back(rewrite *rw, size_t at, size_t from)
+{
+    canon *c = &rw->canon;
+    if (at == from || c->overflow)
+        return 0;
+    int rc = scratch_reserve(rw);
+    if (rc < 0)
+        return rc;
+    size_t n = c->len - from;
+    kvg_copy(c->scratch, c->buf + from, n);
+    memmove(c->buf + at + n, c->buf + at, from - at);
+    kvg_copy(c->buf + at, c->scratch, n);
+    return 0;
 }
 
 /* "tools": \x1etools\x1f <canonical JSON> \x1d, before every message whatever the member
@@ -845,15 +882,376 @@ int kvg_body_scan_tools(rewrite *rw, const unsigned char **pp)
     if (rc < 0)
         return rc;
     put1(c, SEP_GROUP);
-    if (t0 > 0 && !c->overflow) {
-        /* Messages came first in the body: move the section in front of them. */
-        rc = scratch_reserve(rw);
+    c->tools_len = c->len - t0;
+    /* Messages (or instructions, input) came first in the body: the section goes before them. */
+    return move_back(rw, 0, t0);
+}
+
+/* ---- responses: "instructions" and "input" ---- */
+
+/* Members of a responses content part (input_text, input_image, ...). */
+enum {
+    RPART_TYPE = 0,
+    RPART_TEXT,
+    RPART_REFUSAL,
+    RPART_IMAGE_URL,
+    RPART_FILE_ID,
+    RPART_FILE_DATA,
+    RPART_FILE_URL,
+    RPART_INPUT_AUDIO,
+    RPART_KEY_COUNT
+};
+static const char *const rpart_key[RPART_KEY_COUNT] = {
+    "type", "text", "refusal", "image_url", "file_id", "file_data", "file_url", "input_audio"};
+
+enum {
+    RTYPE_INPUT_TEXT = 0,
+    RTYPE_OUTPUT_TEXT,
+    RTYPE_REFUSAL,
+    RTYPE_INPUT_IMAGE,
+    RTYPE_INPUT_FILE,
+    RTYPE_INPUT_AUDIO,
+    RTYPE_COUNT
+};
+static const char *const rpart_type[RTYPE_COUNT] = {"input_text",  "output_text", "refusal",
+                                                    "input_image", "input_file",  "input_audio"};
+
+/* The media reference of an input_image or input_file part: the first of the n members keys[]
+ * that is a string; every one present must be a string or null. NULL (a type error recorded)
+ * when there is none. */
+static const span *pick_ref(rewrite *rw, const span *mem, const int *keys, int n,
+                            const unsigned char *o, const where *w, size_t j, const char *type)
+{
+    const span *ref = NULL;
+    for (int k = 0; k < n; k++) {
+        const span *m = &mem[keys[k]];
+        if (!m->v || *m->v == 'n')
+            continue;
+        if (!m->is_string) {
+            kvg_body_type_error(rw, m->v, "%s[%zu].%s[%zu].%s: must be a string or null, not %s",
+                                w->base, w->i, w->field, j, rpart_key[keys[k]], value_type(*m->v));
+            return NULL;
+        }
+        if (!ref)
+            ref = m;
+    }
+    if (!ref)
+        kvg_body_type_error(rw, o, "%s[%zu].%s[%zu]: %s needs %s", w->base, w->i, w->field, j, type,
+                            n == 2 ? "image_url or file_id" : "file_id, file_data or file_url");
+    return ref;
+}
+
+/* A part of a responses message's content at *pp (on its first byte): text parts as chat's
+ * text parts, media as chat's media parts, so the same conversation gives the same stream. */
+static int scan_resp_part(rewrite *rw, const unsigned char **pp, const where *w, size_t j,
+                          bool *prev_text)
+{
+    const scanner *sc = &rw->sc;
+    const unsigned char *o = *pp, *p = o;
+    int rc;
+    if (*o != '{') {
+        rc = kvg_body_scan_value(sc, pp, DEPTH_PART);
+        if (rc == 0)
+            kvg_body_type_error(rw, o, "%s[%zu].%s[%zu]: must be an object, not %s", w->base, w->i,
+                                w->field, j, value_type(*o));
+        return rc;
+    }
+    span mem[RPART_KEY_COUNT] = {{0}};
+    rc = first_item(sc, &p, '}');
+    while (rc > 0) {
+        int k = -1;
+        rc = obj_key(sc, &p, rpart_key, RPART_KEY_COUNT, &k);
         if (rc < 0)
             return rc;
-        size_t n = c->len - t0;
-        kvg_copy(c->scratch, c->buf + t0, n);
-        memmove(c->buf + n, c->buf, t0);
-        kvg_copy(c->buf, c->scratch, n);
+        if (k < 0) {
+            rc = kvg_body_scan_value(sc, &p, DEPTH_PART_V);
+        } else if (mem[k].v) {
+            kvg_body_type_error(rw, p, "%s[%zu].%s[%zu].%s: appears more than once", w->base, w->i,
+                                w->field, j, rpart_key[k]);
+            rc = kvg_body_scan_value(sc, &p, DEPTH_PART_V);
+        } else {
+            rc = scan_span(rw, &p, DEPTH_PART_V, &mem[k]);
+        }
+        if (rc < 0)
+            return rc;
+        rc = next_item(sc, &p, '}');
     }
+    if (rc < 0)
+        return rc;
+    *pp = p;
+
+    const span *t = &mem[RPART_TYPE];
+    int type = -1;
+    if (!t->v) {
+        kvg_body_type_error(rw, o, "%s[%zu].%s[%zu].type: missing", w->base, w->i, w->field, j);
+        return 0;
+    }
+    if (!t->is_string) {
+        kvg_body_type_error(rw, t->v, "%s[%zu].%s[%zu].type: must be a string, not %s", w->base,
+                            w->i, w->field, j, value_type(*t->v));
+        return 0;
+    }
+    type = key_index(t->s, t->e, t->escaped, rpart_type, RTYPE_COUNT);
+    if (type < 0) {
+        kvg_body_type_error(rw, t->v, "%s[%zu].%s[%zu].type: unknown part type", w->base, w->i,
+                            w->field, j);
+        return 0;
+    }
+    if (type == RTYPE_INPUT_IMAGE || type == RTYPE_INPUT_FILE) {
+        static const int image[] = {RPART_IMAGE_URL, RPART_FILE_ID};
+        static const int file[] = {RPART_FILE_ID, RPART_FILE_DATA, RPART_FILE_URL};
+        bool img = type == RTYPE_INPUT_IMAGE;
+        const span *ref =
+            pick_ref(rw, mem, img ? image : file, img ? 2 : 3, o, w, j, rpart_type[type]);
+        *prev_text = false;
+        return ref ? emit_digest(rw, o, img ? "image" : "file", ref) : 0;
+    }
+    int member = type == RTYPE_INPUT_AUDIO ? RPART_INPUT_AUDIO
+                 : type == RTYPE_REFUSAL   ? RPART_REFUSAL
+                                           : RPART_TEXT;
+    const span *m = &mem[member];
+    if (!m->v) {
+        kvg_body_type_error(rw, o, "%s[%zu].%s[%zu].%s: missing", w->base, w->i, w->field, j,
+                            rpart_key[member]);
+        return 0;
+    }
+    if (type == RTYPE_INPUT_AUDIO) {
+        *prev_text = false;
+        return emit_media(rw, m->v, PART_INPUT_AUDIO, w, j);
+    }
+    if (!m->is_string) {
+        kvg_body_type_error(rw, m->v, "%s[%zu].%s[%zu].%s: must be a string, not %s", w->base, w->i,
+                            w->field, j, rpart_key[member], value_type(*m->v));
+        return 0;
+    }
+    if (*prev_text)
+        put1(&rw->canon, '\n');
+    put_string(&rw->canon, m->s, m->e, m->escaped);
+    *prev_text = true;
     return 0;
+}
+
+/* A message's content (or a function_call_output's output) at *pp: a string, null, or an array
+ * of parts (chat's parts for chat, the Responses API's for responses). */
+static int scan_content(rewrite *rw, const unsigned char **pp, const where *w)
+{
+    const scanner *sc = &rw->sc;
+    const unsigned char *v = *pp;
+    int rc;
+    if (*v == '"')
+        return scan_put_string(rw, pp);
+    if (*v == '[') {
+        const unsigned char *p = v;
+        bool prev_text = false;
+        rc = first_item(sc, &p, ']');
+        for (size_t j = 0; rc > 0; j++) {
+            rc = rw->api == KVG_BODY_API_RESPONSES ? scan_resp_part(rw, &p, w, j, &prev_text)
+                                                   : scan_part(rw, &p, w, j, &prev_text);
+            if (rc < 0)
+                return rc;
+            rc = next_item(sc, &p, ']');
+        }
+        *pp = p;
+        return rc;
+    }
+    rc = kvg_body_scan_value(sc, pp, DEPTH_FIELD);
+    if (rc == 0 && *v != 'n')
+        kvg_body_type_error(rw, v, "%s[%zu].%s: must be a string, an array or null, not %s",
+                            w->base, w->i, w->field, value_type(*v));
+    return rc;
+}
+
+/* "instructions": the system message vLLM puts first, \x1esystem\x1f <text> \x1d, after the
+ * tools section and before the input whatever the member order. */
+int kvg_body_scan_instructions(rewrite *rw, const unsigned char **pp)
+{
+    const unsigned char *v = *pp;
+    canon *c = &rw->canon;
+    int rc;
+    if (rw->seen[MEMBER_INSTRUCTIONS] > 1) {
+        kvg_body_type_error(rw, v, "instructions: appears more than once");
+        return kvg_body_scan_value(&rw->sc, pp, DEPTH_MEMBER);
+    }
+    if (*v != '"') {
+        rc = kvg_body_scan_value(&rw->sc, pp, DEPTH_MEMBER);
+        if (rc == 0 && *v != 'n')
+            kvg_body_type_error(rw, v, "instructions: must be a string or null, not %s",
+                                value_type(*v));
+        return rc;
+    }
+    rc = canon_reserve(rw, v);
+    if (rc < 0)
+        return rc;
+    size_t i0 = c->len;
+    PUT_LIT(c, "\x1esystem\x1f");
+    rc = scan_put_string(rw, pp);
+    if (rc < 0)
+        return rc;
+    put1(c, SEP_GROUP);
+    return move_back(rw, c->tools_len, i0);
+}
+
+/* Members of an input item that decide its kind or feed a function_call(_output) frame. */
+enum { ITEM_TYPE = 0, ITEM_CALL_ID, ITEM_NAME, ITEM_ARGUMENTS, ITEM_OUTPUT, ITEM_KEY_COUNT };
+static const char *const item_key[ITEM_KEY_COUNT] = {"type", "call_id", "name", "arguments",
+                                                     "output"};
+
+/* The string member k of input[i], required: its span, or NULL (a type error recorded). */
+static const span *item_string(rewrite *rw, const span *mem, const unsigned char *const *dup, int k,
+                               const unsigned char *o, size_t i)
+{
+    const span *m = &mem[k];
+    if (dup[k])
+        kvg_body_type_error(rw, dup[k], "input[%zu].%s: appears more than once", i, item_key[k]);
+    if (!m->v) {
+        kvg_body_type_error(rw, o, "input[%zu].%s: missing", i, item_key[k]);
+        return NULL;
+    }
+    if (!m->is_string) {
+        kvg_body_type_error(rw, m->v, "input[%zu].%s: must be a string, not %s", i, item_key[k],
+                            value_type(*m->v));
+        return NULL;
+    }
+    return m;
+}
+
+/* input[i] at *pp (on its first byte). Its kind ("type") may come after the members that make
+ * its frame, so the item is scanned once to find it, then again to write the frame:
+ * - a message (type "message" or none): as a chat message, role and content;
+ * - function_call: as chat's assistant message holding that one tool call, in the member order
+ *   of OpenAI's (and the OpenAI SDK's) tool calls: \x1eassistant\x1f\x1ftool_calls=
+ *   [{"id":C,"type":"function","function":{"name":N,"arguments":A}}]\x1d;
+ * - function_call_output: as chat's tool message, \x1etool\x1f output \x1ftool_call_id=C\x1d;
+ * - any other type (reasoning, item_reference, ...): \x1eitem\x1f <canonical JSON> \x1d. */
+static int scan_item(rewrite *rw, const unsigned char **pp, size_t i)
+{
+    const scanner *sc = &rw->sc;
+    canon *c = &rw->canon;
+    const unsigned char *o = *pp, *p = o;
+    int rc;
+    if (*o != '{') {
+        rc = kvg_body_scan_value(sc, pp, DEPTH_ITEM);
+        if (rc == 0)
+            kvg_body_type_error(rw, o, "input[%zu]: must be an object, not %s", i, value_type(*o));
+        return rc;
+    }
+    span mem[ITEM_KEY_COUNT] = {{0}};
+    const unsigned char *dup[ITEM_KEY_COUNT] = {0};
+    rc = first_item(sc, &p, '}');
+    while (rc > 0) {
+        int k = -1;
+        rc = obj_key(sc, &p, item_key, ITEM_KEY_COUNT, &k);
+        if (rc < 0)
+            return rc;
+        if (k < 0 || mem[k].v) {
+            if (k >= 0 && !dup[k])
+                dup[k] = p;
+            rc = kvg_body_scan_value(sc, &p, DEPTH_FIELD);
+        } else {
+            rc = scan_span(rw, &p, DEPTH_FIELD, &mem[k]);
+        }
+        if (rc < 0)
+            return rc;
+        rc = next_item(sc, &p, '}');
+    }
+    if (rc < 0)
+        return rc;
+    *pp = p;
+
+    static const char *const kinds[] = {"message", "function_call", "function_call_output"};
+    const span *t = &mem[ITEM_TYPE];
+    int kind = 0;
+    if (dup[ITEM_TYPE])
+        kvg_body_type_error(rw, dup[ITEM_TYPE], "input[%zu].type: appears more than once", i);
+    if (t->v && !t->is_string) {
+        kvg_body_type_error(rw, t->v, "input[%zu].type: must be a string, not %s", i,
+                            value_type(*t->v));
+        return 0;
+    }
+    if (t->v)
+        kind = key_index(t->s, t->e, t->escaped, kinds, (int)KVG_ARRAY_LEN(kinds));
+    const unsigned char *q = o;
+    if (kind == 0) {
+        where w = {"input", i, "content"};
+        return scan_message(rw, &q, &w);
+    }
+    if (kind < 0) {
+        PUT_LIT(c, "\x1eitem\x1f");
+        rc = canon_json(rw, &q, DEPTH_ITEM);
+        put1(c, SEP_GROUP);
+        return rc;
+    }
+    const span *id = item_string(rw, mem, dup, ITEM_CALL_ID, o, i);
+    if (kind == 1) {
+        const span *name = item_string(rw, mem, dup, ITEM_NAME, o, i);
+        const span *args = item_string(rw, mem, dup, ITEM_ARGUMENTS, o, i);
+        if (!id || !name || !args)
+            return 0;
+        PUT_LIT(c, "\x1e"
+                   "assistant\x1f\x1ftool_calls=[{\"id\":");
+        put_json_string(c, id->s, id->e, id->escaped);
+        PUT_LIT(c, ",\"type\":\"function\",\"function\":{\"name\":");
+        put_json_string(c, name->s, name->e, name->escaped);
+        PUT_LIT(c, ",\"arguments\":");
+        put_json_string(c, args->s, args->e, args->escaped);
+        PUT_LIT(c, "}}]\x1d");
+        return 0;
+    }
+    if (dup[ITEM_OUTPUT])
+        kvg_body_type_error(rw, dup[ITEM_OUTPUT], "input[%zu].output: appears more than once", i);
+    if (!id)
+        return 0;
+    PUT_LIT(c, "\x1etool\x1f");
+    if (mem[ITEM_OUTPUT].v) {
+        where w = {"input", i, "output"};
+        q = mem[ITEM_OUTPUT].v;
+        rc = scan_content(rw, &q, &w);
+        if (rc < 0)
+            return rc;
+    }
+    PUT_LIT(c, "\x1ftool_call_id=");
+    put_string(c, id->s, id->e, id->escaped);
+    put1(c, SEP_GROUP);
+    return 0;
+}
+
+/* "input": a string (one user message, \x1euser\x1f <text> \x1d), or items in order. */
+int kvg_body_scan_input(rewrite *rw, const unsigned char **pp)
+{
+    const scanner *sc = &rw->sc;
+    canon *c = &rw->canon;
+    const unsigned char *v = *pp, *p = v;
+    int rc;
+    if (rw->seen[MEMBER_INPUT] > 1) {
+        kvg_body_type_error(rw, v, "input: appears more than once");
+        return kvg_body_scan_value(sc, pp, DEPTH_MEMBER);
+    }
+    if (*v != '[' && *v != '"') {
+        rc = kvg_body_scan_value(sc, pp, DEPTH_MEMBER);
+        if (rc == 0 && *v != 'n')
+            kvg_body_type_error(rw, v, "input: must be a string, an array or null, not %s",
+                                value_type(*v));
+        return rc;
+    }
+    rc = canon_reserve(rw, v);
+    if (rc < 0)
+        return rc;
+    if (*v == '"') {
+        PUT_LIT(c, "\x1euser\x1f");
+        rc = scan_put_string(rw, pp);
+        if (rc == 0)
+            put1(c, SEP_GROUP);
+        return rc;
+    }
+    rc = first_item(sc, &p, ']');
+    if (rc == 0)
+        kvg_body_type_error(rw, v, "input: must not be empty");
+    for (size_t i = 0; rc > 0; i++) {
+        rc = scan_item(rw, &p, i);
+        if (rc < 0)
+            return rc;
+        rc = next_item(sc, &p, ']');
+    }
+    *pp = p;
+    return rc;
 }

@@ -19,6 +19,8 @@ typedef enum member_kind {
     MEMBER_PROMPT,
     MEMBER_MESSAGES,
     MEMBER_INPUT,
+    MEMBER_INSTRUCTIONS,
+    MEMBER_PREVIOUS_RESPONSE_ID,
     MEMBER_TOOLS,
     MEMBER_KIND_COUNT,
 } member_kind;
@@ -32,6 +34,7 @@ typedef struct canon {
     unsigned char *scratch; /* cap bytes, allocated on first use: reordering pieces */
     uint32_t *tokens;
     size_t ntokens, tcap;
+    size_t tools_len; /* bytes of the tools section at the front of buf; 0: none yet */
     bool is_tokens;
     bool overflow;
 } canon;
@@ -83,6 +86,8 @@ void kvg_body_type_error(rewrite *rw, const unsigned char *at, const char *fmt, 
  * and leaves *pp past it; 0, a parse error, or -ENOMEM. Type errors go to rw->fault. */
 int kvg_body_scan_prompt(rewrite *rw, const unsigned char **pp);   /* completions: "prompt" */
 int kvg_body_scan_messages(rewrite *rw, const unsigned char **pp); /* chat: "messages" */
-int kvg_body_scan_tools(rewrite *rw, const unsigned char **pp);    /* chat: "tools" */
+int kvg_body_scan_tools(rewrite *rw, const unsigned char **pp);    /* chat, responses: "tools" */
+int kvg_body_scan_instructions(rewrite *rw, const unsigned char **pp); /* responses */
+int kvg_body_scan_input(rewrite *rw, const unsigned char **pp);        /* responses: "input" */
 
 #endif

@@ -376,6 +376,7 @@ typedef enum kvg_body_api {
     KVG_BODY_API_OTHER = 0,   /* no prefix stream is produced (embeddings, unknown paths) */
     KVG_BODY_API_COMPLETIONS, /* /v1/completions: "prompt" */
     KVG_BODY_API_CHAT,        /* /v1/chat/completions: "messages", "tools" */
+    KVG_BODY_API_RESPONSES,   /* /v1/responses: "tools", "instructions", "input" */
     KVG_BODY_API_COUNT,
 } kvg_body_api;
 
@@ -384,7 +385,8 @@ const char *kvg_body_api_str(kvg_body_api api);
 /* The canonical prefix stream of a request (docs/canonical.md): what block keys are cut from.
  * Text for string prompts and chats, token ids when the prompt is given as ids. Both empty
  * when the body has no prompt (or the API is KVG_BODY_API_OTHER); text may be NULL when
- * text_len is 0. Bounded by the body: text_len <= len + len / 8 + 64, ntokens <= len / 2 + 1. */
+ * text_len is 0. Bounded by the body: text_len <= len + len / 8 + 64 (2 len + 64 for
+ * KVG_BODY_API_RESPONSES), ntokens <= len / 2 + 1. */
 typedef struct kvg_prefix_stream {
     bool is_tokens;
     const unsigned char *text; /* !is_tokens: canonical bytes (arena), text_len of them */
@@ -398,10 +400,15 @@ typedef struct kvg_prefix_stream {
 typedef struct kvg_body_info {
     const char *model; /* top-level "model" (decoded, arena copy), NULL if absent/null */
     size_t model_len;
-    bool stream;                  /* top-level "stream": true */
-    uint64_t prompt_bytes;        /* raw JSON bytes of "prompt", "messages", "input" and "tools" */
+    bool stream;           /* top-level "stream": true */
+    uint64_t prompt_bytes; /* raw JSON bytes of "prompt", "messages", "input" and "tools" (and
+                              "instructions" for KVG_BODY_API_RESPONSES) */
     unsigned cache_salts_removed; /* top-level "cache_salt" members dropped */
-    kvg_prefix_stream prefix;     /* filled by kvg_body_scan for completions and chat */
+    kvg_prefix_stream prefix;     /* filled by kvg_body_scan for completions, chat, responses */
+    /* KVG_BODY_API_RESPONSES: top-level "previous_response_id" (decoded, arena copy; it may
+     * hold NUL bytes, hence the length), NULL if absent or null. */
+    const char *previous_response_id;
+    size_t previous_response_id_len;
 } kvg_body_info;
 
 /** Validate a request body (exactly one JSON object; strict RFC 8259: UTF-8, no trailing
@@ -432,8 +439,11 @@ int kvg_body_rewrite(const char *body, size_t len, const char *salt, kvg_arena *
  *  the members of a message or part that the stream reads. A type error is KVG_ETYPE with a
  *  message starting with the field path ("prompt: ", "messages[2].content: ",
  *  "messages[0].content[1].type: "), reported only for valid JSON. The stream is allocated from
- *  arena (-ENOMEM when it fails). -EINVAL for an api out of range. For KVG_BODY_API_OTHER it is
- *  exactly kvg_body_rewrite. */
+ *  arena (-ENOMEM when it fails). -EINVAL for an api out of range. For KVG_BODY_API_RESPONSES:
+ *  "tools" as for chat, "instructions" (string or null), "input" (string, non-empty array of
+ *  items, or null), "previous_response_id" (string or null, into info), with paths
+ *  "instructions: ", "input[2].content[0].type: ". For
+ *  KVG_BODY_API_OTHER it is exactly kvg_body_rewrite. */
 int kvg_body_scan(const char *body, size_t len, kvg_body_api api, const char *salt,
                   kvg_arena *arena, kvg_buf *out, kvg_body_info *info, kvg_json_error *err);
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """A second implementation of docs/canonical.md, over Python's json module: the canonical prefix
-stream of a request body, or the reason it is rejected. test_canon_differential.py compares it
+stream of a request body (completions, chat, responses), or the reason it is rejected. test_canon_differential.py compares it
 byte for byte with router/body.c through tests/unit/router/body_driver --api."""
 import xxhash
 
@@ -178,6 +178,140 @@ def chat(top):
     return False, out
 
 
+RESP_PART_TEXT = {"input_text": "text", "output_text": "text", "refusal": "refusal"}
+RESP_PART_KEYS = ("type", "text", "refusal", "image_url", "file_id", "file_data", "file_url",
+                  "input_audio")
+
+
+def resp_ref(m, names, pp, kind):
+    ref = None
+    for n in names:
+        v = m.get(n)
+        if v is None:
+            continue
+        if not is_string(v):
+            raise Reject(f"{pp}.{n}: must be a string or null")
+        if ref is None:
+            ref = v
+    if ref is None:
+        raise Reject(f"{pp}: {kind} needs {names}")
+    return ref
+
+
+def resp_content(c, path):
+    """A Responses message's content (or a function_call_output's output)."""
+    if c is None:
+        return b""
+    if is_string(c):
+        return c.encode()
+    if not is_array(c):
+        raise Reject(f"{path}: must be a string, an array or null")
+    out, prev_text = b"", False
+    for j, part in enumerate(c):
+        pp = f"{path}[{j}]"
+        if not isinstance(part, Pairs):
+            raise Reject(f"{pp}: must be an object")
+        m = members(part, RESP_PART_KEYS, pp)
+        kind = m.get("type")
+        if not is_string(kind):
+            raise Reject(f"{pp}.type: missing or not a string")
+        if kind in RESP_PART_TEXT:
+            key = RESP_PART_TEXT[kind]
+            if not is_string(m.get(key)):
+                raise Reject(f"{pp}.{key}: missing or not a string")
+            out += (b"\n" if prev_text else b"") + m[key].encode()
+            prev_text = True
+            continue
+        if kind == "input_image":
+            ref = resp_ref(m, ("image_url", "file_id"), pp, kind)
+            tag = "image"
+        elif kind == "input_file":
+            ref = resp_ref(m, ("file_id", "file_data", "file_url"), pp, kind)
+            tag = "file"
+        elif kind == "input_audio":
+            if "input_audio" not in m:
+                raise Reject(f"{pp}.input_audio: missing")
+            out += media(m, "input_audio", pp)
+            prev_text = False
+            continue
+        else:
+            raise Reject(f"{pp}.type: unknown part type")
+        digest = xxhash.xxh3_128(ref.encode()).hexdigest()
+        out += SEP_FILE + tag.encode() + b":" + digest.encode() + SEP_FILE
+        prev_text = False
+    return out
+
+
+def json_string(s):
+    return canonical_json(s).encode()
+
+
+def resp_item(item, path):
+    if not isinstance(item, Pairs):
+        raise Reject(f"{path}: must be an object")
+    m = members(item, ("type",), path)
+    kind = m.get("type", "message")
+    if not is_string(kind):
+        raise Reject(f"{path}.type: must be a string")
+    if kind == "message":
+        m = members(item, ("role", "content"), path)
+        if not is_string(m.get("role")):
+            raise Reject(f"{path}.role: missing or not a string")
+        return (SEP_RECORD + m["role"].encode() + SEP_UNIT +
+                resp_content(m.get("content"), f"{path}.content") + SEP_GROUP)
+    if kind == "function_call":
+        m = members(item, ("call_id", "name", "arguments"), path)
+        for k in ("call_id", "name", "arguments"):
+            if not is_string(m.get(k)):
+                raise Reject(f"{path}.{k}: missing or not a string")
+        call = (b'[{"id":' + json_string(m["call_id"]) + b',"type":"function","function":{"name":' +
+                json_string(m["name"]) + b',"arguments":' + json_string(m["arguments"]) + b"}}]")
+        return SEP_RECORD + b"assistant" + SEP_UNIT + SEP_UNIT + b"tool_calls=" + call + SEP_GROUP
+    if kind == "function_call_output":
+        m = members(item, ("call_id", "output"), path)
+        if not is_string(m.get("call_id")):
+            raise Reject(f"{path}.call_id: missing or not a string")
+        return (SEP_RECORD + b"tool" + SEP_UNIT + resp_content(m.get("output"), f"{path}.output") +
+                SEP_UNIT + b"tool_call_id=" + m["call_id"].encode() + SEP_GROUP)
+    return SEP_RECORD + b"item" + SEP_UNIT + canonical_json(item).encode() + SEP_GROUP
+
+
+def responses(top):
+    """POST /v1/responses: tools, then instructions (a system message), then input (a string is
+    one user message; items are messages, function calls and their outputs, or other items)."""
+    found = {}
+    for k, v in top:
+        if k in ("tools", "instructions", "input", "previous_response_id"):
+            if k in found:
+                raise Reject(f"{k}: appears more than once")
+            found[k] = v
+    prev = found.get("previous_response_id")
+    if prev is not None and not is_string(prev):
+        raise Reject("previous_response_id: must be a string or null")
+    out = b""
+    tools = found.get("tools")
+    if tools is not None:
+        if not is_array(tools):
+            raise Reject("tools: must be an array or null")
+        out += SEP_RECORD + b"tools" + SEP_UNIT + canonical_json(tools).encode() + SEP_GROUP
+    ins = found.get("instructions")
+    if ins is not None:
+        if not is_string(ins):
+            raise Reject("instructions: must be a string or null")
+        out += SEP_RECORD + b"system" + SEP_UNIT + ins.encode() + SEP_GROUP
+    inp = found.get("input")
+    if is_string(inp):
+        out += SEP_RECORD + b"user" + SEP_UNIT + inp.encode() + SEP_GROUP
+    elif is_array(inp):
+        if not inp:
+            raise Reject("input: must not be empty")
+        for i, item in enumerate(inp):
+            out += resp_item(item, f"input[{i}]")
+    elif inp is not None:
+        raise Reject("input: must be a string, an array or null")
+    return False, out
+
+
 def canonical_stream(body: bytes, api: str):
     """('ok', (is_tokens, bytes or [ids])), or (verdict, None) with verdict one of
     test_body_differential.reference's errors or 'ETYPE'."""
@@ -189,6 +323,8 @@ def canonical_stream(body: bytes, api: str):
             return "ok", completions(top)
         if api == "chat":
             return "ok", chat(top)
+        if api == "responses":
+            return "ok", responses(top)
         return "ok", (False, b"")
     except Reject:
         return "ETYPE", None

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for the canonical prefix stream (router/body_canon.c, docs/canonical.md): exact
- * bytes for completions and chat, spellings, type errors with field paths, bounds, allocation
- * failures, an escape at every position of a long prompt. */
+ * bytes for completions, chat and responses, spellings, type errors with field paths, bounds,
+ * allocation failures, an escape at every position of a long prompt. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -374,6 +374,9 @@ static void test_scan_alloc_failures(void **state)
                             "\"url\":\"\\u0041\"}}],"
                             "\"role\":\"u\"}],\"tools\":[{\"a\":1}]}"},
         {KVG_BODY_API_COMPLETIONS, "{\"prompt\":[[1,2],[3]]}"},
+        {KVG_BODY_API_RESPONSES, "{\"input\":[{\"type\":\"message\",\"content\":[{\"type\":"
+                                 "\"input_image\",\"image_url\":\"\\u0041\"}],\"role\":\"u\"}],"
+                                 "\"instructions\":\"s\",\"tools\":[]}"},
         {KVG_BODY_API_COMPLETIONS, "{\"prompt\":\"p\\u00e9\"}"},
     };
     for (size_t k = 0; k < sizeof(bodies) / sizeof(bodies[0]); k++) {
@@ -418,6 +421,213 @@ static void test_scan_alloc_failures(void **state)
     kvg_arena_done(&a);
 }
 
+/* ---- responses (docs/canonical.md, RESPONSES) ---- */
+
+#define TOOLS_F RS "tools" US "[{\"type\":\"function\",\"name\":\"f\"}]" GS
+#define CALL_C1                                                                                    \
+    RS "assistant" US US                                                                           \
+       "tool_calls=[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"get\","          \
+       "\"arguments\":\"{\\\"a\\\":1}\"}}]" GS
+
+static void test_scan_responses(void **state)
+{
+    (void)state;
+    const kvg_body_api R = KVG_BODY_API_RESPONSES;
+    static const text_case cases[] = {
+        {"{\"input\":\"hi\"}", RS "user" US "hi" GS, 0},
+        {"{\"input\":null,\"instructions\":null,\"tools\":null}", NULL, 0},
+        {"{\"model\":\"m\"}", NULL, 0},
+        /* tools, then instructions, then input, whatever the member order */
+        {"{\"input\":\"q\",\"instructions\":\"s\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}"
+         "]}",
+         TOOLS_F RS "system" US "s" GS RS "user" US "q" GS, 0},
+        {"{\"input\":\"q\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],\"instructions\":"
+         "\"s\"}",
+         TOOLS_F RS "system" US "s" GS RS "user" US "q" GS, 0},
+        {"{\"instructions\":\"s\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],\"input\":"
+         "\"q\"}",
+         TOOLS_F RS "system" US "s" GS RS "user" US "q" GS, 0},
+        {"{\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],\"input\":\"q\",\"instructions\":"
+         "\"s\"}",
+         TOOLS_F RS "system" US "s" GS RS "user" US "q" GS, 0},
+        {"{\"instructions\":\"s\\u00e9\",\"input\":\"q\"}",
+         RS "system" US "s\xc3\xa9" GS RS "user" US "q" GS, 0},
+        /* message items: chat's frames; text parts joined with a newline as chat's */
+        {"{\"input\":[{\"content\":[{\"type\":\"input_text\",\"text\":\"a\"},{\"text\":\"b\","
+         "\"type\":\"output_text\"},{\"type\":\"refusal\",\"refusal\":\"no\"},{\"type\":"
+         "\"input_image\",\"image_url\":\"http://x\",\"detail\":\"auto\"},{\"type\":\"input_text\","
+         "\"text\":\"c\"}],\"type\":\"message\",\"role\":\"user\",\"id\":\"m1\"}]}",
+         RS "user" US "a\nb\nno" FS "image:d97939f939e715b1c86562d5fa9734a4" FS "c" GS, 0},
+        /* a message item has no name or tool_calls: they are ignored */
+        {"{\"input\":[{\"role\":\"assistant\",\"name\":\"x\",\"tool_calls\":[1],\"content\":null}]"
+         "}",
+         RS "assistant" US GS, 0},
+        /* input_image by file_id when its url is null; input_file by the first of its refs */
+        {"{\"input\":[{\"role\":\"u\",\"content\":[{\"type\":\"input_image\",\"image_url\":null,"
+         "\"file_id\":\"http://x\"},{\"type\":\"input_file\",\"file_url\":\"u\",\"file_id\":"
+         "\"http://x\"}]}]}",
+         RS "u" US FS "image:d97939f939e715b1c86562d5fa9734a4" FS FS
+            "file:d97939f939e715b1c86562d5fa9734a4" FS GS,
+         0},
+        /* function calls and their outputs: chat's assistant tool call and tool message */
+        {"{\"input\":[{\"arguments\":\"{\\\"a\\\":1}\",\"name\":\"get\",\"call_id\":\"c1\","
+         "\"type\":\"function_call\",\"id\":\"fc\",\"status\":\"completed\"},{\"output\":\"42\","
+         "\"call_id\":\"c1\",\"type\":\"function_call_output\"}]}",
+         CALL_C1 RS "tool" US "42" US "tool_call_id=c1" GS, 0},
+        {"{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":[{\"type\":"
+         "\"input_text\",\"text\":\"a\"},{\"type\":\"input_text\",\"text\":\"b\"}]},{\"type\":"
+         "\"function_call_output\",\"call_id\":\"d\"}]}",
+         RS "tool" US "a\nb" US "tool_call_id=c" GS RS "tool" US US "tool_call_id=d" GS, 0},
+        /* other items: their canonical JSON */
+        {"{\"input\":[{ \"type\" : \"reasoning\" , \"summary\" : [ ] , \"id\":\"r\\u0031\"}]}",
+         RS "item" US "{\"type\":\"reasoning\",\"summary\":[],\"id\":\"r1\"}" GS, 0},
+        /* chat's members mean nothing here */
+        {"{\"messages\":5,\"prompt\":{},\"input\":\"x\"}", RS "user" US "x" GS, 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        check_text(cases[i].body, R, cases[i].want, cases[i].want_len);
+    /* The same conversation as a chat request gives the same stream. */
+    static const char *const pairs[][2] = {
+        {"{\"instructions\":\"s\",\"input\":\"q\",\"tools\":[]}",
+         "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":"
+         "\"q\"}],\"tools\":[]}"},
+        {"{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":\"get\","
+         "\"arguments\":"
+         "\"{\\\"a\\\":1}\"},{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":"
+         "\"42\"}]}",
+         "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\","
+         "\"type\":\"function\",\"function\":{\"name\":\"get\",\"arguments\":\"{\\\"a\\\":1}\"}}]},"
+         "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"42\"}]}"},
+        {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"a\"},"
+         "{\"type\":\"input_image\",\"image_url\":\"u\"}]}]}",
+         "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+         "{\"type\":\"image_url\",\"image_url\":{\"url\":\"u\"}}]}]}"},
+    };
+    for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
+        result a, b;
+        assert_int_equal(scan(&a, pairs[i][0], R), 0);
+        assert_int_equal(scan(&b, pairs[i][1], KVG_BODY_API_CHAT), 0);
+        assert_true(a.info.prefix.text_len > 0);
+        assert_int_equal(a.info.prefix.text_len, b.info.prefix.text_len);
+        assert_memory_equal(a.info.prefix.text, b.info.prefix.text, a.info.prefix.text_len);
+        done(&a);
+        done(&b);
+    }
+    /* instructions are prompt bytes here (not for chat) */
+    result r;
+    assert_int_equal(scan(&r, "{\"instructions\":\"abc\",\"input\":\"x\"}", R), 0);
+    assert_int_equal(r.info.prompt_bytes, 8);
+    assert_null(r.info.previous_response_id);
+    done(&r);
+    /* previous_response_id, decoded, for the gateway's response affinity; not in the stream */
+    assert_int_equal(scan(&r, "{\"previous_response_id\":\"resp_\\u0041\",\"input\":\"x\"}", R), 0);
+    assert_int_equal(r.info.previous_response_id_len, 6);
+    assert_string_equal(r.info.previous_response_id, "resp_A");
+    assert_int_equal(r.info.prefix.text_len, strlen(RS "user" US "x" GS));
+    done(&r);
+    assert_int_equal(scan(&r, "{\"previous_response_id\":null}", R), 0);
+    assert_null(r.info.previous_response_id);
+    done(&r);
+    assert_int_equal(scan(&r, "{\"previous_response_id\":\"resp_1\"}", KVG_BODY_API_CHAT), 0);
+    assert_null(r.info.previous_response_id);
+    done(&r);
+}
+
+static void test_scan_responses_types(void **state)
+{
+    (void)state;
+    const kvg_body_api R = KVG_BODY_API_RESPONSES;
+    const scan_bad_case cases[] = {
+        {R, "{\"input\":5}", KVG_ETYPE, 9,
+         "input: must be a string, an array or null, not a number"},
+        {R, "{\"input\":[]}", KVG_ETYPE, 9, "input: must not be empty"},
+        {R, "{\"input\":\"a\",\"input\":\"b\"}", KVG_ETYPE, 21, "input: appears more than once"},
+        {R, "{\"instructions\":1}", KVG_ETYPE, 16,
+         "instructions: must be a string or null, not a number"},
+        {R, "{\"instructions\":\"a\",\"instructions\":\"b\"}", KVG_ETYPE, 35,
+         "instructions: appears more than once"},
+        {R, "{\"input\":[{\"role\":\"u\"},7]}", KVG_ETYPE, 23,
+         "input[1]: must be an object, not a number"},
+        {R, "{\"input\":[{\"content\":\"x\"}]}", KVG_ETYPE, 10, "input[0].role: missing"},
+        {R, "{\"input\":[{\"role\":\"u\",\"content\":1}]}", KVG_ETYPE, 32,
+         "input[0].content: must be a string, an array or null, not a number"},
+        {R, "{\"input\":[{\"role\":\"u\",\"content\":[{\"type\":\"text\",\"text\":\"x\"}]}]}",
+         KVG_ETYPE, 41, "input[0].content[0].type: unknown part type"},
+        {R, "{\"input\":[{\"role\":\"u\",\"content\":[{\"type\":\"input_text\"}]}]}", KVG_ETYPE, 33,
+         "input[0].content[0].text: missing"},
+        {R,
+         "{\"input\":[{\"role\":\"u\",\"content\":[{\"type\":\"input_image\",\"detail\":\"auto\"}]}"
+         "]}",
+         KVG_ETYPE, 33, "input[0].content[0]: input_image needs image_url or file_id"},
+        {R,
+         "{\"input\":[{\"role\":\"u\",\"content\":[{\"type\":\"input_image\",\"image_url\":5}]}]}",
+         KVG_ETYPE, 67, "input[0].content[0].image_url: must be a string or null, not a number"},
+        {R,
+         "{\"input\":[{\"role\":\"u\",\"content\":[{\"type\":\"input_file\",\"file_url\":null}]}]}",
+         KVG_ETYPE, 33, "input[0].content[0]: input_file needs file_id, file_data or file_url"},
+        {R, "{\"input\":[{\"type\":\"function_call\",\"name\":\"f\",\"arguments\":\"{}\"}]}",
+         KVG_ETYPE, 10, "input[0].call_id: missing"},
+        {R,
+         "{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"f\",\"arguments\":{}"
+         "}]}",
+         KVG_ETYPE, 71, "input[0].arguments: must be a string, not an object"},
+        {R, "{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":5}]}",
+         KVG_ETYPE, 64, "input[0].output: must be a string, an array or null, not a number"},
+        {R, "{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\",\"call_id\":\"d\"}]}",
+         KVG_ETYPE, 65, "input[0].call_id: appears more than once"},
+        {R, "{\"input\":[{\"type\":7}]}", KVG_ETYPE, 18,
+         "input[0].type: must be a string, not a number"},
+        {R, "{\"previous_response_id\":1}", KVG_ETYPE, 24,
+         "previous_response_id: must be a string or null, not a number"},
+        {R, "{\"previous_response_id\":\"a\",\"previous_response_id\":\"a\"}", KVG_ETYPE, 51,
+         "previous_response_id: appears more than once"},
+        {R, "{\"input\":[{\"type\":\"message\",\"role\":\"u\",\"type\":\"message\"}]}", KVG_ETYPE,
+         46, "input[0].type: appears more than once"},
+        /* the other APIs do not read input and instructions */
+        {KVG_BODY_API_CHAT, "{\"messages\":[{\"role\":\"u\"}],\"input\":5,\"instructions\":1}", 0,
+         0, NULL},
+        {KVG_BODY_API_COMPLETIONS, "{\"input\":[],\"instructions\":{}}", 0, 0, NULL},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const scan_bad_case *c = &cases[i];
+        result r;
+        scan(&r, c->body, c->api);
+        if (r.rc != c->rc ||
+            (c->msg && (strcmp(r.err.message, c->msg) != 0 || r.err.offset != c->offset)))
+            fail_msg("%s: rc %d (want %d), \"%s\" at %zu (want \"%s\" at %zu)", c->body, r.rc,
+                     c->rc, r.err.message, r.err.offset, c->msg ? c->msg : "", c->offset);
+        done(&r);
+    }
+}
+
+/* Items whose frames outgrow their JSON most (docs/canonical.md): within 2 len + 64. */
+static void test_scan_responses_bounds(void **state)
+{
+    (void)state;
+    static const char *const items[] = {
+        "{\"type\":\"function_call\",\"call_id\":\"\",\"name\":\"\",\"arguments\":\"\"}",
+        "{\"type\":\"\"}",
+        "{\"role\":\"\",\"content\":[{\"type\":\"input_image\",\"file_id\":\"\"}]}",
+        ("{\"role\":\"\",\"content\":[{\"type\":\"input_file\",\"file_id\":\"\"},{\"type\":"
+         "\"input_file\",\"file_id\":\"\"}]}"),
+        "{\"type\":\"function_call_output\",\"call_id\":\"\",\"output\":\"\"}",
+    };
+    for (size_t k = 0; k < sizeof(items) / sizeof(items[0]); k++) {
+        kvg_buf b;
+        kvg_buf_init(&b);
+        kvg_buf_puts(&b, "{\"instructions\":\"\",\"input\":[");
+        for (int i = 0; i < 2000; i++)
+            kvg_buf_printf(&b, "%s%s", i ? "," : "", items[k]);
+        kvg_buf_puts(&b, "],\"tools\":[]}");
+        result r;
+        assert_int_equal(scan(&r, b.data, KVG_BODY_API_RESPONSES), 0);
+        assert_true(r.info.prefix.text_len <= 2 * b.len + 64);
+        assert_true(r.info.prefix.text_len >= 2000 * 3);
+        done(&r);
+        kvg_buf_done(&b);
+    }
+}
+
 /* The prefix stream of a long prompt with one escape or multi-byte character at every position,
  * across the 16-, 64-byte and wide (AVX2) steps of the scanner: decoded while scanned, it must
  * be the plain runs around the decoded character, byte for byte. */
@@ -458,5 +668,7 @@ const struct CMUnitTest body_canon_tests[] = {
     cmocka_unit_test(test_scan_tokens),           cmocka_unit_test(test_scan_chat),
     cmocka_unit_test(test_scan_spellings),        cmocka_unit_test(test_scan_types),
     cmocka_unit_test(test_scan_bounds),           cmocka_unit_test(test_scan_alloc_failures),
+    cmocka_unit_test(test_scan_responses),        cmocka_unit_test(test_scan_responses_types),
+    cmocka_unit_test(test_scan_responses_bounds),
 };
 const size_t body_canon_tests_count = KVG_ARRAY_LEN(body_canon_tests);
