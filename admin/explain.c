@@ -20,13 +20,19 @@ static int pick_api(admin_ctx *c, const kvg_json *path, const kvg_json *req, kvg
             *api = KVG_BODY_API_CHAT;
         } else if (strcmp(path->u.str.ptr, "/v1/completions") == 0) {
             *api = KVG_BODY_API_COMPLETIONS;
+        } else if (strcmp(path->u.str.ptr, "/v1/responses") == 0) {
+            *api = KVG_BODY_API_RESPONSES;
         } else {
-            kvg_admin_fail(c, 400, "path: must be \"/v1/chat/completions\" or \"/v1/completions\"");
+            kvg_admin_fail(c, 400,
+                           "path: must be \"/v1/chat/completions\", \"/v1/completions\" or "
+                           "\"/v1/responses\"");
             return -1;
         }
         return 0;
     }
-    *api = kvg_json_get(req, "messages") ? KVG_BODY_API_CHAT : KVG_BODY_API_COMPLETIONS;
+    *api = kvg_json_get(req, "messages") ? KVG_BODY_API_CHAT
+           : kvg_json_get(req, "input")  ? KVG_BODY_API_RESPONSES
+                                         : KVG_BODY_API_COMPLETIONS;
     return 0;
 }
 

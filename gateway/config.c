@@ -554,12 +554,12 @@ static int check_passthrough_path(const void *value, char *why, size_t len)
 {
     const char *p = value;
     static const char *const own[] = {"/v1/completions", "/v1/chat/completions", "/v1/embeddings",
-                                      "/v1/models"};
+                                      "/v1/models", "/v1/responses"};
     if (p[0] != '/' || strlen(p) > 256 || strpbrk(p, "?# \t") ||
-        strncmp(p, "/v1/models/", 11) == 0) {
+        strncmp(p, "/v1/models/", 11) == 0 || strncmp(p, "/v1/responses/", 14) == 0) {
         snprintf(why, len,
                  "must be a path of at most 256 characters starting with /, without "
-                 "query, fragment or blanks, and not under /v1/models/");
+                 "query, fragment or blanks, and not under /v1/models/ or /v1/responses/");
         return KVG_EPARSE;
     }
     for (size_t i = 0; i < KVG_ARRAY_LEN(own); i++)

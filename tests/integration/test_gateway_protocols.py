@@ -643,6 +643,8 @@ def test_passthrough_paths(kvgate, fake_upstream):
     ("tokenize", "starting with /"),
     ("/x?y=1", "without query"),
     ("/v1/models/m", "not under /v1/models/"),
+    ("/v1/responses", "routed by the gateway already"),
+    ("/v1/responses/x/cancel", "or /v1/responses/"),
 ])
 def test_passthrough_paths_refused(tmp_path, path, needle):
     f = tmp_path / "c.json"

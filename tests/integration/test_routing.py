@@ -258,6 +258,11 @@ def test_explain_contract(simworker, kvgate):
         assert c["pending_blocks"] == 0 and c["pending_cost"] == 0  # nothing in flight
         assert c["total_cost"] == pytest.approx(c["prefill_cost"] + c["queue_cost"], abs=1e-3)
     assert set(ex["timing_us"]) == {"parse", "hash", "lookup", "choose", "total"}
+    # A /v1/responses body (guessed from "input", or named) explains as the chat body it is
+    # equivalent to: the same prefix stream, so the same blocks.
+    resp = {"model": ws[0].model, "instructions": text(41, 1000), "input": "q"}
+    for er in (explain(gw, resp), explain(gw, resp, path="/v1/responses")):
+        assert er["api"] == "responses" and er["prefix"] == ex["prefix"], er
     # Explaining is not routing: nothing was counted or recorded.
     m = gw.scrape()
     assert gw.metric("kvgate_route_decision_seconds_count", m, stage="total") == 0
