@@ -1125,7 +1125,10 @@ static void on_head(kvg_exchange *x)
              : route == ROUTE_CHAT      ? KVG_BODY_API_CHAT
              : route == ROUTE_RESPONSES ? KVG_BODY_API_RESPONSES
                                         : KVG_BODY_API_OTHER;
-    kvg_usage_scan_init(&r->usage);
+    if (r->api == KVG_BODY_API_RESPONSES)
+        kvg_usage_scan_init_responses(&r->usage);
+    else
+        kvg_usage_scan_init(&r->usage);
     /* Authenticate before reading a byte of the body: an unknown caller costs nothing more. */
     if (!x->thread->gw->auth_open) {
         r->tenant = authenticate(x);

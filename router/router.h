@@ -478,8 +478,9 @@ typedef enum kvg_usage_field {
     KVG_USAGE_FIELD_COUNT,
 } kvg_usage_field;
 
-/* Keys the scanner matches: the numeric fields above and the four that carry output. */
-#define KVG_USAGE_SCAN_KEYS (KVG_USAGE_FIELD_COUNT + 4)
+/* Keys the scanner matches: the numeric fields above and the four that carry output (chat and
+ * completions), and the Responses API's two numbers and its "delta". */
+#define KVG_USAGE_SCAN_KEYS (KVG_USAGE_FIELD_COUNT + 7)
 
 /* An incremental reader of a response (body or SSE stream) passing through: the usage numbers,
  * and the SSE events that carry output. Embedded; no allocation. */
@@ -488,6 +489,7 @@ typedef struct kvg_usage_scan {
     uint64_t acc;
     uint64_t output_events; /* SSE events seen so far that carried output */
     uint16_t alive;         /* keys whose first `matched` bytes are the last bytes seen; 0: idle */
+    uint16_t keyset;        /* the keys of the response's API */
     uint8_t matched;
     uint8_t state, field, ndigits;
     bool line_started; /* the current line has a byte that is not CR or LF */
@@ -495,7 +497,14 @@ typedef struct kvg_usage_scan {
     bool event_output; /* the current event carries output */
 } kvg_usage_scan;
 
+/** Ready s for a chat or completions response. */
 void kvg_usage_scan_init(kvg_usage_scan *s);
+/** Ready s for a Responses API response (/v1/responses): "input_tokens", "cached_tokens" (of
+ *  input_tokens_details) and "output_tokens" give the three fields, and an event carries output
+ *  when it has a non-empty string "delta" (response.output_text.delta and the other *.delta
+ *  events); "content", "text" and the rest do not count, since the *.done and
+ *  response.completed events repeat the whole text. */
+void kvg_usage_scan_init_responses(kvg_usage_scan *s);
 /** Feed the next bytes of the response. Looks for "prompt_tokens", "cached_tokens" and
  *  "completion_tokens" keys with integer values anywhere in the bytes, across chunk boundaries;
  *  the last occurrence of each wins (a stream's final usage chunk). Counts in output_events the

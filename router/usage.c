@@ -37,15 +37,29 @@ enum { VAL_NUMBER = 0, VAL_STRING, VAL_ARRAY };
 static const struct {
     const char *key;
     uint8_t kind;
+    uint8_t field; /* VAL_NUMBER: the value it sets */
 } keys[KVG_USAGE_SCAN_KEYS] = {
-    [KVG_USAGE_PROMPT_TOKENS] = {"\"prompt_tokens\"", VAL_NUMBER},
-    [KVG_USAGE_CACHED_TOKENS] = {"\"cached_tokens\"", VAL_NUMBER},
-    [KVG_USAGE_COMPLETION_TOKENS] = {"\"completion_tokens\"", VAL_NUMBER},
-    [KVG_USAGE_FIELD_COUNT] = {"\"content\"", VAL_STRING},
-    [KVG_USAGE_FIELD_COUNT + 1] = {"\"text\"", VAL_STRING},
-    [KVG_USAGE_FIELD_COUNT + 2] = {"\"reasoning_content\"", VAL_STRING},
-    [KVG_USAGE_FIELD_COUNT + 3] = {"\"tool_calls\"", VAL_ARRAY},
+    [KVG_USAGE_PROMPT_TOKENS] = {"\"prompt_tokens\"", VAL_NUMBER, KVG_USAGE_PROMPT_TOKENS},
+    [KVG_USAGE_CACHED_TOKENS] = {"\"cached_tokens\"", VAL_NUMBER, KVG_USAGE_CACHED_TOKENS},
+    [KVG_USAGE_COMPLETION_TOKENS] = {"\"completion_tokens\"", VAL_NUMBER,
+                                     KVG_USAGE_COMPLETION_TOKENS},
+    [KVG_USAGE_FIELD_COUNT] = {"\"content\"", VAL_STRING, 0},
+    [KVG_USAGE_FIELD_COUNT + 1] = {"\"text\"", VAL_STRING, 0},
+    [KVG_USAGE_FIELD_COUNT + 2] = {"\"reasoning_content\"", VAL_STRING, 0},
+    [KVG_USAGE_FIELD_COUNT + 3] = {"\"tool_calls\"", VAL_ARRAY, 0},
+    [KVG_USAGE_FIELD_COUNT + 4] = {"\"input_tokens\"", VAL_NUMBER, KVG_USAGE_PROMPT_TOKENS},
+    [KVG_USAGE_FIELD_COUNT + 5] = {"\"output_tokens\"", VAL_NUMBER, KVG_USAGE_COMPLETION_TOKENS},
+    [KVG_USAGE_FIELD_COUNT + 6] = {"\"delta\"", VAL_STRING, 0},
 };
+
+#define KEY(i) ((uint16_t)(1u << (i)))
+/* Chat and completions: the first seven. */
+#define CHAT_KEYS ((uint16_t)(KEY(KVG_USAGE_FIELD_COUNT + 4) - 1))
+/* The Responses API: its own numbers, cached_tokens (the same key under input_tokens_details),
+ * and delta. */
+#define RESPONSES_KEYS                                                                             \
+    ((uint16_t)(KEY(KVG_USAGE_CACHED_TOKENS) | KEY(KVG_USAGE_FIELD_COUNT + 4) |                    \
+                KEY(KVG_USAGE_FIELD_COUNT + 5) | KEY(KVG_USAGE_FIELD_COUNT + 6)))
 
 enum {
     ST_KEY = 0,    /* matching keys: alive and matched say which and how far */
@@ -60,6 +74,13 @@ void kvg_usage_scan_init(kvg_usage_scan *s)
     memset(s, 0, sizeof(*s));
     for (int f = 0; f < KVG_USAGE_FIELD_COUNT; f++)
         s->value[f] = -1;
+    s->keyset = CHAT_KEYS;
+}
+
+void kvg_usage_scan_init_responses(kvg_usage_scan *s)
+{
+    kvg_usage_scan_init(s);
+    s->keyset = RESPONSES_KEYS;
 }
 
 static bool is_ws(unsigned char c)
@@ -68,7 +89,6 @@ static bool is_ws(unsigned char c)
 }
 
 _Static_assert(KVG_USAGE_SCAN_KEYS <= 16, "alive is a 16-bit set");
-#define ALL_KEYS ((uint16_t)((1u << KVG_USAGE_SCAN_KEYS) - 1))
 
 static void match_keys(kvg_usage_scan *s, unsigned char c)
 {
@@ -91,7 +111,7 @@ static void match_keys(kvg_usage_scan *s, unsigned char c)
         s->alive = alive;
         s->matched++;
     } else if (c == '"') { /* every key starts with a quote */
-        s->alive = ALL_KEYS;
+        s->alive = s->keyset;
         s->matched = 1;
     } else {
         s->alive = 0;
@@ -152,7 +172,7 @@ static void step(kvg_usage_scan *s, unsigned char c)
             }
             /* Only a number that ends like a JSON integer: 1e3 or 1.5 is not a count. */
             if (c == ',' || c == '}' || c == ']' || is_ws(c))
-                s->value[s->field] = (int64_t)s->acc;
+                s->value[keys[s->field].field] = (int64_t)s->acc;
             s->state = ST_KEY;
             if (c >= '0' && c <= '9')
                 return; /* the 19th digit: skip the rest of the number */

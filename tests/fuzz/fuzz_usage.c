@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Fuzz target: kvg_usage_scan_feed on any bytes (a worker's response). It never fails, and the
  * values and output events it reads do not depend on where the bytes are split: one feed, two
- * feeds at a cut chosen by the input, and byte by byte give the same scan. */
+ * feeds at a cut chosen by the input, and byte by byte give the same scan, for the chat keys and
+ * the Responses API's (the input's last byte chooses). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,15 +19,24 @@ static void same(const kvg_usage_scan *a, const kvg_usage_scan *b)
         abort();
 }
 
+static void init(kvg_usage_scan *s, bool responses)
+{
+    if (responses)
+        kvg_usage_scan_init_responses(s);
+    else
+        kvg_usage_scan_init(s);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const char *text = (const char *)data;
+    bool responses = size && (data[size - 1] & 1);
     kvg_usage_scan whole, two, bytes;
-    kvg_usage_scan_init(&whole);
+    init(&whole, responses);
     kvg_usage_scan_feed(&whole, text, size);
 
     size_t cut = size ? data[0] % (size + 1) : 0;
-    kvg_usage_scan_init(&two);
+    init(&two, responses);
     kvg_usage_scan_feed(&two, text, cut);
     uint64_t mid = two.output_events;
     kvg_usage_scan_feed(&two, text + cut, size - cut);
@@ -34,7 +44,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     same(&whole, &two);
 
-    kvg_usage_scan_init(&bytes);
+    init(&bytes, responses);
     for (size_t i = 0; i < size; i++)
         kvg_usage_scan_feed(&bytes, text + i, 1);
     same(&whole, &bytes);

@@ -133,6 +133,65 @@ static const char chat_stream[] =
     "\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":32}}}\n\n"
     "data: [DONE]\n\n";
 
+/* A Responses API stream (OpenAI's event names, as vLLM sends them): created, two text deltas,
+ * an empty delta, the done events that repeat the whole text, completed with usage. Every split
+ * gives two output events and the usage numbers; the chat keys do not count here. */
+static const char responses_stream[] =
+    "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":"
+    "\"resp_1\",\"status\":\"in_progress\",\"output\":[],\"usage\":null}}\n\n"
+    "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\","
+    "\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":0,\"delta\":\"Hel\"}\n\n"
+    "event: response.output_text.delta\r\ndata: {\"type\":\"response.output_text.delta\","
+    "\"delta\":\"lo\"}\r\n\r\n"
+    "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\","
+    "\"delta\":\"\"}\n\n"
+    "event: response.output_text.done\ndata: {\"type\":\"response.output_text.done\","
+    "\"text\":\"Hello\"}\n\n"
+    "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{"
+    "\"id\":\"resp_1\",\"output\":[{\"type\":\"message\",\"content\":[{\"type\":"
+    "\"output_text\",\"text\":\"Hello\"}]}],\"usage\":{\"input_tokens\":120,"
+    "\"input_tokens_details\":{\"cached_tokens\":96},\"output_tokens\":2,"
+    "\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":122}}}\n\n";
+
+static void test_responses(void **state)
+{
+    (void)state;
+    size_t n = strlen(responses_stream);
+    for (size_t cut = 0; cut <= n; cut++) {
+        kvg_usage_scan u;
+        kvg_usage_scan_init_responses(&u);
+        kvg_usage_scan_feed(&u, responses_stream, cut);
+        kvg_usage_scan_feed(&u, responses_stream + cut, n - cut);
+        assert_int_equal(u.output_events, 2);
+        assert_int_equal(u.value[KVG_USAGE_PROMPT_TOKENS], 120);
+        assert_int_equal(u.value[KVG_USAGE_CACHED_TOKENS], 96);
+        assert_int_equal(u.value[KVG_USAGE_COMPLETION_TOKENS], 2);
+    }
+    /* The chat reader would count the done and completed events (their "text") and find no
+     * usage: the API decides the keys. */
+    kvg_usage_scan u;
+    kvg_usage_scan_init(&u);
+    kvg_usage_scan_feed(&u, responses_stream, n);
+    assert_int_equal(u.output_events, 2); /* output_text.done and completed, not the deltas */
+    assert_int_equal(u.value[KVG_USAGE_PROMPT_TOKENS], -1);
+    assert_int_equal(u.value[KVG_USAGE_COMPLETION_TOKENS], -1);
+    /* A chat stream read as a Responses one: its "delta" is an object, never output. */
+    kvg_usage_scan_init_responses(&u);
+    kvg_usage_scan_feed(&u, chat_stream, strlen(chat_stream));
+    assert_int_equal(u.output_events, 0);
+    assert_int_equal(u.value[KVG_USAGE_CACHED_TOKENS], 32);
+    /* A non-streamed answer: the numbers, no events. */
+    const char *body = "{\"id\":\"resp_2\",\"object\":\"response\",\"output\":[],\"usage\":{"
+                       "\"input_tokens\":10,\"input_tokens_details\":{\"cached_tokens\":0},"
+                       "\"output_tokens\":5,\"total_tokens\":15}}";
+    kvg_usage_scan_init_responses(&u);
+    kvg_usage_scan_feed(&u, body, strlen(body));
+    assert_int_equal(u.value[KVG_USAGE_PROMPT_TOKENS], 10);
+    assert_int_equal(u.value[KVG_USAGE_CACHED_TOKENS], 0);
+    assert_int_equal(u.value[KVG_USAGE_COMPLETION_TOKENS], 5);
+    assert_int_equal(u.output_events, 0);
+}
+
 static void test_output_events(void **state)
 {
     (void)state;
@@ -179,10 +238,9 @@ static void test_output_events(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_body),
-        cmocka_unit_test(test_stream),
-        cmocka_unit_test(test_not_usage),
-        cmocka_unit_test(test_output_events),
+        cmocka_unit_test(test_body),      cmocka_unit_test(test_stream),
+        cmocka_unit_test(test_not_usage), cmocka_unit_test(test_output_events),
+        cmocka_unit_test(test_responses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
