@@ -228,3 +228,51 @@ def test_affinity_beyond_the_ranked_candidates(kvgate, fake_upstream):
         r = http.post(gw.url + RESPONSES, json=body, timeout=10)
         assert r.headers["x-kvgate-worker"] == worker
         assert http.get(gw.url + f"{RESPONSES}/{rid}").headers["x-kvgate-worker"] == worker
+
+
+def streaming_answer(req, sock):
+    """A Responses stream: created, two text deltas 80 ms apart after a 100 ms wait, the done
+    event repeating the text, completed with usage (OpenAI's event names, as vLLM sends them)."""
+    import time
+    events = [
+        ("response.created", {"type": "response.created",
+                              "response": {"id": "resp_s1", "status": "in_progress"}}),
+        None,
+        ("response.output_text.delta", {"type": "response.output_text.delta", "delta": "Hel"}),
+        None,
+        ("response.output_text.delta", {"type": "response.output_text.delta", "delta": "lo"}),
+        ("response.output_text.done", {"type": "response.output_text.done", "text": "Hello"}),
+        ("response.completed", {"type": "response.completed", "response": {
+            "id": "resp_s1", "output": [{"type": "message", "content": [
+                {"type": "output_text", "text": "Hello"}]}],
+            "usage": {"input_tokens": 64, "input_tokens_details": {"cached_tokens": 48},
+                      "output_tokens": 2, "total_tokens": 66}}}),
+    ]
+    sock.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                 b"transfer-encoding: chunked\r\n\r\n")
+    for ev in events:
+        if ev is None:
+            time.sleep(0.1)
+            continue
+        data = f"event: {ev[0]}\ndata: {json.dumps(ev[1])}\n\n".encode()
+        sock.sendall(b"%x\r\n%s\r\n" % (len(data), data))
+    sock.sendall(b"0\r\n\r\n")
+    return True
+
+
+def test_responses_stream_timed_and_counted(kvgate, fake_upstream):
+    """TTFT at the first text delta (not the created event, not the done event that repeats the
+    text), two output events, and the Responses usage numbers read for the worker's series."""
+    up = fake_upstream(streaming_answer, name="s")
+    gw = kvgate(config={"health": QUIET_HEALTH, "workers": [worker_cfg(up)]})
+    r = http.post(gw.url + RESPONSES, json={"model": "m", "input": "hi", "stream": True},
+                  timeout=10)
+    assert r.status_code == 200 and "response.completed" in r.text
+    e = [x for x in gw.access_entries() if x["path"] == RESPONSES][-1]
+    assert e["output_events"] == 2 and e["output_tokens"] == 2, e
+    assert 90 <= e["ttft_ms"] < e["duration_ms"] - 50, e  # the first delta, ~100 ms in
+    assert e["itl_ms"] >= 90, e
+    m = gw.scrape()
+    assert gw.metric("kvgate_prefix_prompt_tokens_total", m, worker="s") == 64
+    assert gw.metric("kvgate_prefix_cached_tokens_total", m, worker="s") == 48
+    assert gw.metric("kvgate_worker_output_tokens_total", m, worker="s") == 2
