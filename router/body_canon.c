@@ -517,6 +517,48 @@ static int scan_span(rewrite *rw, const unsigned char **pp, unsigned depth, span
     return rc;
 }
 
+/* The members named in keys[0..n) of the object at *pp (on its '{'), each as the span of its
+ * first occurrence in mem; the position of each one's first repeat in dup (NULL: none). Other
+ * members are validated and skipped. Records no type error (the caller says what a repeat
+ * means). Leaves *pp after the object. 0, or the scanner's error. */
+static int collect_members(rewrite *rw, const unsigned char **pp, const char *const *keys, int n,
+                           unsigned depth, span *mem, const unsigned char **dup)
+{
+    const scanner *sc = &rw->sc;
+    const unsigned char *p = *pp;
+    int rc = first_item(sc, &p, '}');
+    while (rc > 0) {
+        int k = -1;
+        rc = obj_key(sc, &p, keys, n, &k);
+        if (rc < 0)
+            return rc;
+        if (k < 0 || mem[k].v) {
+            if (k >= 0 && !dup[k])
+                dup[k] = p;
+            rc = kvg_body_scan_value(sc, &p, depth);
+        } else {
+            rc = scan_span(rw, &p, depth, &mem[k]);
+        }
+        if (rc < 0)
+            return rc;
+        rc = next_item(sc, &p, '}');
+    }
+    if (rc < 0)
+        return rc;
+    *pp = p;
+    return 0;
+}
+
+/* The key of the earliest repeat collect_members found, or -1. */
+static int earliest_repeat(const unsigned char *const *dup, int n)
+{
+    int first = -1;
+    for (int k = 0; k < n; k++)
+        if (dup[k] && (first < 0 || dup[k] < dup[first]))
+            first = k;
+    return first;
+}
+
 /* The media object of a part (already validated: parse errors cannot happen here) at v:
  * its reference string hashed into the stream as \x1c<tag>:<32 hex>\x1c. */
 static int emit_digest(rewrite *rw, const unsigned char *v, const char *tag, const span *ref);
@@ -624,28 +666,15 @@ static int scan_part(rewrite *rw, const unsigned char **pp, const where *w, size
         return rc;
     }
     span mem[PART_KEY_COUNT] = {{0}};
-    rc = first_item(sc, &p, '}');
-    while (rc > 0) {
-        int k = -1;
-        rc = obj_key(sc, &p, part_key, PART_KEY_COUNT, &k);
-        if (rc < 0)
-            return rc;
-        if (k < 0) {
-            rc = kvg_body_scan_value(sc, &p, DEPTH_PART_V);
-        } else if (mem[k].v) {
-            kvg_body_type_error(rw, p, "%s[%zu].%s[%zu].%s: appears more than once", w->base, w->i,
-                                w->field, j, part_key[k]);
-            rc = kvg_body_scan_value(sc, &p, DEPTH_PART_V);
-        } else {
-            rc = scan_span(rw, &p, DEPTH_PART_V, &mem[k]);
-        }
-        if (rc < 0)
-            return rc;
-        rc = next_item(sc, &p, '}');
-    }
+    const unsigned char *dup[PART_KEY_COUNT] = {0};
+    rc = collect_members(rw, &p, part_key, PART_KEY_COUNT, DEPTH_PART_V, mem, dup);
     if (rc < 0)
         return rc;
     *pp = p;
+    int rep = earliest_repeat(dup, PART_KEY_COUNT);
+    if (rep >= 0)
+        kvg_body_type_error(rw, dup[rep], "%s[%zu].%s[%zu].%s: appears more than once", w->base,
+                            w->i, w->field, j, part_key[rep]);
 
     const span *t = &mem[PART_TYPE];
     int type = -1;
@@ -957,28 +986,15 @@ static int scan_resp_part(rewrite *rw, const unsigned char **pp, const where *w,
         return rc;
     }
     span mem[RPART_KEY_COUNT] = {{0}};
-    rc = first_item(sc, &p, '}');
-    while (rc > 0) {
-        int k = -1;
-        rc = obj_key(sc, &p, rpart_key, RPART_KEY_COUNT, &k);
-        if (rc < 0)
-            return rc;
-        if (k < 0) {
-            rc = kvg_body_scan_value(sc, &p, DEPTH_PART_V);
-        } else if (mem[k].v) {
-            kvg_body_type_error(rw, p, "%s[%zu].%s[%zu].%s: appears more than once", w->base, w->i,
-                                w->field, j, rpart_key[k]);
-            rc = kvg_body_scan_value(sc, &p, DEPTH_PART_V);
-        } else {
-            rc = scan_span(rw, &p, DEPTH_PART_V, &mem[k]);
-        }
-        if (rc < 0)
-            return rc;
-        rc = next_item(sc, &p, '}');
-    }
+    const unsigned char *dup[RPART_KEY_COUNT] = {0};
+    rc = collect_members(rw, &p, rpart_key, RPART_KEY_COUNT, DEPTH_PART_V, mem, dup);
     if (rc < 0)
         return rc;
     *pp = p;
+    int rep = earliest_repeat(dup, RPART_KEY_COUNT);
+    if (rep >= 0)
+        kvg_body_type_error(rw, dup[rep], "%s[%zu].%s[%zu].%s: appears more than once", w->base,
+                            w->i, w->field, j, rpart_key[rep]);
 
     const span *t = &mem[RPART_TYPE];
     int type = -1;
@@ -1137,23 +1153,7 @@ static int scan_item(rewrite *rw, const unsigned char **pp, size_t i)
     }
     span mem[ITEM_KEY_COUNT] = {{0}};
     const unsigned char *dup[ITEM_KEY_COUNT] = {0};
-    rc = first_item(sc, &p, '}');
-    while (rc > 0) {
-        int k = -1;
-        rc = obj_key(sc, &p, item_key, ITEM_KEY_COUNT, &k);
-        if (rc < 0)
-            return rc;
-        if (k < 0 || mem[k].v) {
-            if (k >= 0 && !dup[k])
-                dup[k] = p;
-            rc = kvg_body_scan_value(sc, &p, DEPTH_FIELD);
-        } else {
-            rc = scan_span(rw, &p, DEPTH_FIELD, &mem[k]);
-        }
-        if (rc < 0)
-            return rc;
-        rc = next_item(sc, &p, '}');
-    }
+    rc = collect_members(rw, &p, item_key, ITEM_KEY_COUNT, DEPTH_FIELD, mem, dup);
     if (rc < 0)
         return rc;
     *pp = p;
