@@ -180,20 +180,30 @@ void kvg_admin_free(kvg_admin *admin)
     free(admin);
 }
 
-int kvg_admin_set_tokens(kvg_admin *admin, const char *const *tokens, size_t ntokens)
+int kvg_admin_replace_digests(kvg_admin *admin, unsigned char (**slot)[ADMIN_DIGEST_LEN],
+                              size_t *nslot, const char *const *tokens, size_t ntokens)
 {
-    unsigned char(*digests)[ADMIN_DIGEST_LEN];
-    int rc = kvg_admin_digest_tokens(tokens, ntokens, &digests);
-    if (rc < 0)
-        return rc;
+    unsigned char(*digests)[ADMIN_DIGEST_LEN] = NULL;
+    if (ntokens > 0) {
+        int rc = kvg_admin_digest_tokens(tokens, ntokens, &digests);
+        if (rc < 0)
+            return rc;
+    }
     pthread_mutex_lock(&admin->lock);
-    unsigned char(*old)[ADMIN_DIGEST_LEN] = admin->digests;
-    size_t nold = admin->ndigests;
-    admin->digests = digests;
-    admin->ndigests = ntokens;
+    unsigned char(*old)[ADMIN_DIGEST_LEN] = *slot;
+    size_t nold = *nslot;
+    *slot = digests;
+    *nslot = ntokens;
     pthread_mutex_unlock(&admin->lock);
     kvg_admin_free_digests(old, nold);
     return 0;
+}
+
+int kvg_admin_set_tokens(kvg_admin *admin, const char *const *tokens, size_t ntokens)
+{
+    if (ntokens == 0)
+        return -EINVAL; /* the admin API always has a token (metrics tokens may be none) */
+    return kvg_admin_replace_digests(admin, &admin->digests, &admin->ndigests, tokens, ntokens);
 }
 
 int kvg_admin_add_metrics(kvg_admin *admin, kvg_admin_metrics_fn fn, void *ud)

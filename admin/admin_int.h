@@ -116,6 +116,11 @@ int kvg_admin_digest_tokens(const char *const *tokens, size_t n,
                             unsigned char (**out)[ADMIN_DIGEST_LEN]);
 /** Wipe and free a digest array from kvg_admin_digest_tokens; NULL is a no-op. */
 void kvg_admin_free_digests(unsigned char (*digests)[ADMIN_DIGEST_LEN], size_t n);
+/** Put the digests of tokens (none when ntokens is 0) in *slot and *nslot under admin->lock,
+ *  freeing the ones they replace: the admin tokens and the metrics tokens are swapped alike.
+ *  0, -EINVAL (a bad token) or -ENOMEM; on error nothing changes. */
+int kvg_admin_replace_digests(kvg_admin *admin, unsigned char (**slot)[ADMIN_DIGEST_LEN],
+                              size_t *nslot, const char *const *tokens, size_t ntokens);
 /** Check the Authorization header; true when it carries an accepted token. Otherwise resp
  *  holds the 401 (or 500) to send. */
 bool kvg_admin_authorize(admin_ctx *c);

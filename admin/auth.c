@@ -68,20 +68,8 @@ int kvg_admin_digest_tokens(const char *const *tokens, size_t n,
 
 int kvg_admin_set_metrics_tokens(kvg_admin *admin, const char *const *tokens, size_t ntokens)
 {
-    unsigned char(*digests)[ADMIN_DIGEST_LEN] = NULL;
-    if (ntokens > 0) {
-        int rc = kvg_admin_digest_tokens(tokens, ntokens, &digests);
-        if (rc < 0)
-            return rc;
-    }
-    pthread_mutex_lock(&admin->lock);
-    unsigned char(*old)[ADMIN_DIGEST_LEN] = admin->metrics_digests;
-    size_t nold = admin->nmetrics_digests;
-    admin->metrics_digests = digests;
-    admin->nmetrics_digests = ntokens;
-    pthread_mutex_unlock(&admin->lock);
-    kvg_admin_free_digests(old, nold);
-    return 0;
+    return kvg_admin_replace_digests(admin, &admin->metrics_digests, &admin->nmetrics_digests,
+                                     tokens, ntokens);
 }
 
 /* GET /metrics (any query): what a metrics token may do. */
