@@ -53,7 +53,7 @@ int kvg_buf_reserve(kvg_buf *b, size_t n)
     return 0;
 }
 
-void kvg_buf_append(kvg_buf *b, const void *data, size_t len)
+void kvg_buf_append_grow(kvg_buf *b, const void *data, size_t len)
 {
     if (kvg_buf_reserve(b, len) < 0)
         return;
@@ -61,16 +61,6 @@ void kvg_buf_append(kvg_buf *b, const void *data, size_t len)
         kvg_copy(b->data + b->len, data, len);
     b->len += len;
     b->data[b->len] = '\0';
-}
-
-void kvg_buf_puts(kvg_buf *b, const char *s)
-{
-    kvg_buf_append(b, s, strlen(s));
-}
-
-void kvg_buf_putc(kvg_buf *b, char c)
-{
-    kvg_buf_append(b, &c, 1);
 }
 
 void kvg_buf_vprintf(kvg_buf *b, const char *fmt, va_list ap)

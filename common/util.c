@@ -80,11 +80,9 @@ int kvg_random_bytes(void *buf, size_t len)
     return 0;
 }
 
-bool kvg_strncaseeq(const char *a, size_t alen, const char *b, size_t blen)
+bool kvg_strncaseeq_slow(const char *a, const char *b, size_t len)
 {
-    if (alen != blen)
-        return false;
-    for (size_t i = 0; i < alen; i++) {
+    for (size_t i = 0; i < len; i++) {
         char x = a[i], y = b[i];
         if (x >= 'A' && x <= 'Z')
             x = (char)(x - 'A' + 'a');
@@ -115,11 +113,6 @@ bool kvg_models_admit(const char *const *list, size_t n, const char *model)
         if (strcmp(list[i], model) == 0)
             return true;
     return false;
-}
-
-bool kvg_strcaseeq(const char *a, size_t alen, const char *b)
-{
-    return kvg_strncaseeq(a, alen, b, strlen(b));
 }
 
 /* RFC 9110 5.6.2 tchar, each mapped to its lowercase form; 0 for every other byte. Header names

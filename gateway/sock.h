@@ -52,6 +52,7 @@ struct kvg_sock {
     bool failed;
     bool stopped; /* no more callbacks */
     bool blocked; /* output hit EAGAIN since the last write_fn */
+    bool bulk;    /* the last read was large: read into the input buffer in place */
 };
 
 /** Adopt a connected non-blocking fd (ssl NULL for plaintext; with ssl, the handshake runs as
