@@ -24,6 +24,59 @@
 static void on_read_ready(evutil_socket_t fd, short what, void *arg);
 static void on_write_ready(evutil_socket_t fd, short what, void *arg);
 static void on_flush(evutil_socket_t fd, short what, void *arg);
+static void flush_now(kvg_sock *s);
+static void read_ready(kvg_sock *s);
+
+/*
+ * Writes asked for with kvg_sock_flush_soon during a socket callback are made when that
+ * callback returns: the thread's sockets with output waiting sit in a list that the outermost
+ * socket callback drains on its way out. Activating a libevent event instead (what is done
+ * outside socket callbacks) runs the write after every other event already active in this loop
+ * turn: with 32 connections readable at once, the first request's upstream write waited for
+ * the other 31 to be parsed and routed, and that wait showed in the tail (2026-12-02).
+ */
+typedef struct pending_flushes {
+    kvg_sock *head;
+    unsigned depth; /* socket callbacks on the stack */
+} pending_flushes;
+
+static _Thread_local pending_flushes pending;
+
+static void enter(void)
+{
+    pending.depth++;
+}
+
+static void leave(void)
+{
+    if (pending.depth > 1) {
+        pending.depth--;
+        return;
+    }
+    /* Still "inside" while draining: what the flushes' callbacks queue joins this drain. */
+    while (pending.head) {
+        kvg_sock *s = pending.head;
+        pending.head = s->pend_next;
+        s->pend_next = NULL;
+        s->pend_queued = false;
+        flush_now(s);
+    }
+    pending.depth = 0;
+}
+
+static void unqueue(kvg_sock *s)
+{
+    if (!s->pend_queued)
+        return;
+    for (kvg_sock **p = &pending.head; *p; p = &(*p)->pend_next) {
+        if (*p == s) {
+            *p = s->pend_next;
+            break;
+        }
+    }
+    s->pend_next = NULL;
+    s->pend_queued = false;
+}
 
 static void set_rev(kvg_sock *s, bool on)
 {
@@ -114,6 +167,7 @@ int kvg_sock_connect(kvg_sock *s, struct event_base *base, const struct sockaddr
 
 void kvg_sock_done(kvg_sock *s)
 {
+    unqueue(s);
     if (s->base) {
         event_del(&s->rev);
         event_del(&s->wev);
@@ -161,6 +215,7 @@ void kvg_sock_consumed(kvg_sock *s)
 void kvg_sock_stop(kvg_sock *s)
 {
     s->stopped = true;
+    unqueue(s);
     if (!s->base)
         return;
     set_rev(s, false);
@@ -252,6 +307,14 @@ void kvg_sock_flush_soon(kvg_sock *s)
 {
     if (s->stopped || s->failed)
         return;
+    if (pending.depth > 0) { /* inside a socket callback: written when it returns */
+        if (!s->pend_queued) {
+            s->pend_queued = true;
+            s->pend_next = pending.head;
+            pending.head = s;
+        }
+        return;
+    }
     /* Same-priority events activated now run in this very loop turn, after the current
      * callback: the write is coalesced without an extra epoll_wait. */
     event_active(&s->flush_ev, EV_WRITE, 1);
@@ -272,20 +335,38 @@ static void notify_written(kvg_sock *s, size_t before)
     }
 }
 
-static void on_flush(evutil_socket_t fd, short what, void *arg)
+/* The deferred write: from the loop or from the drain of pending flushes, so the owner is never
+ * re-entered from its own call. */
+static void flush_now(kvg_sock *s)
 {
-    kvg_sock *s = arg;
+    if (s->stopped)
+        return;
     size_t before = evbuffer_get_length(s->out);
     kvg_sock_flush(s);
-    /* From the loop, so the owner is never re-entered from its own call. */
     notify_written(s, before);
+}
+
+static void on_flush(evutil_socket_t fd, short what, void *arg)
+{
+    enter();
+    flush_now(arg);
+    leave();
 }
 
 static void finish_handshake(kvg_sock *s);
 
+static void write_ready(kvg_sock *s);
+
 static void on_write_ready(evutil_socket_t fd, short what, void *arg)
 {
-    kvg_sock *s = arg;
+    enter();
+    write_ready(arg);
+    leave();
+}
+
+static void write_ready(kvg_sock *s)
+{
+    evutil_socket_t fd = s->fd;
     if (s->connecting) {
         int err = 0;
         socklen_t len = sizeof(err);
@@ -311,7 +392,7 @@ static void on_write_ready(evutil_socket_t fd, short what, void *arg)
     if (s->read_wants_write) {
         s->read_wants_write = false;
         set_wev(s, evbuffer_get_length(s->out) > 0);
-        on_read_ready(fd, EV_READ, s);
+        read_ready(s);
         return;
     }
     size_t before = evbuffer_get_length(s->out);
@@ -353,7 +434,13 @@ static void finish_handshake(kvg_sock *s)
 
 static void on_read_ready(evutil_socket_t fd, short what, void *arg)
 {
-    kvg_sock *s = arg;
+    enter();
+    read_ready(arg);
+    leave();
+}
+
+static void read_ready(kvg_sock *s)
+{
     if (s->stopped)
         return;
     if (s->failed) { /* a write failure noticed earlier */

@@ -50,9 +50,11 @@ struct kvg_sock {
     bool write_wants_read; /* TLS: SSL_write asked for readability */
     bool eof;
     bool failed;
-    bool stopped; /* no more callbacks */
-    bool blocked; /* output hit EAGAIN since the last write_fn */
-    bool bulk;    /* the last read was large: read into the input buffer in place */
+    bool stopped;     /* no more callbacks */
+    bool blocked;     /* output hit EAGAIN since the last write_fn */
+    bool bulk;        /* the last read was large: read into the input buffer in place */
+    bool pend_queued; /* in the thread's list of writes to make when the callback returns */
+    kvg_sock *pend_next;
 };
 
 /** Adopt a connected non-blocking fd (ssl NULL for plaintext; with ssl, the handshake runs as
