@@ -220,8 +220,9 @@ void kvg_exchange_done(kvg_exchange *x)
 
 const char *kvg_exchange_header(const kvg_exchange *x, const char *name, size_t *len)
 {
+    size_t name_len = strlen(name);
     for (size_t i = 0; i < x->nheaders; i++) {
-        if (kvg_strcaseeq(x->headers[i].name, x->headers[i].name_len, name)) {
+        if (kvg_strncaseeq(x->headers[i].name, x->headers[i].name_len, name, name_len)) {
             if (len)
                 *len = x->headers[i].value_len;
             return x->headers[i].value;
@@ -269,13 +270,20 @@ int kvg_exchange_add_header(kvg_exchange *x, const char *name, size_t name_len, 
         x->resp_headers = h;
     }
     kvg_header *h = &x->resp_headers[n];
-    char *nm = kvg_arena_strndup(&x->arena, name, name_len);
-    char *val = kvg_arena_strndup(&x->arena, value, value_len);
-    if (!nm || !val)
+    /* Name and value in one allocation, each NUL-terminated. */
+    if (name_len > SIZE_MAX / 2 || value_len > SIZE_MAX / 2)
         return -ENOMEM;
-    for (size_t i = 0; i < name_len; i++)
-        if (nm[i] >= 'A' && nm[i] <= 'Z')
-            nm[i] = (char)(nm[i] - 'A' + 'a');
+    char *nm = kvg_arena_alloc(&x->arena, name_len + value_len + 2);
+    if (!nm)
+        return -ENOMEM;
+    char *val = nm + name_len + 1;
+    for (size_t i = 0; i < name_len; i++) {
+        char c = name[i];
+        nm[i] = c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a') : c;
+    }
+    nm[name_len] = '\0';
+    kvg_copy(val, value, value_len);
+    val[value_len] = '\0';
     *h = (kvg_header){nm, name_len, val, value_len};
     x->resp_nheaders = n + 1;
     return 0;
