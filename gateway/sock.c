@@ -291,7 +291,10 @@ void kvg_sock_flush(kvg_sock *s)
 {
     if (s->stopped || s->failed || s->connecting || s->handshaking)
         return;
-    event_del(&s->flush_ev);
+    if (s->flush_active) { /* the loop would flush again for nothing */
+        event_del(&s->flush_ev);
+        s->flush_active = false;
+    }
     bool done = write_out(s);
     if (s->failed) {
         /* Tell the owner from the loop, not from inside its own call. */
@@ -317,6 +320,7 @@ void kvg_sock_flush_soon(kvg_sock *s)
     }
     /* Same-priority events activated now run in this very loop turn, after the current
      * callback: the write is coalesced without an extra epoll_wait. */
+    s->flush_active = true;
     event_active(&s->flush_ev, EV_WRITE, 1);
 }
 
@@ -348,6 +352,7 @@ static void flush_now(kvg_sock *s)
 
 static void on_flush(evutil_socket_t fd, short what, void *arg)
 {
+    ((kvg_sock *)arg)->flush_active = false;
     enter();
     flush_now(arg);
     leave();

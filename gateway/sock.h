@@ -50,10 +50,11 @@ struct kvg_sock {
     bool write_wants_read; /* TLS: SSL_write asked for readability */
     bool eof;
     bool failed;
-    bool stopped;     /* no more callbacks */
-    bool blocked;     /* output hit EAGAIN since the last write_fn */
-    bool bulk;        /* the last read was large: read into the input buffer in place */
-    bool pend_queued; /* in the thread's list of writes to make when the callback returns */
+    bool stopped;      /* no more callbacks */
+    bool blocked;      /* output hit EAGAIN since the last write_fn */
+    bool bulk;         /* the last read was large: read into the input buffer in place */
+    bool pend_queued;  /* in the thread's list of writes to make when the callback returns */
+    bool flush_active; /* flush_ev is active (a flush asked for outside socket callbacks) */
     kvg_sock *pend_next;
 };
 
