@@ -240,7 +240,8 @@ static void test_output_events(void **state)
 /* ---- against the oracle --------------------------------------------------------------------- */
 
 /* The whole scan state, not only what the gateway reads (value[], output_events): equal states
- * stay equal whatever follows, so a difference shows at the chunk where it starts. */
+ * stay equal whatever follows, so a difference shows at the chunk where it starts. (The number
+ * so far is left stale outside a number: usage.c reads whole numbers without it.) */
 static void same_state(const kvg_usage_scan *a, const kvg_usage_scan *b)
 {
     for (int f = 0; f < KVG_USAGE_FIELD_COUNT; f++)
@@ -253,8 +254,9 @@ static void same_state(const kvg_usage_scan *a, const kvg_usage_scan *b)
     assert_int_equal(a->alive, b->alive);
     assert_int_equal(a->matched, b->matched);
     assert_int_equal(a->keyset, b->keyset);
-    if (a->state != 0) { /* field, digits: only read in a value */
+    if (a->state != 0) /* the key: only read after one */
         assert_int_equal(a->field, b->field);
+    if (a->state == 3) { /* the number so far: only read in one (ST_DIGITS) */
         assert_int_equal(a->ndigits, b->ndigits);
         assert_int_equal(a->acc, b->acc);
     }
