@@ -239,18 +239,41 @@ static void track_line(kvg_usage_scan *s, unsigned char c)
 
 /* ---- the idle scan -------------------------------------------------------------------------- */
 
-/* Keys whose second byte (the first after the quote) is the index: keys[] in a table, so that a
- * quote followed by anything else costs one load. */
+/* Keys by their second, third and fourth bytes (the three after the quote): one table each, so
+ * that a quote not followed by the start of a key costs a load or three, and a key is compared
+ * whole only when its first four bytes are there ("chatcmpl-", "created" and "choices" are not
+ * compared with the three keys that start with 'c'). */
+#define P KEY(KVG_USAGE_PROMPT_TOKENS)
+#define CA KEY(KVG_USAGE_CACHED_TOKENS)
+#define CO KEY(KVG_USAGE_COMPLETION_TOKENS)
+#define CN KEY(KVG_USAGE_FIELD_COUNT)
+#define TE KEY(KVG_USAGE_FIELD_COUNT + 1)
+#define RE KEY(KVG_USAGE_FIELD_COUNT + 2)
+#define TO KEY(KVG_USAGE_FIELD_COUNT + 3)
+#define IN KEY(KVG_USAGE_FIELD_COUNT + 4)
+#define OU KEY(KVG_USAGE_FIELD_COUNT + 5)
+#define DE KEY(KVG_USAGE_FIELD_COUNT + 6)
 static const uint16_t first_letter[256] = {
-    ['p'] = KEY(KVG_USAGE_PROMPT_TOKENS),
-    ['c'] = KEY(KVG_USAGE_CACHED_TOKENS) | KEY(KVG_USAGE_COMPLETION_TOKENS) |
-            KEY(KVG_USAGE_FIELD_COUNT),
-    ['t'] = KEY(KVG_USAGE_FIELD_COUNT + 1) | KEY(KVG_USAGE_FIELD_COUNT + 3),
-    ['r'] = KEY(KVG_USAGE_FIELD_COUNT + 2),
-    ['i'] = KEY(KVG_USAGE_FIELD_COUNT + 4),
-    ['o'] = KEY(KVG_USAGE_FIELD_COUNT + 5),
-    ['d'] = KEY(KVG_USAGE_FIELD_COUNT + 6),
+    ['p'] = P,  ['c'] = CA | CO | CN, ['t'] = TE | TO, ['r'] = RE,
+    ['i'] = IN, ['o'] = OU,           ['d'] = DE,
 };
+static const uint16_t second_letter[256] = {
+    ['r'] = P, ['a'] = CA, ['o'] = CO | CN | TO, ['e'] = TE | RE | DE, ['n'] = IN, ['u'] = OU,
+};
+static const uint16_t third_letter[256] = {
+    ['o'] = P | TO, ['c'] = CA, ['m'] = CO, ['n'] = CN, ['x'] = TE,
+    ['a'] = RE,     ['p'] = IN, ['t'] = OU, ['l'] = DE,
+};
+#undef P
+#undef CA
+#undef CO
+#undef CN
+#undef TE
+#undef RE
+#undef TO
+#undef IN
+#undef OU
+#undef DE
 
 /* The same letters by key set (first_letter's, four each), for the block scan's filter: a quote
  * that a key's letter does not follow is not looked at. */
@@ -374,9 +397,10 @@ static const unsigned char *value_fast(kvg_usage_scan *s, int f, const unsigned 
 }
 
 /* From p (idle, every byte before p through track_line) to the end or to where the byte machine
- * must take over: returns that place, with the line state brought up to it. */
-static const unsigned char *scan_idle(kvg_usage_scan *s, const unsigned char *p,
-                                      const unsigned char *end)
+ * must take over: returns that place, with the line state brought up to it. The chunk starts at
+ * start: its last block may reach back before p. */
+static const unsigned char *scan_idle(kvg_usage_scan *s, const unsigned char *start,
+                                      const unsigned char *p, const unsigned char *end)
 {
     const unsigned char *line = p; /* bytes from here on not yet through the line state */
     BLOCK_STATE;
@@ -387,6 +411,13 @@ static const unsigned char *scan_idle(kvg_usage_scan *s, const unsigned char *p,
         if (end - p >= BLOCK_NEEDS) {
             m = BLOCK_MASK(p);
             p += 16;
+        } else if (end - start >= BLOCK_NEEDS) {
+            /* The last bytes: the block that ends at the chunk's end, less what is already
+             * scanned, and the last byte (no next byte to filter a quote with). */
+            base = end - BLOCK_NEEDS;
+            m = BLOCK_MASK(base) & (~0u << (p - base));
+            m |= (uint32_t)special[end[-1]] << (BLOCK_NEEDS - 1);
+            p = end;
         } else {
             m = 0;
             for (int i = 0; i < end - p; i++)
@@ -409,11 +440,14 @@ static const unsigned char *scan_idle(kvg_usage_scan *s, const unsigned char *p,
              * changes nothing: the bytes it took are a key's letters, and the byte it dies on,
              * if a quote or a line end, is a bit of m. */
             uint16_t cand = q + 1 < end ? first_letter[q[1]] & s->keyset : s->keyset;
-            bool partial = false;
+            if (!cand)
+                continue;
+            bool partial = false, window = end - q >= KEY_WINDOW;
+            if (window)
+                cand &= second_letter[q[2]] & third_letter[q[3]];
             for (; cand; cand &= cand - 1) {
                 int f = __builtin_ctz(cand);
-                int hit =
-                    end - q >= KEY_WINDOW ? key_at(q, f) : key_at_end(q, (size_t)(end - q), f);
+                int hit = window ? key_at(q, f) : key_at_end(q, (size_t)(end - q), f);
                 if (hit == 0)
                     continue;
                 /* The quote and the key's bytes are no line end. */
@@ -450,7 +484,7 @@ void kvg_usage_scan_feed(kvg_usage_scan *s, const char *data, size_t len)
     const unsigned char *p = (const unsigned char *)data, *end = p + len;
     while (p < end) {
         if (s->state == ST_KEY && !s->alive) {
-            p = scan_idle(s, p, end);
+            p = scan_idle(s, (const unsigned char *)data, p, end);
             if (p == end)
                 return;
         }
