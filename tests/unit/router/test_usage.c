@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <string.h>
 
 #include "router.h"
@@ -237,6 +238,46 @@ static void test_output_events(void **state)
     check_events("\n\n\r\n\r\n\r\r", 0, -1);
 }
 
+/* The block scan and the value fast path (long enough inputs that they run): a key at every
+ * offset in a 16-byte block, escapes and backslashes at every split, numbers of 18 and 19
+ * digits, CR and LF next to keys. */
+static void test_block_scan(void **state)
+{
+    (void)state;
+    char buf[256];
+    for (int pad = 0; pad < 40; pad++) {
+        snprintf(buf, sizeof(buf),
+                 "%.*s{\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":42,\"x\":\"0123456789"
+                 "abcdefghij\"}}\n\ndata: {\"delta\":{\"content\":\"y\"}}\n\n",
+                 pad, "0123456789abcdefghijklmnopqrstuvwxyz0123456789");
+        check_events(buf, 1, 42);
+        check_splits(buf, 7, -1);
+    }
+    /* Escaped quotes: a key's text inside a string is no key, wherever the chunk ends. */
+    check_events(
+        "data: {\"id\":\"chatcmpl-0123456789abcdef\",\"x\":\"say \\\"content\\\":\\\"hi\\\" "
+        "and \\\"text\\\": \\\"\\\"\",\"content\":\"\"}\n\n",
+        0, -1);
+    /* A backslash that ends the string (escaped itself), then the next key. */
+    check_events(
+        "data: {\"id\":\"chatcmpl-0123456789abcdef\",\"content\":\"a\\\\\",\"text\":\"\\\\\"}"
+        "\n\ndata: {\"id\":\"chatcmpl-0123456789abcdef\",\"content\":\"\\\\\"}\n\n",
+        2, -1);
+    /* The longest number read, and one digit more. */
+    check_splits("{\"id\":\"chatcmpl-0123456789abcdef\",\"prompt_tokens\":123456789012345678,"
+                 "\"cached_tokens\":1234567890123456789,\"x\":\"0123456789abcdef\"}",
+                 123456789012345678, -1);
+    /* A number ended by a line end, a value after whitespace, CR LF split by the chunks. */
+    check_events("data: {\"id\":\"chatcmpl-0123456789abcdef\",\"completion_tokens\":5\r\n\r\n"
+                 "data: {\"id\":\"chatcmpl-0123456789abcdef\",\"content\": \"z\"}\r\n\r\n",
+                 1, 5);
+    /* tool_calls whose first element is a string: the quote after '[' starts a key race. */
+    check_events(
+        "data: {\"id\":\"chatcmpl-0123456789abcdef\",\"tool_calls\":[\"content\":\"\"]}\n\n"
+        "data: {\"id\":\"chatcmpl-0123456789abcdef\",\"tool_calls\":[\"text\":[]]}\n\n",
+        2, -1);
+}
+
 /* ---- against the oracle --------------------------------------------------------------------- */
 
 /* The whole scan state, not only what the gateway reads (value[], output_events): equal states
@@ -436,9 +477,10 @@ static void test_differential(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_body),      cmocka_unit_test(test_stream),
-        cmocka_unit_test(test_not_usage), cmocka_unit_test(test_output_events),
-        cmocka_unit_test(test_responses), cmocka_unit_test(test_differential),
+        cmocka_unit_test(test_body),         cmocka_unit_test(test_stream),
+        cmocka_unit_test(test_not_usage),    cmocka_unit_test(test_output_events),
+        cmocka_unit_test(test_responses),    cmocka_unit_test(test_block_scan),
+        cmocka_unit_test(test_differential),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
