@@ -36,19 +36,23 @@
  * spent where nothing can happen, so the machine now runs only where something can:
  *  - Idle (no key in the race, no value pending), only a quote (a race starts) or a CR or LF (a
  *    line ends) changes anything; every other byte only says "the line has started". The idle
- *    scan takes 16 bytes at a time (SSE2; a table elsewhere), builds the mask of those three
- *    bytes and visits its bits: the bytes between them are never looked at one by one.
- *  - At a quote, a table of the keys' first letters picks the keys that can still be in the
- *    race after the next byte (none for most quotes: a closing quote is followed by ':', ',' or
- *    '}'), and each is compared whole. A race that loses changes nothing: the bytes it consumed
- *    are letters of a key (no quote, CR or LF), and the byte it dies on is visited anyway if it
- *    is a quote or a line end. Only a race that wins hands over to the byte machine, at the
- *    key's colon.
- *  - The byte machine (unchanged) also runs where the chunk ends within a key's length of a
- *    quote, so a key split across chunks is matched as before, and from the start of a chunk
- *    until the state is idle again.
+ *    scan takes 16 bytes at a time (SSE2; a table elsewhere) and builds the mask of the CRs, LFs
+ *    and the quotes followed by the first letter of a key of the set (1 quote in 6 in vLLM's
+ *    answers and streams), then visits its bits: the bytes between them are never looked at one
+ *    by one. The chunk's last bytes are one more block, ending at its end.
+ *  - At such a quote, a table per byte for the next three bytes leaves the keys that begin there
+ *    (usually none: "chatcmpl-", "created" and "choices" start with 'c' too), and each is
+ *    compared whole (two loads). A race that loses changes nothing: the bytes it consumed are a
+ *    key's letters (no quote, CR or LF), and the byte it dies on, if a quote, starts a race of
+ *    its own, and if a line end, is a bit of the mask.
+ *  - After a key, the forms vLLM writes (:123 and its end, :"", :"x, :[], :[x) are read in
+ *    place, as the machine would read them; anything else goes to the byte machine (unchanged)
+ *    at the key's colon. It also runs the race where a chunk ends within a key, so a key split
+ *    across chunks is matched as before, and from the start of a chunk until it is idle again.
  * The results are the byte machine's for every input and every split: the unit test and
- * fuzz_usage compare both with the old reader, kept as tests/unit/router/usage_reference.c.
+ * fuzz_usage compare the state with the old reader's, kept as tests/unit/router/usage_reference.c.
+ * Now (callgrind, bench/usage_bench): 4.3 instructions a byte on that answer, 4.1 on its stream
+ * fed an event a chunk, 2 on a 64 KB answer (the old reader: 32.9, 28.1, 6.7).
  */
 
 enum { VAL_NUMBER = 0, VAL_STRING, VAL_ARRAY };
@@ -435,10 +439,10 @@ static const unsigned char *scan_idle(kvg_usage_scan *s, const unsigned char *st
                 line = q + 1;
                 continue;
             }
-            /* The race that starts here dies at the next byte unless a key goes on with it
-             * (most quotes: a closing quote is followed by ':', ',' or '}'). A race that dies
-             * changes nothing: the bytes it took are a key's letters, and the byte it dies on,
-             * if a quote or a line end, is a bit of m. */
+            /* A race that dies changes nothing: the bytes it took are a key's letters, and the
+             * byte it dies on is a bit of m if a line end; if a quote, it starts a race of its
+             * own (a bit of m if a key's letter follows it; if none does, that one dies at
+             * once). */
             uint16_t cand = q + 1 < end ? first_letter[q[1]] & s->keyset : s->keyset;
             if (!cand)
                 continue;
