@@ -3,7 +3,9 @@
  * (tests/unit/router/usage_reference.c) in one process: the simworker's chat answer and its SSE
  * stream (captured from build/kvgate-simworker --time-scale 0, max_tokens 8), fed whole and as the
  * proxy sees a stream (a chunk per event), and a 64 KB answer. Prints ns per byte for each and
- * the ratio; both readers must agree, or it says so and exits 1. Run by bench/usage. */
+ * the ratio; both readers must agree, or it says so and exits 1. From a release build:
+ *   meson setup build-bench -Dbuildtype=release -Dtests=disabled
+ *   meson compile -C build-bench bench/usage_bench && build-bench/bench/usage_bench */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
