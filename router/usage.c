@@ -302,10 +302,22 @@ static int key_at_end(const unsigned char *q, size_t n, int f)
 /* Bytes a block needs: 16, and the one after (a quote's next byte). */
 #define BLOCK_NEEDS 17
 
-/* Bit i set: p[i] is a CR or LF, or a quote followed by one of the letters in l (16 bytes at p,
- * and p[16]). About 1 quote in 6 passes the filter in vLLM's answers and streams. */
-static inline uint32_t block_mask(const unsigned char *p, const __m128i *l)
+/* The letters of set_letters[], one per vector. */
+typedef struct letters {
+    __m128i l[4];
+} letters;
+
+static inline void letters_init(letters *lv, const char *c)
 {
+    for (int i = 0; i < 4; i++)
+        lv->l[i] = _mm_set1_epi8(c[i]);
+}
+
+/* Bit i set: p[i] is a CR or LF, or a quote followed by one of the letters (16 bytes at p, and
+ * p[16]). About 1 quote in 6 passes the filter in vLLM's answers and streams. */
+static inline uint32_t block_mask(const unsigned char *p, const letters *lv)
+{
+    const __m128i *l = lv->l;
     __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
     __m128i w = _mm_loadu_si128((const __m128i *)(const void *)(p + 1));
     __m128i lines = _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('\n')),
@@ -315,12 +327,6 @@ static inline uint32_t block_mask(const unsigned char *p, const __m128i *l)
     __m128i quotes = _mm_and_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('"')), next);
     return (uint32_t)_mm_movemask_epi8(_mm_or_si128(lines, quotes));
 }
-
-#define BLOCK_STATE __m128i l[4]
-#define BLOCK_INIT(letters)                                                                        \
-    for (int i = 0; i < 4; i++)                                                                    \
-    l[i] = _mm_set1_epi8((letters)[i])
-#define BLOCK_MASK(p) block_mask(p, l)
 
 /* The key f whole at q (KEY_WINDOW bytes readable): two loads and compares against the padded
  * key. */
@@ -338,17 +344,25 @@ static inline bool key_at(const unsigned char *q, int f)
 }
 #else
 #define BLOCK_NEEDS 16
-#define BLOCK_STATE int unused_
-#define BLOCK_INIT(letters) (void)(letters), unused_ = 0, (void)unused_
-static inline uint32_t block_mask(const unsigned char *p)
+/* No filter here: every quote is a bit, and the tables after it do the filter's work. */
+typedef struct letters {
+    char unused;
+} letters;
+
+static inline void letters_init(letters *lv, const char *c)
 {
+    (void)lv;
+    (void)c;
+}
+
+static inline uint32_t block_mask(const unsigned char *p, const letters *lv)
+{
+    (void)lv;
     uint32_t m = 0;
     for (int i = 0; i < 16; i++)
         m |= (uint32_t)special[p[i]] << i;
     return m;
 }
-#define BLOCK_MASK(p) block_mask(p)
-
 #define KEY_WINDOW 19 /* the longest key */
 static inline bool key_at(const unsigned char *q, int f)
 {
@@ -407,19 +421,19 @@ static const unsigned char *scan_idle(kvg_usage_scan *s, const unsigned char *st
                                       const unsigned char *p, const unsigned char *end)
 {
     const unsigned char *line = p; /* bytes from here on not yet through the line state */
-    BLOCK_STATE;
-    BLOCK_INIT(set_letters[s->keyset == RESPONSES_KEYS]);
+    letters lv;
+    letters_init(&lv, set_letters[s->keyset == RESPONSES_KEYS]);
     while (p < end) {
         const unsigned char *base = p;
         uint32_t m;
         if (end - p >= BLOCK_NEEDS) {
-            m = BLOCK_MASK(p);
+            m = block_mask(p, &lv);
             p += 16;
         } else if (end - start >= BLOCK_NEEDS) {
             /* The last bytes: the block that ends at the chunk's end, less what is already
              * scanned, and the last byte (no next byte to filter a quote with). */
             base = end - BLOCK_NEEDS;
-            m = BLOCK_MASK(base) & (~0u << (p - base));
+            m = block_mask(base, &lv) & (~0u << (p - base));
             m |= (uint32_t)special[end[-1]] << (BLOCK_NEEDS - 1);
             p = end;
         } else {
