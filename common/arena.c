@@ -18,27 +18,30 @@ struct kvg_arena_chunk {
 
 /*
  * Chunks of the two sizes requests use (an exchange's 4 KiB, an upstream request's 2 KiB) are
- * kept for reuse on the thread that freed them, up to CACHE_MAX each: every proxied request
- * made and freed one of each, and glibc serves blocks of that size from its bins, not its
- * per-thread cache (callgrind, 2026-12-02: ~700 instructions a request in malloc and free).
- * A thread's cache is freed when the thread exits (a key destructor); the main thread's stays
- * reachable from its TLS until the process ends.
+ * kept for reuse on the thread that freed them, up to CACHE_MAX each, on threads that ask for
+ * it (kvg_arena_thread_cache: the gateway's event-loop threads): every proxied request made and
+ * freed one of each, and glibc serves blocks of that size from its bins, not its per-thread
+ * cache (callgrind, 2026-12-02: ~700 instructions a request in malloc and free). Elsewhere
+ * (tests, tools) every chunk is a malloc, so that allocation-failure tests still reach the
+ * arena's callers. A thread's cache is freed when the thread exits (a key destructor).
  */
 #define CACHE_MAX 64u
 
 typedef struct chunk_cache {
     kvg_arena_chunk *head[2]; /* [0] 2 KiB chunks, [1] 4 KiB */
     unsigned n[2];
+    bool on;
 } chunk_cache;
 
 static _Thread_local chunk_cache cache;
 static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
 static pthread_key_t cache_key;
-static bool cache_keyed; /* the key exists: caching is on */
+static bool cache_keyed; /* the key exists: caching can be on */
 
 static void cache_drain(void *unused)
 {
     (void)unused;
+    cache.on = false;
     for (size_t i = 0; i < 2; i++) {
         while (cache.head[i]) {
             kvg_arena_chunk *c = cache.head[i];
@@ -54,6 +57,13 @@ static void cache_init(void)
     cache_keyed = pthread_key_create(&cache_key, cache_drain) == 0;
 }
 
+void kvg_arena_thread_cache(void)
+{
+    pthread_once(&cache_once, cache_init);
+    /* The key's value only has to be non-NULL for its destructor to run at thread exit. */
+    cache.on = cache_keyed && pthread_setspecific(cache_key, &cache) == 0;
+}
+
 static int cache_class(size_t size)
 {
     return size == 2048 ? 0 : size == 4096 ? 1 : -1;
@@ -62,16 +72,11 @@ static int cache_class(size_t size)
 static void chunk_free(kvg_arena_chunk *c)
 {
     int k = cache_class(c->size);
-    if (k >= 0 && cache.n[k] < CACHE_MAX) {
-        pthread_once(&cache_once, cache_init);
-        /* The key's value only has to be non-NULL for its destructor to run at thread exit. */
-        if (cache_keyed &&
-            (cache.n[0] + cache.n[1] > 0 || pthread_setspecific(cache_key, &cache) == 0)) {
-            c->next = cache.head[k];
-            cache.head[k] = c;
-            cache.n[k]++;
-            return;
-        }
+    if (cache.on && k >= 0 && cache.n[k] < CACHE_MAX) {
+        c->next = cache.head[k];
+        cache.head[k] = c;
+        cache.n[k]++;
+        return;
     }
     free(c);
 }

@@ -94,6 +94,10 @@ typedef struct kvg_arena {
 
 /** Initialise an empty arena; chunk_size 0 picks a default. Allocates nothing yet. */
 void kvg_arena_init(kvg_arena *a, size_t chunk_size);
+/** Keep freed chunks of the common sizes for reuse on the calling thread (up to 64 of each),
+ *  until it exits: for event-loop threads, where a request's arena is made and freed each
+ *  time. Without it, every chunk is malloc'd and freed. */
+void kvg_arena_thread_cache(void);
 /** Free every chunk; the arena can be reused after kvg_arena_init. */
 void kvg_arena_done(kvg_arena *a);
 /** Forget every allocation but keep the first chunk for reuse (no free/malloc per request). */

@@ -384,6 +384,7 @@ void kvg_thread_request_id(kvg_thread *t, char *buf, size_t len)
 static void *thread_main(void *arg)
 {
     kvg_thread *t = arg;
+    kvg_arena_thread_cache(); /* each request's arena is made and freed here */
     event_base_dispatch(t->base);
     /* Whatever is left (forced stop) goes now, on the owning thread. */
     kvg_thread_close_listeners(t);
