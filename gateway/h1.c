@@ -1,9 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* HTTP/1.1 front: parses requests with http-parser (Debian's libhttp-parser, the nodejs parser:
- * requests and responses, chunked, smuggling checks, long fuzzed), one exchange at a time per
+/* HTTP/1.1 front: parses requests with kvgate's own parser (h1_parse.c: the head found and
+ * parsed in place in one copy, the body framed without callbacks), one exchange at a time per
  * connection, keep-alive, 100-continue, chunked or length-delimited responses. */
 #include <errno.h>
-#include <http_parser.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +11,12 @@
 
 #include "conn.h"
 #include "gateway_int.h"
+#include "h1_parse.h"
+
+/* limits.header_bytes bounds the request target, names and values (431); the whole head, with
+ * its method, version, separators and line ends, may take this much more (http-parser's hard
+ * backstop was header_bytes + 4096, gateway.c). */
+#define H1_HEAD_SLACK 4096u
 
 typedef enum h1_state {
     H1_IDLE = 0, /* between requests */
@@ -24,16 +29,13 @@ typedef enum h1_state {
 
 typedef struct h1_conn {
     kvg_conn *conn;
-    http_parser parser;
     h1_state state;
     kvg_exchange *x;
-    kvg_buf url;
-    kvg_buf field;
-    kvg_buf value;
-    bool in_value;
-    size_t head_bytes;
-    size_t nheaders, cap_headers;
-    kvg_header *headers;   /* in x->arena */
+    kvg_h1_scan scan;       /* the head being looked for */
+    kvg_h1_body body;       /* the request body's framing */
+    int minor;              /* HTTP/1.<minor> of the current request */
+    uint64_t head_start_ns; /* a head that took more than one read: when it started */
+    uint64_t head_start_wall_ns;
     bool paused_for_head;  /* parser paused at end of head, waiting for the handler */
     bool message_complete; /* parser saw the end of the request */
     bool body_wanted;      /* the handler asked for the body */
@@ -46,9 +48,6 @@ typedef struct h1_conn {
     bool continue_sent;
     bool upgrade;
     bool reused; /* a request was answered: the next head's deadline starts at its first byte */
-    int pending_error; /* status of an error found inside a parser callback */
-    const char *pending_error_msg;
-    int pending_body_rc;     /* kvg_exchange_body_append's refusal, answered by its own rules */
     struct event process_ev; /* re-run the parse loop outside callbacks */
 } h1_conn;
 
@@ -179,7 +178,7 @@ static void op_send_head(kvg_exchange *x)
             kvg_buf_append(b, "\r\n", 2);
         }
     } else if (!no_body) {
-        if (h->parser.http_major == 1 && h->parser.http_minor >= 1) {
+        if (h->minor >= 1) {
             h->chunked_response = true;
             kvg_buf_append(b, "transfer-encoding: chunked\r\n", 28);
         } else {
@@ -188,7 +187,7 @@ static void op_send_head(kvg_exchange *x)
     }
     if (h->close_after)
         kvg_buf_append(b, "connection: close\r\n\r\n", 21);
-    else if (h->parser.http_minor == 0)
+    else if (h->minor == 0)
         kvg_buf_append(b, "connection: keep-alive\r\n\r\n", 26);
     else
         kvg_buf_append(b, "\r\n", 2);
@@ -304,18 +303,12 @@ static const kvg_exchange_ops h1_ops = {
 
 static void h1_reset_request_state(h1_conn *h)
 {
-    kvg_buf_reset(&h->url);
-    kvg_buf_reset(&h->field);
-    kvg_buf_reset(&h->value);
-    h->in_value = false;
-    h->head_bytes = 0;
-    h->nheaders = h->cap_headers = 0;
-    h->headers = NULL;
+    memset(&h->scan, 0, sizeof(h->scan));
+    memset(&h->body, 0, sizeof(h->body));
+    h->head_start_ns = 0;
     h->paused_for_head = h->message_complete = h->body_wanted = h->discard_body = false;
     h->head_request = h->chunked_response = h->response_complete = false;
     h->continue_sent = false;
-    h->pending_error = 0;
-    h->pending_body_rc = 0;
 }
 
 /* The front is done with the current exchange: the response is fully queued. */
@@ -340,7 +333,6 @@ static void h1_finish_exchange(h1_conn *h)
     h->state = H1_IDLE;
     h->reused = true;
     h1_reset_request_state(h);
-    http_parser_pause(&h->parser, 0);
     kvg_conn_set_timer(c, c->thread->gw->cfg.limits.idle_timeout_ms);
     /* Pipelined requests may already be buffered. */
     event_active(&h->process_ev, EV_READ, 0);
@@ -386,77 +378,6 @@ static void h1_fail(h1_conn *h, int status, const char *msg, int body_rc)
         h1_finish_exchange(h);
 }
 
-static int cb_message_begin(http_parser *p)
-{
-    h1_conn *h = p->data;
-    h->state = H1_HEAD;
-    /* The first head keeps the deadline of the connect (conn.c): a fresh one here would let a
-     * client spend a header timeout on the TLS handshake, another before its first byte and a
-     * third on the head. */
-    if (h->reused)
-        kvg_conn_set_timer(h->conn, h->conn->thread->gw->cfg.limits.header_timeout_ms);
-    return 0;
-}
-
-static int count_head(h1_conn *h, size_t len)
-{
-    h->head_bytes += len;
-    if (h->head_bytes > h->conn->thread->gw->cfg.limits.header_bytes) {
-        h->pending_error = 431;
-        h->pending_error_msg = "request header fields too large";
-        return -1;
-    }
-    return 0;
-}
-
-static int cb_url(http_parser *p, const char *at, size_t len)
-{
-    h1_conn *h = p->data;
-    if (count_head(h, len) < 0)
-        return -1;
-    kvg_buf_append(&h->url, at, len);
-    return 0;
-}
-
-static int push_header(h1_conn *h)
-{
-    kvg_exchange *x = h->x;
-    if (h->nheaders == h->cap_headers) {
-        size_t cap = h->cap_headers ? h->cap_headers * 2 : 16;
-        kvg_header *nh = kvg_arena_alloc(&x->arena, cap * sizeof(*nh));
-        if (!nh)
-            return -1;
-        if (h->nheaders)
-            memcpy(nh, h->headers, h->nheaders * sizeof(*nh));
-        h->headers = nh;
-        h->cap_headers = cap;
-    }
-    char *name = kvg_arena_strndup(&x->arena, h->field.data ? h->field.data : "", h->field.len);
-    char *value = kvg_arena_strndup(&x->arena, h->value.data ? h->value.data : "", h->value.len);
-    if (!name || !value)
-        return -1;
-    /* Debian's http-parser is built lenient: it lets spaces into a name and still matches
-     * "Content-Length :" as a framing header, while the name kept here would not match the
-     * hop-by-hop filter and would be forwarded next to the gateway's own length (request
-     * smuggling). RFC 9112 5.1: 400. Only names that pass reach the handler, so only they can
-     * reach a worker's head. (Values: http-parser refuses every control but tab in them,
-     * lenient build or not.) */
-    if (!kvg_http_token_lower(name, h->field.len)) {
-        h->pending_error = 400;
-        h->pending_error_msg = "invalid header field name: only RFC 9110 token characters, "
-                               "and no whitespace before the colon";
-        return -1;
-    }
-    /* Optional whitespace around values is not part of them (RFC 9110 5.5). */
-    size_t vlen = h->value.len;
-    while (vlen && (value[vlen - 1] == ' ' || value[vlen - 1] == '\t'))
-        value[--vlen] = '\0';
-    h->headers[h->nheaders++] = (kvg_header){name, h->field.len, value, vlen};
-    kvg_buf_reset(&h->field);
-    kvg_buf_reset(&h->value);
-    return 0;
-}
-
 static int ensure_exchange(h1_conn *h)
 {
     if (h->x)
@@ -475,33 +396,11 @@ static int ensure_exchange(h1_conn *h)
     /* The operator's admin requests are not held to the budget the front can exhaust. */
     x->body_budgeted = !c->listener->is_admin;
     snprintf(x->remote, sizeof(x->remote), "%s", c->remote);
-    h->x = x;
-    return 0;
-}
-
-static int cb_header_field(http_parser *p, const char *at, size_t len)
-{
-    h1_conn *h = p->data;
-    if (count_head(h, len) < 0)
-        return -1;
-    if (ensure_exchange(h) < 0)
-        return -1;
-    if (h->in_value) {
-        if (push_header(h) < 0)
-            return -1;
-        h->in_value = false;
+    if (h->head_start_ns) { /* the request started at its first byte, not when its head ended */
+        x->start_ns = h->head_start_ns;
+        x->start_wall_ns = h->head_start_wall_ns;
     }
-    kvg_buf_append(&h->field, at, len);
-    return 0;
-}
-
-static int cb_header_value(http_parser *p, const char *at, size_t len)
-{
-    h1_conn *h = p->data;
-    if (count_head(h, len) < 0)
-        return -1;
-    h->in_value = true;
-    kvg_buf_append(&h->value, at, len);
+    h->x = x;
     return 0;
 }
 
@@ -509,162 +408,234 @@ static int cb_header_value(http_parser *p, const char *at, size_t len)
  * talking to a proxy send. Its authority replaces Host; the path is what is routed. */
 static int absolute_form(kvg_exchange *x)
 {
-    struct http_parser_url u;
-    http_parser_url_init(&u);
-    if (http_parser_parse_url(x->path, strlen(x->path), 0, &u) != 0 ||
-        !(u.field_set & (1 << UF_SCHEMA)) || !(u.field_set & (1 << UF_HOST)))
+    const char *auth, *path;
+    size_t auth_len, path_len;
+    bool slash;
+    if (kvg_h1_absolute_form(x->path, strlen(x->path), &auth, &auth_len, &path, &path_len, &slash) <
+        0)
         return -1;
-    const char *scheme = x->path + u.field_data[UF_SCHEMA].off;
-    size_t slen = u.field_data[UF_SCHEMA].len;
-    if (!kvg_strcaseeq(scheme, slen, "http") && !kvg_strcaseeq(scheme, slen, "https"))
+    const char *authority = kvg_arena_strndup(&x->arena, auth, auth_len);
+    char *p = kvg_arena_alloc(&x->arena, path_len + 2);
+    if (!authority || !p)
         return -1;
-    /* The authority runs from the host to the start of the path (port included). */
-    size_t a_off = u.field_data[UF_HOST].off;
-    if (a_off > 0 && x->path[a_off - 1] == '[')
-        a_off--;
-    size_t a_end = (u.field_set & (1 << UF_PATH))    ? u.field_data[UF_PATH].off
-                   : (u.field_set & (1 << UF_QUERY)) ? u.field_data[UF_QUERY].off - 1u
-                                                     : strlen(x->path);
-    const char *authority = kvg_arena_strndup(&x->arena, x->path + a_off, a_end - a_off);
-    const char *path;
-    if (u.field_set & (1 << UF_PATH))
-        path = kvg_arena_strdup(&x->arena, x->path + u.field_data[UF_PATH].off);
-    else if (u.field_set & (1 << UF_QUERY)) {
-        const char *q = x->path + u.field_data[UF_QUERY].off - 1; /* from the '?' */
-        char *p = kvg_arena_alloc(&x->arena, strlen(q) + 2);
-        if (p) {
-            p[0] = '/';
-            strcpy(p + 1, q);
-        }
-        path = p;
-    } else {
-        path = "/";
-    }
-    if (!authority || !path)
-        return -1;
+    size_t n = 0;
+    if (slash)
+        p[n++] = '/';
+    memcpy(p + n, path, path_len);
+    p[n + path_len] = '\0';
     x->authority = authority;
-    x->path = path;
+    x->path = p;
     return 0;
 }
 
-static int cb_headers_complete(http_parser *p)
+static size_t head_limit(h1_conn *h)
 {
-    h1_conn *h = p->data;
-    if (ensure_exchange(h) < 0)
-        return -1;
-    if (h->in_value && push_header(h) < 0)
-        return -1;
-    h->in_value = false;
-    if (h->url.failed || h->field.failed || h->value.failed)
-        return -1;
+    return h->conn->thread->gw->cfg.limits.header_bytes + H1_HEAD_SLACK;
+}
+
+/* The bytes limits.header_bytes counts, as the front counted them with http-parser: the target,
+ * the names and the values. */
+static size_t head_content(const kvg_h1_msg *m)
+{
+    size_t n = m->target_len;
+    for (size_t i = 0; i < m->nheaders; i++)
+        n += m->headers[i].name_len + m->headers[i].value_len;
+    return n;
+}
+
+/* What used to be http-parser's on_headers_complete: the request head is parsed into x. 0, or
+ * -1 after answering an error. */
+static int h1_take_head(h1_conn *h, const kvg_h1_msg *m)
+{
     kvg_exchange *x = h->x;
-    x->method = http_method_str((enum http_method)p->method);
-    x->path = kvg_arena_strndup(&x->arena, h->url.data ? h->url.data : "", h->url.len);
-    x->headers = h->headers;
-    x->nheaders = h->nheaders;
-    if (!x->path)
-        return -1;
+    x->method = m->method;
+    x->path = m->target;
+    x->headers = m->headers;
+    x->nheaders = m->nheaders;
     x->authority = kvg_exchange_header(x, "host", NULL);
-    if (p->flags & F_CONTENTLENGTH)
-        x->content_length = (int64_t)p->content_length;
-    else if (!(p->flags & F_CHUNKED))
+    if (m->content_length >= 0)
+        x->content_length = m->content_length;
+    else if (!m->chunked)
         x->content_length = 0; /* a request without either has no body (RFC 9112 6.3) */
     size_t elen;
     const char *expect = kvg_exchange_header(x, "expect", &elen);
     if (expect) {
         if (!kvg_strcaseeq(expect, elen, "100-continue")) {
-            h->pending_error = 417;
-            h->pending_error_msg = "unsupported Expect header";
+            h1_fail(h, 417, "unsupported Expect header", 0);
             return -1;
         }
         x->expect_continue = true;
     }
-    h->keep_alive = http_should_keep_alive(p) != 0;
-    h->head_request = p->method == HTTP_HEAD;
-    h->upgrade = p->upgrade;
-    if (p->method == HTTP_CONNECT) {
-        h->pending_error = 405;
-        h->pending_error_msg = "CONNECT is not supported";
+    h->minor = m->minor;
+    h->keep_alive = m->keep_alive;
+    h->head_request = strcmp(m->method, "HEAD") == 0;
+    h->upgrade = m->upgrade;
+    if (strcmp(m->method, "CONNECT") == 0) {
+        h1_fail(h, 405, "CONNECT is not supported", 0);
         return -1;
     }
     kvg_exchange_set_request_id(x);
-    if (x->path[0] != '/' && !(p->method == HTTP_OPTIONS && strcmp(x->path, "*") == 0) &&
+    if (x->path[0] != '/' && !(strcmp(m->method, "OPTIONS") == 0 && strcmp(x->path, "*") == 0) &&
         absolute_form(x) < 0) {
-        h->pending_error = 400;
-        h->pending_error_msg = "request target must be an absolute path or an absolute URI";
+        h1_fail(h, 400, "request target must be an absolute path or an absolute URI", 0);
         return -1;
     }
     if (x->content_length > 0 && (uint64_t)x->content_length > x->body_limit) {
-        h->pending_error = 413;
-        h->pending_error_msg = "request body too large";
+        h1_fail(h, 413, "request body too large", 0);
         return -1;
     }
+    /* Chunks that cannot fit under the body limit are refused at their size line: waiting for
+     * their bytes would hold the connection until the read timeout for a body that is refused
+     * anyway. Trailers are held to the head's limit, as they were with http-parser. */
+    kvg_h1_body_init_request(&h->body, m, x->body_limit,
+                             h->conn->thread->gw->cfg.limits.header_bytes);
     h->state = H1_BODY;
     h->paused_for_head = true;
     kvg_conn_set_timer(h->conn, h->conn->thread->gw->cfg.limits.read_timeout_ms);
-    http_parser_pause(p, 1);
     return 0;
 }
 
-static int cb_body(http_parser *p, const char *at, size_t len)
+/* Look for the request head in the input; once it is all there, copy it into the exchange's
+ * arena once and parse it there in place. 1: a head was taken (paused_for_head), 0: more input
+ * is needed, or the request failed and was answered. */
+static int h1_read_head(h1_conn *h)
 {
-    h1_conn *h = p->data;
-    kvg_exchange *x = h->x;
-    if (!x)
+    kvg_conn *c = h->conn;
+    struct evbuffer *in = c->sock.in;
+    struct evbuffer_iovec v;
+    if (h->state == H1_IDLE) {
+        /* Empty lines before a request line are ignored (RFC 9112 2.2), as http-parser did. */
+        for (;;) {
+            if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
+                return 0;
+            const char *p = v.iov_base;
+            size_t k = 0;
+            while (k < v.iov_len && (p[k] == '\r' || p[k] == '\n'))
+                k++;
+            if (k) {
+                evbuffer_drain(in, k);
+                kvg_sock_consumed(&c->sock);
+            }
+            if (k < v.iov_len)
+                break;
+        }
+        h->state = H1_HEAD;
+        /* The first head keeps the deadline of the connect (conn.c): a fresh one here would
+         * let a client spend a header timeout on the TLS handshake, another before its first
+         * byte and a third on the head. */
+        if (h->reused)
+            kvg_conn_set_timer(c, c->thread->gw->cfg.limits.header_timeout_ms);
+    }
+    size_t avail = evbuffer_get_length(in);
+    size_t limit = head_limit(h);
+    size_t want = KVG_MIN(avail, limit);
+    if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
         return 0;
-    x->bytes_in += len;
-    if (x->bytes_in > x->body_limit) {
-        h->pending_error = 413;
-        h->pending_error_msg = "request body too large";
-        return -1;
+    char *p = v.iov_base;
+    if (v.iov_len < want) { /* a head split across reads: make it contiguous (rare) */
+        p = (char *)evbuffer_pullup(in, (ssize_t)want);
+        if (!p) {
+            kvg_conn_close(c);
+            return 0;
+        }
     }
-    int rc = h->discard_body ? 0 : kvg_exchange_body_append(x, at, len);
-    if (rc < 0) {
-        h->pending_error = 503;
-        h->pending_body_rc = rc;
-        return -1;
+    size_t end = kvg_h1_head_end(&h->scan, p, want);
+    if (!end) {
+        if (want >= limit) {
+            h1_fail(h, 431, "request header fields too large", 0);
+            return 0;
+        }
+        if (!h->head_start_ns) {
+            h->head_start_ns = kvg_now_ns();
+            h->head_start_wall_ns = kvg_wall_ns();
+        }
+        return 0;
     }
-    kvg_conn_set_timer(h->conn, h->conn->thread->gw->cfg.limits.read_timeout_ms);
-    return 0;
-}
-
-/* p->content_length is the size of the chunk that starts. One that cannot fit under the body
- * limit is refused now: waiting for its bytes would hold the connection until the read
- * timeout for a body that is refused anyway. */
-static int cb_chunk_header(http_parser *p)
-{
-    h1_conn *h = p->data;
+    if (ensure_exchange(h) < 0) {
+        kvg_conn_close(c);
+        return 0;
+    }
     kvg_exchange *x = h->x;
-    if (x && p->content_length > x->body_limit - KVG_MIN(x->bytes_in, x->body_limit)) {
-        h->pending_error = 413;
-        h->pending_error_msg = "request body too large";
-        return -1;
+    char *head = kvg_arena_alloc(&x->arena, end + 1);
+    kvg_header *headers = kvg_arena_alloc(&x->arena, h->scan.lines * sizeof(*headers));
+    if (!head || !headers) {
+        h1_fail(h, 431, "request header fields too large", 0);
+        return 0;
     }
-    return 0;
+    memcpy(head, p, end);
+    head[end] = '\0';
+    evbuffer_drain(in, end);
+    kvg_sock_consumed(&c->sock);
+    kvg_h1_msg m;
+    const char *why = "malformed request";
+    int rc = kvg_h1_parse_request(head, end, &m, headers, h->scan.lines, &why);
+    if (rc < 0) {
+        /* For the access log: what the request line gave, if it was valid. */
+        x->method = m.target ? m.method : "-";
+        x->path = m.target ? m.target : "-";
+        h1_fail(h, rc == -EPROTONOSUPPORT ? 505 : 400, why, 0);
+        return 0;
+    }
+    if (head_content(&m) > c->thread->gw->cfg.limits.header_bytes) {
+        x->method = m.method;
+        x->path = m.target;
+        h1_fail(h, 431, "request header fields too large", 0);
+        return 0;
+    }
+    return h1_take_head(h, &m) == 0;
 }
 
-static int cb_message_complete(http_parser *p)
+/* The request body is complete: the parser's on_message_complete, as it was. */
+static void h1_message_complete(h1_conn *h)
 {
-    h1_conn *h = p->data;
     h->message_complete = true;
     h->state = H1_WAIT;
     kvg_conn_set_timer(h->conn, 0);
-    http_parser_pause(p, 1);
-    return 0;
 }
 
-static const http_parser_settings h1_settings = {
-    .on_message_begin = cb_message_begin,
-    .on_url = cb_url,
-    .on_header_field = cb_header_field,
-    .on_header_value = cb_header_value,
-    .on_headers_complete = cb_headers_complete,
-    .on_body = cb_body,
-    .on_chunk_header = cb_chunk_header,
-    .on_message_complete = cb_message_complete,
-};
+/* Frame the next span of the request body and hand it over. 1: go on, 0: stop (more input is
+ * needed, or the request failed and was answered). */
+static int h1_read_body(h1_conn *h)
+{
+    kvg_conn *c = h->conn;
+    struct evbuffer *in = c->sock.in;
+    struct evbuffer_iovec v;
+    if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
+        return 0;
+    size_t used, len;
+    const char *data;
+    const char *why = "malformed request body";
+    int rc = kvg_h1_body_feed(&h->body, v.iov_base, v.iov_len, &used, &data, &len, &why);
+    kvg_exchange *x = h->x;
+    if (len && x) {
+        x->bytes_in += len;
+        if (x->bytes_in > x->body_limit) {
+            evbuffer_drain(in, used);
+            kvg_sock_consumed(&c->sock);
+            h1_fail(h, 413, "request body too large", 0);
+            return 0;
+        }
+        int brc = h->discard_body ? 0 : kvg_exchange_body_append(x, data, len);
+        if (brc < 0) {
+            evbuffer_drain(in, used);
+            kvg_sock_consumed(&c->sock);
+            h1_fail(h, 503, NULL, brc);
+            return 0;
+        }
+        kvg_conn_set_timer(c, c->thread->gw->cfg.limits.read_timeout_ms);
+    }
+    evbuffer_drain(in, used);
+    kvg_sock_consumed(&c->sock);
+    if (rc < 0) {
+        h1_fail(h, rc == -E2BIG ? 413 : rc == -EMSGSIZE ? 431 : 400, why, 0);
+        return 0;
+    }
+    if (rc == 1)
+        h1_message_complete(h);
+    return 1;
+}
 
-/* Feed buffered input to the parser until it pauses, errs or runs out. */
+/* Run the request state machine over buffered input until it waits or fails. */
 static void h1_process(h1_conn *h)
 {
     kvg_conn *c = h->conn;
@@ -679,7 +650,6 @@ static void h1_process(h1_conn *h)
                 return;
             if (!h->body_wanted && !h->discard_body && !kvg_exchange_head_sent(h->x))
                 return; /* the handler decides later; op_read_body resumes us */
-            http_parser_pause(&h->parser, 0);
         }
         if (h->state == H1_BODY && !h->body_wanted && !h->discard_body)
             return;
@@ -692,32 +662,14 @@ static void h1_process(h1_conn *h)
             }
             return; /* resumed by h1_finish_exchange */
         }
-        size_t avail = evbuffer_get_length(in);
-        if (avail == 0)
-            return;
-        struct evbuffer_iovec vec;
-        if (evbuffer_peek(in, -1, NULL, &vec, 1) < 1)
-            return;
-        size_t n = http_parser_execute(&h->parser, &h1_settings, vec.iov_base, vec.iov_len);
-        evbuffer_drain(in, n);
-        kvg_sock_consumed(&c->sock);
-        enum http_errno err = HTTP_PARSER_ERRNO(&h->parser);
-        if (err == HPE_PAUSED)
+        if (h->state == H1_BODY && h->body.done) {
+            h1_message_complete(h);
             continue;
-        if (err != HPE_OK) {
-            int status = h->pending_error ? h->pending_error : 400;
-            const char *msg = h->pending_error_msg;
-            if (!h->pending_error) {
-                if (err == HPE_HEADER_OVERFLOW) {
-                    status = 431;
-                    msg = "request header fields too large";
-                } else {
-                    msg = http_errno_description(err);
-                }
-            }
-            h1_fail(h, status, msg, h->pending_body_rc);
-            return;
         }
+        if (evbuffer_get_length(in) == 0)
+            return;
+        if (!(h->state == H1_BODY ? h1_read_body(h) : h1_read_head(h)))
+            return;
     }
 }
 
@@ -772,9 +724,6 @@ static void h1_free(kvg_conn *c)
         kvg_exchange_front_finish(x);
     }
     event_del(&h->process_ev);
-    kvg_buf_done(&h->url);
-    kvg_buf_done(&h->field);
-    kvg_buf_done(&h->value);
     free(h);
     c->proto_state = NULL;
 }
@@ -817,11 +766,7 @@ int kvg_h1_start(kvg_conn *c)
     if (!h)
         return -ENOMEM;
     h->conn = c;
-    http_parser_init(&h->parser, HTTP_REQUEST);
-    h->parser.data = h;
-    kvg_buf_init(&h->url);
-    kvg_buf_init(&h->field);
-    kvg_buf_init(&h->value);
+    h->minor = 1;
     event_assign(&h->process_ev, c->thread->base, -1, 0, process_cb, h);
     c->proto = KVG_PROTO_HTTP1;
     c->proto_known = true;

@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Upstream HTTP/1.1: one request at a time per connection, keep-alive pool per worker per
- * thread, response parsed with http-parser and streamed to the caller as it arrives, timers for
- * connect, first byte and read gaps, and the retry/abort rules the proxy depends on. */
+ * thread, response parsed with kvgate's own parser (h1_parse.c) and streamed to the caller as it
+ * arrives, timers for connect, first byte and read gaps, and the retry/abort rules the proxy
+ * depends on. */
 #include "upstream.h"
 
 #include <errno.h>
-#include <http_parser.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,8 +13,12 @@
 #include <netdb.h>
 #include <stdio.h>
 
+#include "h1_parse.h"
+
 /* Input we read ahead of the parser while the client is slow (backpressure bound). */
 #define UPSTREAM_READ_HIGH (64u * 1024u)
+/* A worker's head is small; bound it (and its trailers). */
+#define UPSTREAM_MAX_HEAD (64u * 1024u)
 
 struct kvg_upstream_pool {
     kvg_link link; /* in thread->pools */
@@ -37,22 +41,17 @@ struct kvg_upstream {
     struct sockaddr_storage addr;
     socklen_t addr_len;
     int resolve_error;
-    http_parser parser;
+    kvg_h1_scan scan; /* the response head being looked for */
+    kvg_h1_body body; /* the response body's framing, once head_passed */
     const kvg_upstream_cbs *cbs;
     void *ud;
     bool reused;
     bool got_bytes;
     bool head_passed;
-    bool message_complete;
     bool paused;
-    bool in_value;
-    bool bad_header; /* the response had a header that is not valid HTTP */
-    kvg_buf field;
-    kvg_buf value;
-    kvg_arena arena; /* response headers of the current response */
-    kvg_header *headers;
-    size_t nheaders, cap_headers;
-    size_t head_bytes;
+    bool head_request; /* the request is a HEAD: the response has no body */
+    bool keep_alive;   /* the response lets the connection be reused */
+    kvg_arena arena;   /* the head of the current response, headers pointing into it */
     struct event timer;
     struct event close_ev;
 };
@@ -124,8 +123,6 @@ static void upstream_free(kvg_upstream *u)
         kvg_sock_done(&u->sock);
     if (u->pending)
         evbuffer_free(u->pending);
-    kvg_buf_done(&u->field);
-    kvg_buf_done(&u->value);
     kvg_arena_done(&u->arena);
     if (u->state == KVG_UPSTREAM_IDLE) {
         kvg_list_unlink(&u->link);
@@ -210,9 +207,8 @@ static void release_to_pool(kvg_upstream *u)
 {
     kvg_upstream_pool *p = u->pool;
     kvg_thread *t = p->thread;
-    bool keep = http_should_keep_alive(&u->parser) && !t->draining &&
-                !kvg_worker_retired(p->worker) && p->nidle < ucfg(u)->max_idle_per_worker &&
-                evbuffer_get_length(u->sock.in) == 0;
+    bool keep = u->keep_alive && !t->draining && !kvg_worker_retired(p->worker) &&
+                p->nidle < ucfg(u)->max_idle_per_worker && evbuffer_get_length(u->sock.in) == 0;
     if (!keep) {
         upstream_close(u);
         return;
@@ -230,113 +226,6 @@ static void release_to_pool(kvg_upstream *u)
 
 /* ---- response parsing ---------------------------------------------------------------------- */
 
-static int push_header(kvg_upstream *u)
-{
-    if (u->nheaders == u->cap_headers) {
-        size_t cap = u->cap_headers ? u->cap_headers * 2 : 16;
-        kvg_header *h = kvg_arena_alloc(&u->arena, cap * sizeof(*h));
-        if (!h)
-            return -1;
-        if (u->nheaders)
-            memcpy(h, u->headers, u->nheaders * sizeof(*h));
-        u->headers = h;
-        u->cap_headers = cap;
-    }
-    char *name = kvg_arena_strndup(&u->arena, u->field.data ? u->field.data : "", u->field.len);
-    char *value = kvg_arena_strndup(&u->arena, u->value.data ? u->value.data : "", u->value.len);
-    if (!name || !value)
-        return -1;
-    /* As on the front (h1.c): a name that is not a token ("Content-Length :", which the
-     * lenient parser still reads as framing) makes the response malformed (502), never a
-     * header passed on to the client. */
-    if (!kvg_http_token_lower(name, u->field.len)) {
-        u->bad_header = true;
-        return -1;
-    }
-    size_t vlen = u->value.len;
-    while (vlen && (value[vlen - 1] == ' ' || value[vlen - 1] == '\t'))
-        value[--vlen] = '\0';
-    u->headers[u->nheaders++] = (kvg_header){name, u->field.len, value, vlen};
-    kvg_buf_reset(&u->field);
-    kvg_buf_reset(&u->value);
-    return 0;
-}
-
-static int count_head(kvg_upstream *u, size_t len)
-{
-    u->head_bytes += len;
-    return u->head_bytes > 64 * 1024 ? -1 : 0; /* a worker's head is small; bound it */
-}
-
-static int cb_header_field(http_parser *p, const char *at, size_t len)
-{
-    kvg_upstream *u = p->data;
-    if (count_head(u, len) < 0)
-        return -1;
-    if (u->in_value) {
-        if (push_header(u) < 0)
-            return -1;
-        u->in_value = false;
-    }
-    kvg_buf_append(&u->field, at, len);
-    return 0;
-}
-
-static int cb_header_value(http_parser *p, const char *at, size_t len)
-{
-    kvg_upstream *u = p->data;
-    if (count_head(u, len) < 0)
-        return -1;
-    u->in_value = true;
-    kvg_buf_append(&u->value, at, len);
-    return 0;
-}
-
-static int cb_headers_complete(http_parser *p)
-{
-    kvg_upstream *u = p->data;
-    if (u->in_value && push_header(u) < 0)
-        return -1;
-    u->in_value = false;
-    if (p->status_code < 200) {
-        /* 1xx interim responses are not passed on; the parser moves to the final one. */
-        u->nheaders = 0;
-        u->head_bytes = 0;
-        return 0;
-    }
-    int64_t cl = (p->flags & F_CONTENTLENGTH) ? (int64_t)p->content_length : -1;
-    u->head_passed = true;
-    if (u->cbs)
-        u->cbs->on_head(u->ud, p->status_code, u->headers, u->nheaders, cl);
-    return 0;
-}
-
-static int cb_body(http_parser *p, const char *at, size_t len)
-{
-    kvg_upstream *u = p->data;
-    if (u->cbs)
-        u->cbs->on_data(u->ud, at, len);
-    return 0;
-}
-
-static int cb_message_complete(http_parser *p)
-{
-    kvg_upstream *u = p->data;
-    if (p->status_code < 200)
-        return 0;
-    u->message_complete = true;
-    http_parser_pause(p, 1);
-    return 0;
-}
-
-static const http_parser_settings response_settings = {
-    .on_header_field = cb_header_field,
-    .on_header_value = cb_header_value,
-    .on_headers_complete = cb_headers_complete,
-    .on_body = cb_body,
-    .on_message_complete = cb_message_complete,
-};
-
 static void complete(kvg_upstream *u)
 {
     const kvg_upstream_cbs *cbs = u->cbs;
@@ -347,28 +236,115 @@ static void complete(kvg_upstream *u)
         cbs->on_end(ud);
 }
 
+static void malformed(kvg_upstream *u, const char *why)
+{
+    kvg_log_warn("worker %s sent a malformed response: %s", kvg_worker_name(u->pool->worker), why);
+    fail_error(u, 502, "the worker sent a malformed response");
+}
+
+/* Look for the response head; once it is all there, copy it into the connection's arena and
+ * parse it in place. 1: a final head was passed on or an interim one dropped, 0: more input is
+ * needed, or the response failed. */
+static int read_head(kvg_upstream *u)
+{
+    struct evbuffer *in = u->sock.in;
+    struct evbuffer_iovec v;
+    if (u->scan.pos == 0) {
+        /* Empty lines before a status line are skipped, as http-parser did. */
+        for (;;) {
+            if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
+                return 0;
+            const char *p = v.iov_base;
+            size_t k = 0;
+            while (k < v.iov_len && (p[k] == '\r' || p[k] == '\n'))
+                k++;
+            if (k) {
+                evbuffer_drain(in, k);
+                kvg_sock_consumed(&u->sock);
+            }
+            if (k < v.iov_len)
+                break;
+        }
+    }
+    size_t want = KVG_MIN(evbuffer_get_length(in), (size_t)UPSTREAM_MAX_HEAD);
+    if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
+        return 0;
+    char *p = v.iov_base;
+    if (v.iov_len < want) { /* a head split across reads: make it contiguous (rare) */
+        p = (char *)evbuffer_pullup(in, (ssize_t)want);
+        if (!p) {
+            fail_error(u, 503, "the gateway is out of memory for a worker response");
+            return 0;
+        }
+    }
+    size_t end = kvg_h1_head_end(&u->scan, p, want);
+    if (!end) {
+        if (want >= UPSTREAM_MAX_HEAD)
+            malformed(u, "response head too large");
+        return 0;
+    }
+    kvg_arena_reset(&u->arena);
+    char *head = kvg_arena_alloc(&u->arena, end + 1);
+    kvg_header *headers = kvg_arena_alloc(&u->arena, u->scan.lines * sizeof(*headers));
+    if (!head || !headers) {
+        fail_error(u, 503, "the gateway is out of memory for a worker response");
+        return 0;
+    }
+    memcpy(head, p, end);
+    head[end] = '\0';
+    evbuffer_drain(in, end);
+    kvg_sock_consumed(&u->sock);
+    kvg_h1_msg m;
+    const char *why = "malformed head";
+    int rc = kvg_h1_parse_response(head, end, &m, headers, u->scan.lines, &why);
+    memset(&u->scan, 0, sizeof(u->scan));
+    if (rc < 0) {
+        malformed(u, why);
+        return 0;
+    }
+    if (m.status == 101) {
+        malformed(u, "a worker does not switch protocols (101)");
+        return 0;
+    }
+    if (m.status < 200)
+        return 1; /* 1xx interim responses are not passed on; the final one follows */
+    kvg_h1_body_init_response(&u->body, &m, u->head_request, UPSTREAM_MAX_HEAD);
+    u->keep_alive = m.keep_alive;
+    u->head_passed = true;
+    if (u->cbs)
+        u->cbs->on_head(u->ud, m.status, m.headers, m.nheaders, m.content_length);
+    return 1;
+}
+
 static void process_input(kvg_upstream *u)
 {
     struct evbuffer *in = u->sock.in;
-    while (!u->paused && u->state == KVG_UPSTREAM_READING && evbuffer_get_length(in) > 0) {
-        struct evbuffer_iovec vec;
-        if (evbuffer_peek(in, -1, NULL, &vec, 1) < 1)
-            return;
-        size_t n = http_parser_execute(&u->parser, &response_settings, vec.iov_base, vec.iov_len);
-        evbuffer_drain(in, n);
-        kvg_sock_consumed(&u->sock);
-        if (u->state != KVG_UPSTREAM_READING)
-            return; /* the caller aborted from a callback */
-        enum http_errno err = HTTP_PARSER_ERRNO(&u->parser);
-        if (u->message_complete) {
+    while (!u->paused && u->state == KVG_UPSTREAM_READING) {
+        if (!u->head_passed) {
+            if (evbuffer_get_length(in) == 0 || !read_head(u))
+                return;
+            continue;
+        }
+        if (u->body.done) {
             complete(u);
             return;
         }
-        if (err != HPE_OK) {
-            kvg_log_warn(
-                "worker %s sent a malformed response: %s", kvg_worker_name(u->pool->worker),
-                u->bad_header ? "invalid header field name or value" : http_errno_description(err));
-            fail_error(u, 502, "the worker sent a malformed response");
+        struct evbuffer_iovec vec;
+        if (evbuffer_get_length(in) == 0 || evbuffer_peek(in, -1, NULL, &vec, 1) < 1)
+            return;
+        size_t used, len;
+        const char *data;
+        const char *why = "malformed body";
+        int rc = kvg_h1_body_feed(&u->body, vec.iov_base, vec.iov_len, &used, &data, &len, &why);
+        if (len && u->cbs) {
+            u->cbs->on_data(u->ud, data, len);
+            if (u->state != KVG_UPSTREAM_READING)
+                return; /* the caller aborted from a callback */
+        }
+        evbuffer_drain(in, used);
+        kvg_sock_consumed(&u->sock);
+        if (rc < 0) {
+            malformed(u, why);
             return;
         }
     }
@@ -412,8 +388,7 @@ static void event_cb(kvg_sock *sock, int what, void *arg)
             process_input(u);
             if (u->state != KVG_UPSTREAM_READING)
                 return;
-            http_parser_execute(&u->parser, &response_settings, NULL, 0);
-            if (u->message_complete) {
+            if (u->head_passed && kvg_h1_body_eof(&u->body)) {
                 complete(u);
                 return;
             }
@@ -531,8 +506,6 @@ static kvg_upstream *upstream_new(kvg_upstream_pool *p)
     u->pool = p;
     u->state = KVG_UPSTREAM_CONNECTING;
     kvg_list_init(&u->link);
-    kvg_buf_init(&u->field);
-    kvg_buf_init(&u->value);
     kvg_arena_init(&u->arena, 2048);
     event_assign(&u->timer, t->base, -1, 0, timer_cb, u);
     event_assign(&u->close_ev, t->base, -1, 0, close_cb, u);
@@ -573,15 +546,11 @@ int kvg_upstream_request(kvg_thread *t, kvg_worker *w, const char *head, size_t 
     }
     u->cbs = cbs;
     u->ud = ud;
-    u->got_bytes = u->head_passed = u->message_complete = u->paused = u->in_value = false;
-    u->bad_header = false;
-    u->nheaders = u->cap_headers = u->head_bytes = 0;
-    u->headers = NULL;
+    u->got_bytes = u->head_passed = u->paused = u->keep_alive = false;
+    u->head_request = head_len >= 5 && memcmp(head, "HEAD ", 5) == 0;
+    memset(&u->scan, 0, sizeof(u->scan));
+    memset(&u->body, 0, sizeof(u->body));
     kvg_arena_reset(&u->arena);
-    kvg_buf_reset(&u->field);
-    kvg_buf_reset(&u->value);
-    http_parser_init(&u->parser, HTTP_RESPONSE);
-    u->parser.data = u;
     struct evbuffer *o = fresh ? u->pending : u->sock.out;
     evbuffer_add(o, head, head_len);
     if (body && evbuffer_get_length(body))
