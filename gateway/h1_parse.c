@@ -12,14 +12,17 @@
  *     whitespace; the target is visible ASCII only (no tab, form feed or bytes >= 0x80).
  *  5. The status code is 100-999 and the reason phrase has no control but HTAB.
  *  6. CR must be followed by LF everywhere (http-parser's non-strict build takes any byte
- *     after the CR ending a chunk-size line, and any two bytes after a chunk's data).
+ *     after the CR ending a chunk-size line, and any two bytes after a chunk's data). In the
+ *     chunked coding the size lines and the line after each chunk's data end in CRLF, as
+ *     http-parser requires too; only the trailers may end lines in a bare LF.
  *  7. Chunk extensions: at most KVG_H1_MAX_CHUNK_LINE bytes per size line, no controls but
  *     HTAB; trailers are bounded by the caller's max_trailer and must be name: value lines.
- *  8. An empty Content-Length value is refused.
- *  9. 1xx, 204 and 304 responses have no body whatever their framing headers say (RFC 9112
+ *  8. 1xx, 204 and 304 responses have no body whatever their framing headers say (RFC 9112
  *     6.3; http-parser reads a Content-Length body after a 204); 101 is refused by
  *     upstream.c (a worker never switches protocols).
- * 10. Transfer-Encoding naming chunked before its final coding is refused in requests.
+ *  9. Transfer-Encoding (all its fields as one list) with an empty element or with chunked
+ *     before its end is refused, in responses too (http-parser reads "chunked," and
+ *     ",chunked" as not chunked, and takes chunked twice from two fields).
  * Identical to http-parser: any two Content-Length headers are refused, even equal ones;
  * Content-Length with Transfer-Encoding is refused (requests and responses); a request whose
  * Transfer-Encoding does not end in chunked is refused; a response's is read until close;
@@ -102,11 +105,11 @@ size_t kvg_h1_head_end(kvg_h1_scan *s, const char *buf, size_t len)
 /* The methods http-parser knows (http_parser.h's HTTP_METHOD_MAP), and only those: a gateway
  * that took any token would be laxer than the parser it replaced. */
 static const char *const methods[] = {
-    "DELETE",    "GET",       "HEAD",        "POST",     "PUT",        "CONNECT",  "OPTIONS",
-    "TRACE",     "COPY",      "LOCK",        "MKCOL",    "MOVE",       "PROPFIND", "PROPPATCH",
-    "SEARCH",    "UNLOCK",    "BIND",        "REBIND",   "UNBIND",     "ACL",      "REPORT",
-    "MKACTIVITY", "CHECKOUT", "MERGE",       "M-SEARCH", "NOTIFY",     "SUBSCRIBE", "UNSUBSCRIBE",
-    "PATCH",     "PURGE",     "MKCALENDAR",  "LINK",     "UNLINK",     "SOURCE",
+    "DELETE",     "GET",      "HEAD",       "POST",     "PUT",    "CONNECT",   "OPTIONS",
+    "TRACE",      "COPY",     "LOCK",       "MKCOL",    "MOVE",   "PROPFIND",  "PROPPATCH",
+    "SEARCH",     "UNLOCK",   "BIND",       "REBIND",   "UNBIND", "ACL",       "REPORT",
+    "MKACTIVITY", "CHECKOUT", "MERGE",      "M-SEARCH", "NOTIFY", "SUBSCRIBE", "UNSUBSCRIBE",
+    "PATCH",      "PURGE",    "MKCALENDAR", "LINK",     "UNLINK", "SOURCE",
 };
 
 static const char *find_method(const char *s, size_t len)
@@ -170,27 +173,29 @@ static void connection_tokens(kvg_h1_msg *m, const char *v, size_t len)
 }
 
 /* Transfer-Encoding: several fields make one list (RFC 9110 5.3); m->chunked says whether
- * the final coding so far is chunked. Returns false when chunked is followed by another coding
- * (applied twice, or not last: refused in requests). */
+ * the final coding so far is chunked. Returns false for a list that kvgate refuses in requests
+ * and responses alike: an empty element (",chunked", "chunked,": http-parser reads neither as
+ * chunked), or chunked followed by anything (applied twice, or not the final coding). */
 static bool transfer_codings(kvg_h1_msg *m, const char *v, size_t len)
 {
     bool ok = true;
     size_t i = 0;
     m->has_te = true;
-    while (i < len) {
-        while (i < len && (ows(v[i]) || v[i] == ','))
-            i++;
-        if (i >= len)
-            break;
+    for (;;) {
         size_t s = i;
         while (i < len && v[i] != ',')
             i++;
         size_t e = i;
+        while (s < e && ows(v[s]))
+            s++;
         while (e > s && ows(v[e - 1]))
             e--;
-        if (m->chunked)
+        if (e == s || m->chunked)
             ok = false;
         m->chunked = lower_eq(v + s, e - s, "chunked", 7);
+        if (i >= len)
+            break;
+        i++; /* the comma */
     }
     return ok;
 }
@@ -285,7 +290,11 @@ static int parse_headers(char *p, char *end, kvg_h1_msg *m, kvg_header *headers,
         *why = "Content-Length together with Transfer-Encoding";
         return -EBADMSG;
     }
-    if (request && m->has_te && (!m->chunked || !te_ok)) {
+    if (!te_ok) {
+        *why = "invalid Transfer-Encoding";
+        return -EBADMSG;
+    }
+    if (request && m->has_te && !m->chunked) {
         *why = "request has invalid transfer-encoding";
         return -EBADMSG;
     }
@@ -374,18 +383,18 @@ int kvg_h1_parse_response(char *buf, size_t len, kvg_h1_msg *m, kvg_header *head
 /* ---- bodies ---------------------------------------------------------------------------------- */
 
 enum {
-    CS_SIZE = 0,   /* chunk-size hex digits */
-    CS_SIZE_WS,    /* whitespace after the digits */
-    CS_EXT,        /* chunk extensions, ignored */
-    CS_SIZE_LF,    /* CR seen, LF next */
-    CS_DATA,       /* chunk data */
-    CS_DATA_CR,    /* CRLF (or LF) after the data */
-    CS_DATA_LF,    /* CR seen after the data, LF next */
-    CS_TR_START,   /* start of a trailer line, or the empty line */
-    CS_TR_NAME,    /* trailer name */
-    CS_TR_VALUE,   /* trailer value */
-    CS_TR_LF,      /* CR seen in a trailer line, LF next */
-    CS_END_LF,     /* CR of the last empty line seen, LF next */
+    CS_SIZE = 0, /* chunk-size hex digits */
+    CS_SIZE_WS,  /* whitespace after the digits */
+    CS_EXT,      /* chunk extensions, ignored */
+    CS_SIZE_LF,  /* CR seen, LF next */
+    CS_DATA,     /* chunk data */
+    CS_DATA_CR,  /* CRLF after the data */
+    CS_DATA_LF,  /* CR seen after the data, LF next */
+    CS_TR_START, /* start of a trailer line, or the empty line */
+    CS_TR_NAME,  /* trailer name */
+    CS_TR_VALUE, /* trailer value */
+    CS_TR_LF,    /* CR seen in a trailer line, LF next */
+    CS_END_LF,   /* CR of the last empty line seen, LF next */
     CS_STATE_COUNT,
 };
 
@@ -405,8 +414,7 @@ static void body_set(kvg_h1_body *b, kvg_h1_body_mode mode, uint64_t left)
     b->done = mode == KVG_H1_BODY_NONE;
 }
 
-void kvg_h1_body_init_request(kvg_h1_body *b, const kvg_h1_msg *m, uint64_t max,
-                              size_t max_trailer)
+void kvg_h1_body_init_request(kvg_h1_body *b, const kvg_h1_msg *m, uint64_t max, size_t max_trailer)
 {
     if (m->chunked)
         body_set(b, KVG_H1_BODY_CHUNKED, 0);
@@ -418,8 +426,7 @@ void kvg_h1_body_init_request(kvg_h1_body *b, const kvg_h1_msg *m, uint64_t max,
     b->max_trailer = max_trailer;
 }
 
-void kvg_h1_body_init_response(kvg_h1_body *b, kvg_h1_msg *m, bool head_request,
-                               size_t max_trailer)
+void kvg_h1_body_init_response(kvg_h1_body *b, kvg_h1_msg *m, bool head_request, size_t max_trailer)
 {
     if (head_request || m->status < 200 || m->status == 204 || m->status == 304)
         body_set(b, KVG_H1_BODY_NONE, 0);
@@ -477,8 +484,6 @@ static int chunk_byte(kvg_h1_body *b, unsigned char c, const char **why)
             b->state = CS_EXT;
         else if (c == '\r')
             b->state = CS_SIZE_LF;
-        else if (c == '\n')
-            goto size_done;
         else {
             *why = "invalid chunk size";
             return -EBADMSG;
@@ -490,8 +495,6 @@ static int chunk_byte(kvg_h1_body *b, unsigned char c, const char **why)
             b->state = CS_EXT;
         else if (c == '\r')
             b->state = CS_SIZE_LF;
-        else if (c == '\n')
-            goto size_done;
         else if (!ows((char)c)) {
             *why = "invalid chunk size";
             return -EBADMSG;
@@ -500,8 +503,6 @@ static int chunk_byte(kvg_h1_body *b, unsigned char c, const char **why)
     case CS_EXT:
         if (c == '\r')
             b->state = CS_SIZE_LF;
-        else if (c == '\n')
-            goto size_done;
         else if (!value_char(c)) {
             *why = "invalid character in a chunk extension";
             return -EBADMSG;
@@ -516,8 +517,6 @@ static int chunk_byte(kvg_h1_body *b, unsigned char c, const char **why)
     case CS_DATA_CR:
         if (c == '\r')
             b->state = CS_DATA_LF;
-        else if (c == '\n')
-            b->state = CS_SIZE;
         else {
             *why = "chunk data not followed by CRLF";
             return -EBADMSG;

@@ -76,15 +76,15 @@ const char *kvg_h1_body_mode_str(kvg_h1_body_mode m);
 /** The body framer of one message. */
 typedef struct kvg_h1_body {
     kvg_h1_body_mode mode;
-    int state;           /* chunked: where in the coding */
-    bool done;           /* the message is complete */
-    uint64_t left;       /* LENGTH: bytes left; CHUNKED: bytes left in the chunk */
-    uint64_t total;      /* body bytes delivered so far */
-    uint64_t max;        /* CHUNKED: a chunk that would take total past it is refused; 0: none */
-    size_t line;         /* CHUNKED: bytes of the current size line */
-    size_t trailer;      /* CHUNKED: trailer bytes so far */
-    size_t max_trailer;  /* CHUNKED: trailer bytes allowed */
-    bool size_digits;    /* CHUNKED: the size line has a digit */
+    int state;          /* chunked: where in the coding */
+    bool done;          /* the message is complete */
+    uint64_t left;      /* LENGTH: bytes left; CHUNKED: bytes left in the chunk */
+    uint64_t total;     /* body bytes delivered so far */
+    uint64_t max;       /* CHUNKED: a chunk that would take total past it is refused; 0: none */
+    size_t line;        /* CHUNKED: bytes of the current size line */
+    size_t trailer;     /* CHUNKED: trailer bytes so far */
+    size_t max_trailer; /* CHUNKED: trailer bytes allowed */
+    bool size_digits;   /* CHUNKED: the size line has a digit */
 } kvg_h1_body;
 
 /** Frame a request body from its head (kvg_h1_parse_request succeeded). max bounds chunk sizes
