@@ -506,7 +506,7 @@ static int h1_read_head(h1_conn *h)
     if (h->state == H1_IDLE) {
         /* Empty lines before a request line are ignored (RFC 9112 2.2), as http-parser did. */
         for (;;) {
-            if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
+            if (evbuffer_get_length(in) == 0 || evbuffer_peek(in, -1, NULL, &v, 1) < 1)
                 return 0;
             const char *p = v.iov_base;
             size_t k = 0;

@@ -252,7 +252,7 @@ static int read_head(kvg_upstream *u)
     if (u->scan.pos == 0) {
         /* Empty lines before a status line are skipped, as http-parser did. */
         for (;;) {
-            if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
+            if (evbuffer_get_length(in) == 0 || evbuffer_peek(in, -1, NULL, &v, 1) < 1)
                 return 0;
             const char *p = v.iov_base;
             size_t k = 0;
