@@ -36,8 +36,8 @@ typedef struct h1_conn {
     int minor;              /* HTTP/1.<minor> of the current request */
     uint64_t head_start_ns; /* a head that took more than one read: when it started */
     uint64_t head_start_wall_ns;
-    bool paused_for_head;  /* parser paused at end of head, waiting for the handler */
-    bool message_complete; /* parser saw the end of the request */
+    bool paused_for_head;  /* a head was parsed: the handler gets it before the body is read */
+    bool message_complete; /* the framer saw the end of the request */
     bool body_wanted;      /* the handler asked for the body */
     bool discard_body;     /* the handler answered early: drop the body */
     bool keep_alive;
