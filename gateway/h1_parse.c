@@ -16,14 +16,22 @@
  *     chunked coding the size lines and the line after each chunk's data end in CRLF, as
  *     http-parser requires too; only the trailers may end lines in a bare LF.
  *  7. Chunk extensions: at most KVG_H1_MAX_CHUNK_LINE bytes per size line, no controls but
- *     HTAB; trailers are bounded by the caller's max_trailer and must be name: value lines.
- *  8. 1xx, 204 and 304 responses have no body whatever their framing headers say (RFC 9112
- *     6.3; http-parser reads a Content-Length body after a 204); 101 is refused by
+ *     HTAB; trailers are bounded by the caller's max_trailer and must be name: value lines,
+ *     none of them Content-Length or Transfer-Encoding (RFC 9110 6.5.1; http-parser checks a
+ *     Content-Length trailer's digits and lets a valid one through).
+ *  8. 1xx, 204 and 304 responses have no body (RFC 9112 6.3); one that declares one anyway
+ *     (Transfer-Encoding, or a Content-Length other than 0) is refused, where http-parser
+ *     reads that body and so frames the connection differently. 101 is refused by
  *     upstream.c (a worker never switches protocols).
- *  9. Transfer-Encoding (all its fields as one list) with an empty element or with chunked
- *     before its end is refused, in responses too (http-parser reads "chunked," and
- *     ",chunked" as not chunked, and takes chunked twice from two fields).
+ *  9. Transfer-Encoding (all its fields as one list) with an empty element, with chunked
+ *     before its end, or with a coding that is a proper prefix of "chunked" is refused, in
+ *     responses too (http-parser reads "chunked," and ",chunked" as not chunked, takes
+ *     chunked twice from two fields, and misreads the list after "c,"); so is an HTAB in a
+ *     Transfer-Encoding value after its leading whitespace (http-parser takes only SP there),
+ *     and a coding that is not a bare token (transfer parameters included: none is in use).
  * Identical to http-parser: any two Content-Length headers are refused, even equal ones;
+ * a name that merely starts with "transfer-encoding" counts as a Transfer-Encoding that is not
+ * chunked (http-parser's prefix match, see parse_headers);
  * Content-Length with Transfer-Encoding is refused (requests and responses); a request whose
  * Transfer-Encoding does not end in chunked is refused; a response's is read until close;
  * bare LF line ends are accepted; CR and LF before a message are skipped. */
@@ -192,6 +200,15 @@ static bool transfer_codings(kvg_h1_msg *m, const char *v, size_t len)
             e--;
         if (e == s || m->chunked)
             ok = false;
+        /* Each coding a bare token: no parameters (none is in use), nothing http-parser's
+         * matcher could misread. */
+        for (size_t k = s; k < e; k++)
+            if (!tchar_lower[(unsigned char)v[k]])
+                ok = false;
+        /* No coding is a proper prefix of chunked ("c", "chunke"); http-parser 2.9.4 misreads
+         * the rest of the list after one, and so refused such requests. */
+        if (e - s < 7 && lower_eq(v + s, e - s, "chunked", e - s))
+            ok = false;
         m->chunked = lower_eq(v + s, e - s, "chunked", 7);
         if (i >= len)
             break;
@@ -236,6 +253,11 @@ static int parse_headers(char *p, char *end, kvg_h1_msg *m, kvg_header *headers,
                 *why = "invalid character in a header value";
                 return -EBADMSG;
             }
+        /* http-parser 2.9.4 takes only SP around the codings of a Transfer-Encoding list: with
+         * an HTAB after its first byte it reads the list as not chunked. Refused here. */
+        if (name_len == 17 && memchr(value, '\t', (size_t)(e - value)) &&
+            memcmp(name, "transfer-encoding", 17) == 0)
+            te_ok = false;
         while (p > value && ows(p[-1]))
             p--;
         size_t value_len = (size_t)(p - value);
@@ -282,6 +304,11 @@ static int parse_headers(char *p, char *end, kvg_h1_msg *m, kvg_header *headers,
                 m->has_upgrade = true;
             break;
         default:
+            /* http-parser 2.9.4 flags Transfer-Encoding once a name starts with it
+             * ("Transfer-Encoding-X"), and so refused such requests (not chunked) and framed
+             * such responses until close. Kept: the front refuses what it refused. */
+            if (name_len > 17 && memcmp(name, "transfer-encoding", 17) == 0)
+                m->has_te = true;
             break;
         }
         p = next;
@@ -377,14 +404,20 @@ int kvg_h1_parse_response(char *buf, size_t len, kvg_h1_msg *m, kvg_header *head
         }
     m->reason_len = (size_t)(p - m->reason);
     *p = '\0';
-    return parse_headers(next, end, m, headers, max, false, why);
+    int rc = parse_headers(next, end, m, headers, max, false, why);
+    if (rc == 0 && (m->status < 200 || m->status == 204 || m->status == 304) &&
+        (m->has_te || m->content_length > 0)) {
+        *why = "a 1xx, 204 or 304 response that declares a body";
+        return -EBADMSG;
+    }
+    return rc;
 }
 
 /* ---- bodies ---------------------------------------------------------------------------------- */
 
 enum {
     CS_SIZE = 0, /* chunk-size hex digits */
-    CS_SIZE_WS,  /* whitespace after the digits */
+    CS_SIZE_WS,  /* spaces after the digits */
     CS_EXT,      /* chunk extensions, ignored */
     CS_SIZE_LF,  /* CR seen, LF next */
     CS_DATA,     /* chunk data */
@@ -459,6 +492,18 @@ static int hexval(unsigned char c)
     return -1;
 }
 
+/* Match a trailer name against content-length (bit 0) and transfer-encoding (bit 1). */
+static void trailer_name_byte(kvg_h1_body *b, unsigned char c)
+{
+    static const char cl[] = "content-length", te[] = "transfer-encoding";
+    unsigned char l = tchar_lower[c];
+    if (b->line >= sizeof(cl) - 1 || cl[b->line] != l)
+        b->framing &= ~1u;
+    if (b->line >= sizeof(te) - 1 || te[b->line] != l)
+        b->framing &= ~2u;
+    b->line++;
+}
+
 /* One step of the chunked coding's framing (everything but the data). */
 static int chunk_byte(kvg_h1_body *b, unsigned char c, const char **why)
 {
@@ -478,7 +523,7 @@ static int chunk_byte(kvg_h1_body *b, unsigned char c, const char **why)
             *why = "invalid chunk size";
             return -EBADMSG;
         }
-        if (ows((char)c))
+        if (c == ' ') /* BWS before the extensions; SP only, as http-parser takes it */
             b->state = CS_SIZE_WS;
         else if (c == ';')
             b->state = CS_EXT;
@@ -495,7 +540,7 @@ static int chunk_byte(kvg_h1_body *b, unsigned char c, const char **why)
             b->state = CS_EXT;
         else if (c == '\r')
             b->state = CS_SIZE_LF;
-        else if (!ows((char)c)) {
+        else if (c != ' ') {
             *why = "invalid chunk size";
             return -EBADMSG;
         }
@@ -534,17 +579,27 @@ static int chunk_byte(kvg_h1_body *b, unsigned char c, const char **why)
             b->state = CS_END_LF;
         else if (c == '\n')
             b->done = true;
-        else if (tchar_lower[c])
+        else if (tchar_lower[c]) {
             b->state = CS_TR_NAME;
-        else {
+            b->line = 0;
+            b->framing = 3;
+            trailer_name_byte(b, c);
+        } else {
             *why = "invalid trailer";
             return -EBADMSG;
         }
         break;
     case CS_TR_NAME:
-        if (c == ':')
+        if (c == ':') {
+            /* Framing fields have no place in trailers (RFC 9110 6.5.1). */
+            if ((b->framing & 1 && b->line == 14) || (b->framing & 2 && b->line == 17)) {
+                *why = "Content-Length or Transfer-Encoding in trailers";
+                return -EBADMSG;
+            }
             b->state = CS_TR_VALUE;
-        else if (!tchar_lower[c]) {
+        } else if (tchar_lower[c]) {
+            trailer_name_byte(b, c);
+        } else {
             *why = "invalid trailer";
             return -EBADMSG;
         }

@@ -85,6 +85,7 @@ typedef struct kvg_h1_body {
     size_t trailer;     /* CHUNKED: trailer bytes so far */
     size_t max_trailer; /* CHUNKED: trailer bytes allowed */
     bool size_digits;   /* CHUNKED: the size line has a digit */
+    unsigned framing;   /* CHUNKED: the trailer name may still be a framing field's */
 } kvg_h1_body;
 
 /** Frame a request body from its head (kvg_h1_parse_request succeeded). max bounds chunk sizes

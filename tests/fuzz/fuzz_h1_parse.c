@@ -9,10 +9,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#define assert_non_null(x) \
-    do {                   \
-        if (!(x))          \
-            abort();       \
+#define assert_non_null(x)                                                                         \
+    do {                                                                                           \
+        if (!(x))                                                                                  \
+            abort();                                                                               \
     } while (0)
 #define assert_true(x) assert_non_null(x)
 #define fail() abort()

@@ -40,7 +40,7 @@ typedef struct result {
 
 static void add(char *dst, size_t *len, size_t cap, const char *s, size_t n)
 {
-    if (*len + n < cap) {
+    if (n && *len + n < cap) {
         memcpy(dst + *len, s, n);
         *len += n;
         dst[*len] = '\0';

@@ -8,13 +8,15 @@
  *   D_FOLD     obs-fold                         D_NAME_WS  whitespace before the colon
  *   D_VERSION  HTTP/2.0, HTTP/0.9               D_SPACES   two spaces in the request line
  *   D_EXT_CTL  a control in a chunk extension   D_CR       CR not followed by LF after data
- *   D_TE       Transfer-Encoding with an empty element or chunked before its end
+ *   D_TE       Transfer-Encoding with an empty element, chunked before its end, a coding
+ *              that is a prefix of chunked or not a bare token, or an HTAB after its first
+ *              byte
+ *   D_TRAILER  a Content-Length or Transfer-Encoding trailer
  *   D_TARGET   a tab or a byte >= 0x80 in the target
  *   D_STATUS   a status code not of 3 digits, 100-999
  *   D_REASON   a control in the reason phrase
  *   D_CTL_FIRST a control as a value's first byte (http-parser checks the others only)
- * (1xx/204/304 responses with a Content-Length body are not generated: http-parser reads the
- * body, kvgate does not, RFC 9112 6.3.) */
+ *   D_NOBODY   a 1xx, 204 or 304 response that declares a body (http-parser reads it) */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -311,6 +313,13 @@ static void test_cases(void **state)
         "POST / HTTP/1.1\r\nContent-Length: 1 2\r\n\r\nab",
         "POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
         "POST / HTTP/1.1\r\nContent-Length:\r\n\r\n",
+        "POST / HTTP/1.1\r\nTransfer-Encoding-X: chunked\r\n\r\n",
+        "POST / HTTP/1.1\r\nTransfer-Encoding: gzip, c, chunked\r\n\r\n0\r\n\r\n",
+        "POST / HTTP/1.1\r\nTransfer-Encoding: chunke, chunked\r\n\r\n0\r\n\r\n",
+        "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\t\r\n\r\n0\r\n\r\n",
+        "POST / HTTP/1.1\r\nTransfer-Encoding: gzip,\tchunked\r\n\r\n0\r\n\r\n",
+        "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\t;a\r\nx\r\n0\r\n\r\n",
+        "POST / HTTP/1.1\r\nTransfer-Encodingx: gzip\r\nContent-Length: 1\r\n\r\nx",
         "GET / HTTP/1.1\r\nX: a\x01z\r\n\r\n",
         "GET / HTTP/1.1\r\nX: a\x7fz\r\n\r\n",
         "GET / HTTP/1.1\r\nX: a\0z\r\n\r\n",
@@ -361,6 +370,7 @@ static void test_cases(void **state)
         "HTTP/1.1 200\r\nContent-Length: 2\r\n\r\nok",
         "HTTP/1.1 204 No Content\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
         "HTTP/1.1 304 Not Modified\r\n\r\n",
+        "HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n",
         "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n\r\nuntil close",
         "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 1\r\n\r\nx",
         "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nclose-delimited",
@@ -390,6 +400,12 @@ static void test_cases(void **state)
         /* D_CR */ "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nxAB0\r\n\r\n",
         /* D_CR */ "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\rXx\r\n0\r\n\r\n",
         /* D_TE */
+        "POST / HTTP/1.1\r\nTransfer-Encoding: gzip;q=1, chunked\r\n\r\n0\r\n\r\n",
+        /* D_TRAILER */
+        "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nContent-Length: 5\r\n\r\n",
+        /* D_TRAILER */
+        "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nTransfer-encoding: x\r\n\r\n",
+        /* D_TE */
         "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n"
         "0\r\n\r\n",
     };
@@ -403,6 +419,9 @@ static void test_cases(void **state)
         /* D_CTL_FIRST */ "HTTP/1.1 200 OK\r\nX: \x01\r\nContent-Length: 0\r\n\r\n",
         /* D_TE */ "HTTP/1.1 200 OK\r\nTransfer-Encoding: ,chunked\r\n\r\n0\r\n\r\n",
         /* D_TE */ "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\nxyz",
+        /* D_NOBODY */ "HTTP/1.1 204 No\r\nContent-Length: 2\r\n\r\nok",
+        /* D_NOBODY */ "HTTP/1.1 304 No\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        /* D_NOBODY */ "HTTP/1.1 100 Continue\r\nContent-Length: 1\r\n\r\nx",
         /* D_REASON */ "HTTP/1.1 200 O\x01K\r\nContent-Length: 0\r\n\r\n",
     };
     for (size_t i = 0; i < sizeof(stricter_resp) / sizeof(stricter_resp[0]); i++)
