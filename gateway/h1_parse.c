@@ -27,7 +27,8 @@
  *     before its end, or with a coding that is a proper prefix of "chunked" is refused, in
  *     responses too (http-parser reads "chunked," and ",chunked" as not chunked, takes
  *     chunked twice from two fields, and misreads the list after "c,"); so is an HTAB in a
- *     Transfer-Encoding value after its leading whitespace (http-parser takes only SP there),
+ *     Transfer-Encoding value after its leading whitespace (http-parser takes only SP there;
+ *     it refuses such a Content-Length, as kvgate does),
  *     and a coding that is not a bare token (transfer parameters included: none is in use).
  * Identical to http-parser: any two Content-Length headers are refused, even equal ones;
  * a name that merely starts with "transfer-encoding" counts as a Transfer-Encoding that is not
@@ -253,11 +254,15 @@ static int parse_headers(char *p, char *end, kvg_h1_msg *m, kvg_header *headers,
                 *why = "invalid character in a header value";
                 return -EBADMSG;
             }
-        /* http-parser 2.9.4 takes only SP around the codings of a Transfer-Encoding list: with
-         * an HTAB after its first byte it reads the list as not chunked. Refused here. */
-        if (name_len == 17 && memchr(value, '\t', (size_t)(e - value)) &&
-            memcmp(name, "transfer-encoding", 17) == 0)
-            te_ok = false;
+        /* http-parser 2.9.4 takes only SP around the digits of a Content-Length and the
+         * codings of a Transfer-Encoding: with an HTAB after the value's first byte it refused
+         * the length and read the codings as not chunked. Both refused here. */
+        if (((name_len == 14 && memcmp(name, "content-length", 14) == 0) ||
+             (name_len == 17 && memcmp(name, "transfer-encoding", 17) == 0)) &&
+            memchr(value, '\t', (size_t)(e - value))) {
+            *why = "HTAB in a Content-Length or Transfer-Encoding value";
+            return -EBADMSG;
+        }
         while (p > value && ows(p[-1]))
             p--;
         size_t value_len = (size_t)(p - value);
