@@ -3,39 +3,52 @@
  * framed by a small state machine (RFC 9112). Fuzzed through fuzz_h1_request/fuzz_h1_response
  * and checked against libhttp-parser by tests/unit/gateway/test_h1_parse.c.
  *
- * Deliberate differences from Debian's http-parser 2.9.4 (built non-strict), each stricter:
- *  1. obs-fold (a header line starting with SP or HTAB) is refused (RFC 9112 5.2 allows it).
- *  2. Header names must be tokens, with no whitespace before the colon (http-parser lets
- *     spaces into names; h1.c and upstream.c refused such names after it anyway).
- *  3. Only HTTP/1.0 and HTTP/1.1; HTTP/0.9 request lines (no version) are refused.
- *  4. The request line is method SP target SP version: one space each, no tab, no other
- *     whitespace; the target is visible ASCII only (no tab, form feed or bytes >= 0x80).
- *  5. The status code is 100-999 and the reason phrase has no control but HTAB.
- *  6. CR must be followed by LF everywhere (http-parser's non-strict build takes any byte
- *     after the CR ending a chunk-size line, and any two bytes after a chunk's data). In the
- *     chunked coding the size lines and the line after each chunk's data end in CRLF, as
- *     http-parser requires too; only the trailers may end lines in a bare LF.
- *  7. Chunk extensions: at most KVG_H1_MAX_CHUNK_LINE bytes per size line, no controls but
- *     HTAB; trailers are bounded by the caller's max_trailer and must be name: value lines,
- *     none of them Content-Length or Transfer-Encoding (RFC 9110 6.5.1; http-parser checks a
- *     Content-Length trailer's digits and lets a valid one through).
- *  8. 1xx, 204 and 304 responses have no body (RFC 9112 6.3); one that declares one anyway
- *     (Transfer-Encoding, or a Content-Length other than 0) is refused, where http-parser
- *     reads that body and so frames the connection differently. 101 is refused by
- *     upstream.c (a worker never switches protocols).
- *  9. Transfer-Encoding (all its fields as one list) with an empty element, with chunked
- *     before its end, or with a coding that is a proper prefix of "chunked" is refused, in
- *     responses too (http-parser reads "chunked," and ",chunked" as not chunked, takes
- *     chunked twice from two fields, and misreads the list after "c,"); so is an HTAB in a
- *     Transfer-Encoding value after its leading whitespace (http-parser takes only SP there;
- *     it refuses such a Content-Length, as kvgate does),
- *     and a coding that is not a bare token (transfer parameters included: none is in use).
- * Identical to http-parser: any two Content-Length headers are refused, even equal ones;
- * a name that merely starts with "transfer-encoding" counts as a Transfer-Encoding that is not
- * chunked (http-parser's prefix match, see parse_headers);
- * Content-Length with Transfer-Encoding is refused (requests and responses); a request whose
- * Transfer-Encoding does not end in chunked is refused; a response's is read until close;
- * bare LF line ends are accepted; CR and LF before a message are skipped. */
+ * Deliberate differences from Debian's http-parser 2.9.4 (built non-strict), each stricter
+ * (tests/unit/gateway/test_h1_parse.c generates each one, tagged D_*):
+ *  1. obs-fold (a header line starting with SP or HTAB) is refused (D_FOLD).
+ *  2. Header names must be tokens, with no whitespace before the colon (D_NAME_WS; http-parser
+ *     lets spaces into names; h1.c and upstream.c refused such names after it anyway).
+ *  3. Only HTTP/1.0 and HTTP/1.1, spelled exactly (D_VERSION; http-parser takes any
+ *     HTTP/d.d, does not check the letters of "HTTP" and takes HTTP/0.9 request lines). The
+ *     front answers another HTTP/d.d with 505.
+ *  4. The request line is method SP target SP version: one space each (D_SPACES); the target
+ *     is visible ASCII only, no tab, form feed or bytes >= 0x80 (D_TARGET).
+ *  5. The status code is 3 digits, 100-999 (D_STATUS); the reason phrase has no control but
+ *     HTAB (D_REASON).
+ *  6. No control but HTAB in a value's first byte either (D_CTL_FIRST: http-parser checks
+ *     the other bytes only).
+ *  7. CR must be followed by LF everywhere (D_CR: http-parser's non-strict build takes any
+ *     byte after the CR ending a head, a chunk-size line or a trailer, and any two bytes
+ *     after a chunk's data). Size lines and the line after a chunk's data end in CRLF, as
+ *     http-parser requires too; only head and trailer lines may end in a bare LF.
+ *  8. Chunk sizes: SP only between the digits and the extensions (http-parser refuses an
+ *     HTAB too); extensions at most KVG_H1_MAX_CHUNK_LINE bytes per size line with no
+ *     control but HTAB (D_EXT_CTL); trailers bounded by the caller's max_trailer, name:value
+ *     lines, none of them Content-Length or Transfer-Encoding (D_TRAILER, RFC 9110 6.5.1;
+ *     http-parser checks a Content-Length trailer's digits and lets a valid one through).
+ *  9. 1xx, 204 and 304 responses have no body (RFC 9112 6.3); one that declares one anyway
+ *     (Transfer-Encoding, or a Content-Length other than 0) is refused (D_NOBODY), where
+ *     http-parser reads that body and so frames the connection differently. 101 is refused
+ *     by upstream.c (a worker never switches protocols).
+ * 10. Transfer-Encoding (all its fields as one list) is refused, in responses too (D_TE), with
+ *     an empty element (http-parser reads "chunked," and ",chunked" as not chunked), with
+ *     chunked before its end (http-parser takes chunked twice from two fields), with a coding
+ *     that is a proper prefix of "chunked" (it misreads the list after "c,") or not a bare
+ *     token (transfer parameters included: none is in use), or with an HTAB after the
+ *     value's first byte (it takes only SP there, and refuses such a Content-Length too).
+ * 11. A Connection list that is not plain tokens, commas and spaces (an empty element, an
+ *     HTAB, a byte outside a token) reads as close (D_CONN: http-parser misreads some, e.g.
+ *     ",keep-alive"); the connection closes after the response, where it might have been
+ *     kept alive.
+ * 12. Errors in a head are found once the whole head is there (its empty line), not at the
+ *     first bad byte: a client that never ends a bad head meets the head timeout (408) or
+ *     the size limit (431), as one that never ends a good one does.
+ * Identical to http-parser: the methods it knows, and only those; any two Content-Length
+ * headers are refused, even equal ones; Content-Length with Transfer-Encoding is refused
+ * (requests and responses); a request whose Transfer-Encoding does not end in chunked is
+ * refused, a response's is read until close; a name that merely starts with
+ * "transfer-encoding" counts as a Transfer-Encoding that is not chunked (its prefix match);
+ * bare LF line ends are accepted in heads; CR and LF before a message are skipped. */
 #include "h1_parse.h"
 
 #include <errno.h>
@@ -63,6 +76,20 @@ static const unsigned char tchar_lower[256] = {
 static inline bool value_char(unsigned char c)
 {
     return c >= 0x20 ? c != 0x7f : c == '\t';
+}
+
+/* Eight bytes at a time: true when none is below 0x20 or DEL (no control; an HTAB makes it
+ * false too, and the byte loop then takes it). Exact as a yes/no: a borrow only starts at a
+ * byte that answers it. */
+static inline bool value_block_ok(const char *p)
+{
+    const uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
+    uint64_t x;
+    memcpy(&x, p, sizeof(x));
+    uint64_t ctl = (x - ones * 0x20) & ~x & high;
+    uint64_t y = x ^ (ones * 0x7f);
+    uint64_t del = (y - ones) & ~y & high;
+    return (ctl | del) == 0;
 }
 
 static inline bool ows(char c)
@@ -159,25 +186,36 @@ static int parse_version(const char *p, size_t avail)
     return p[7] - '0';
 }
 
-/* Comma-separated tokens of Connection. */
+/* Comma-separated tokens of Connection. A list that is not plainly tokens separated by commas
+ * and spaces (an empty element, a byte outside a token, an HTAB: http-parser misreads such
+ * lists) reads as close: closing is always safe, keeping alive what http-parser closed is not. */
 static void connection_tokens(kvg_h1_msg *m, const char *v, size_t len)
 {
     size_t i = 0;
-    while (i < len) {
-        while (i < len && (ows(v[i]) || v[i] == ','))
-            i++;
+    for (;;) {
         size_t s = i;
         while (i < len && v[i] != ',')
             i++;
         size_t e = i;
-        while (e > s && ows(v[e - 1]))
+        while (s < e && v[s] == ' ')
+            s++;
+        while (e > s && v[e - 1] == ' ')
             e--;
-        if (lower_eq(v + s, e - s, "close", 5))
+        bool token = e > s;
+        for (size_t k = s; k < e; k++)
+            if (!tchar_lower[(unsigned char)v[k]])
+                token = false;
+        if (!token)
+            m->conn_close = true;
+        else if (lower_eq(v + s, e - s, "close", 5))
             m->conn_close = true;
         else if (lower_eq(v + s, e - s, "keep-alive", 10))
             m->conn_keep_alive = true;
         else if (lower_eq(v + s, e - s, "upgrade", 7))
             m->conn_upgrade = true;
+        if (i >= len)
+            break;
+        i++; /* the comma */
     }
 }
 
@@ -249,6 +287,8 @@ static int parse_headers(char *p, char *end, kvg_h1_msg *m, kvg_header *headers,
         while (p < e && ows(*p))
             p++;
         char *value = p;
+        while (e - p >= 8 && value_block_ok(p))
+            p += 8;
         for (; p < e; p++)
             if (!value_char((unsigned char)*p)) {
                 *why = "invalid character in a header value";
@@ -263,6 +303,8 @@ static int parse_headers(char *p, char *end, kvg_h1_msg *m, kvg_header *headers,
             *why = "HTAB in a Content-Length or Transfer-Encoding value";
             return -EBADMSG;
         }
+        bool conn_tab = name_len == 10 && memchr(value, '\t', (size_t)(e - value)) &&
+                        memcmp(name, "connection", 10) == 0;
         while (p > value && ows(p[-1]))
             p--;
         size_t value_len = (size_t)(p - value);
@@ -301,8 +343,10 @@ static int parse_headers(char *p, char *end, kvg_h1_msg *m, kvg_header *headers,
                 te_ok &= transfer_codings(m, value, value_len);
             break;
         case 10:
-            if (memcmp(name, "connection", 10) == 0)
+            if (memcmp(name, "connection", 10) == 0) {
                 connection_tokens(m, value, value_len);
+                m->conn_close |= conn_tab;
+            }
             break;
         case 7:
             if (memcmp(name, "upgrade", 7) == 0)

@@ -16,7 +16,9 @@
  *   D_STATUS   a status code not of 3 digits, 100-999
  *   D_REASON   a control in the reason phrase
  *   D_CTL_FIRST a control as a value's first byte (http-parser checks the others only)
- *   D_NOBODY   a 1xx, 204 or 304 response that declares a body (http-parser reads it) */
+ *   D_NOBODY   a 1xx, 204 or 304 response that declares a body (http-parser reads it)
+ *   D_CONN     a Connection list kvgate reads as malformed: it closes (a verdict of keep-alive
+ *              only, checked by check_same in h1_oracle.h) */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -489,6 +491,27 @@ static void test_in_place(void **state)
     assert_string_equal(hd[1].value, "v w");
     assert_int_equal(hd[1].value_len, 3);
     assert_true(hd[1].value > buf && hd[1].value < buf + sizeof(buf));
+    /* Connection lists: plain ones as http-parser reads them, malformed ones as close. */
+    static const struct {
+        const char *head;
+        bool keep_alive;
+    } conn[] = {
+        {"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n", true},
+        {"GET / HTTP/1.0\r\nConnection: foo, keep-alive\r\n\r\n", true},
+        {"GET / HTTP/1.0\r\nConnection: ,keep-alive\r\n\r\n", false},
+        {"GET / HTTP/1.1\r\nConnection: keep-alive,\r\n\r\n", false},
+        {"GET / HTTP/1.1\r\nConnection: keep-alive\t\r\n\r\n", false},
+        {"GET / HTTP/1.1\r\nConnection: upgrade\r\nUpgrade: h2c\r\n\r\n", true},
+        {"GET / HTTP/1.1\r\nConnection: x, close\r\n\r\n", false},
+    };
+    for (size_t i = 0; i < sizeof(conn) / sizeof(conn[0]); i++) {
+        char h[128];
+        snprintf(h, sizeof(h), "%s", conn[i].head);
+        kvg_h1_scan cs = {0};
+        size_t ce = kvg_h1_head_end(&cs, h, strlen(h));
+        assert_int_equal(kvg_h1_parse_request(h, ce, &m, hd, cs.lines, &why), 0);
+        assert_int_equal(m.keep_alive, conn[i].keep_alive);
+    }
     /* Absolute form. */
     const char *a, *p;
     size_t al, pl;
