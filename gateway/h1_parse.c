@@ -560,7 +560,8 @@ static int chunk_byte(kvg_h1_body *b, unsigned char c, const char **why)
     case CS_SIZE: {
         int d = hexval(c);
         if (d >= 0) {
-            if (b->left >> 60) {
+            /* http-parser's bound: sizes from 2^60 - 1 on are refused */
+            if (b->left > (UINT64_MAX - 16) / 16) {
                 *why = "invalid chunk size";
                 return -EBADMSG;
             }

@@ -312,6 +312,8 @@ static void test_cases(void **state)
         "POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
         "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
         "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n10000000000000000\r\n",
+        "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0ffffffffffffffff\r\n",
+        "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffff\r\nab",
         "POST / HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n",
         "POST / HTTP/1.1\r\nContent-Length: 1 2\r\n\r\nab",
         "POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
@@ -452,7 +454,10 @@ static void test_limits(void **state)
     kvg_h1_body_init_request(&b, &m, 10, 100);
     assert_int_equal(kvg_h1_body_feed(&b, "a\r\n", 3, &used, &data, &dl, &why), 0);
     kvg_h1_body_init_request(&b, &m, 0, 100);
-    assert_int_equal(kvg_h1_body_feed(&b, "ffffffffffffffff\r\n", 18, &used, &data, &dl, &why), 0);
+    assert_int_equal(kvg_h1_body_feed(&b, "fffffffffffffff\r\n", 17, &used, &data, &dl, &why), 0);
+    kvg_h1_body_init_request(&b, &m, 0, 100); /* http-parser's bound: 2^60 - 1 on refused */
+    assert_int_equal(kvg_h1_body_feed(&b, "ffffffffffffffff\r\n", 18, &used, &data, &dl, &why),
+                     -EBADMSG);
     kvg_h1_body_init_request(&b, &m, 0, 100);
     assert_int_equal(kvg_h1_body_feed(&b, "1ffffffffffffffff\r\n", 19, &used, &data, &dl, &why),
                      -EBADMSG);
