@@ -476,7 +476,8 @@ int kvg_gateway_new(kvg_config *cfg, int argc, char **argv, kvg_gateway **out)
     gw->access_log_fd = -1;
     kvg_log_set_level(gw->cfg.log_level);
     signal(SIGPIPE, SIG_IGN);
-    /* Our own header accounting answers 431 first; this is the parser's hard backstop. */
+    /* http-parser now reads only the health probes' answers (probe.c); the fronts and the
+     * worker client use h1_parse.c. The same ceiling as the fronts' head limit. */
     http_parser_set_max_header_size((uint32_t)gw->cfg.limits.header_bytes + 4096);
 
     char *token = NULL;
