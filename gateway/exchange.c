@@ -474,6 +474,8 @@ const char *kvg_error_code(int status, const char *type)
         return "request_too_large";
     case 431:
         return "headers_too_large";
+    case 505:
+        return "http_version_not_supported";
     default:
         return status >= 500 ? "server_error" : "invalid_request";
     }

@@ -258,3 +258,35 @@ def test_chunk_larger_than_the_body_limit_is_413_at_once(kvgate, fake_upstream):
     finally:
         c.close()
     assert len(up.requests) == 1
+
+
+@pytest.mark.parametrize("head,status,code", [
+    (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-A: b\r\n c\r\n", 400, "invalid_request"),
+    (b"POST /v1/completions HTTP/1.2\r\nHost: x\r\n", 505, "http_version_not_supported"),
+    (b"POST /v1/completions HTTP/2.0\r\nHost: x\r\n", 505, "http_version_not_supported"),
+    (b"POST  /v1/completions HTTP/1.1\r\nHost: x\r\n", 400, "invalid_request"),
+], ids=["obs-fold", "http-1.2", "http-2.0-as-text", "two-spaces"])
+def test_heads_the_front_parser_refuses(kvgate, fake_upstream, head, status, code):
+    """What kvgate's own HTTP/1.1 parser refuses where lenient http-parser read something
+    (h1_parse.c lists the differences): answered with the right status and code, the
+    connection closed, nothing forwarded, and a valid request on a new connection served."""
+    up = echo_worker(fake_upstream)
+    gw = kvgate(up)
+    c = RawHTTP(gw.port, timeout=5)
+    try:
+        c.send(head + b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY)
+        got, headers, data = c.response()
+        assert got == status, (got, data)
+        assert assert_openai_error(data, status)["code"] == code
+        assert headers.get("connection") == "close"
+        assert c.closed_by_peer()
+    finally:
+        c.close()
+    assert up.requests == []
+    c = RawHTTP(gw.port, timeout=5)
+    try:
+        c.send(request_bytes("POST", COMPL, BODY))
+        assert c.response()[0] == 200
+    finally:
+        c.close()
+    assert len(up.requests) == 1
