@@ -22,9 +22,11 @@ struct kvg_conn {
     evutil_socket_t fd;
     kvg_sock sock; /* valid once sock_ready */
     bool sock_ready;
-    struct event peek_ev;  /* waits for the first bytes to pick the protocol */
-    struct event timer_ev; /* header/idle timeout of the connection */
-    struct event close_ev; /* deferred free */
+    struct event peek_ev;       /* waits for the first bytes to pick the protocol */
+    struct event timer_ev;      /* header/idle timeout of the connection (kvg_conn_set_timer) */
+    uint64_t timer_deadline_ns; /* when the current timeout expires (monotonic); 0: none */
+    uint64_t timer_armed_ns;    /* the deadline timer_ev is armed for; 0: not armed */
+    struct event close_ev;      /* deferred free */
     kvg_exchange_proto proto;
     bool proto_known;
     bool tls;
