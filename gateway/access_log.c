@@ -51,7 +51,7 @@ void kvg_thread_exchange_finished(void *thread, kvg_exchange *x)
         return;
     uint64_t now = kvg_now_ns();
     char ts[32];
-    kvg_format_time(x->start_wall_ns, ts, sizeof(ts));
+    kvg_format_time(kvg_wall_ns() - (now - x->start_ns), ts, sizeof(ts));
     kvg_buf b;
     kvg_buf_init(&b);
     kvg_buf_reserve(&b, 512);

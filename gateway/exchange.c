@@ -181,7 +181,6 @@ int kvg_exchange_init(kvg_exchange *x, const kvg_exchange_env *env, kvg_thread *
     x->resp_content_length = -1;
     x->scheme = "http";
     x->start_ns = kvg_now_ns();
-    x->start_wall_ns = kvg_wall_ns();
     x->body = evbuffer_new();
     x->out = evbuffer_new();
     if (!x->body || !x->out) {

@@ -123,8 +123,8 @@ struct kvg_exchange {
     bool tls;
     char remote[64]; /* peer address for logs */
     char request_id[72];
-    uint64_t start_ns; /* monotonic, first byte of the request head */
-    uint64_t start_wall_ns;
+    uint64_t start_ns; /* monotonic, first byte of the request head (the access log's wall time
+                        * is derived from it when the line is written: one clock read less) */
 
     /* --- body, filled by the front after kvg_exchange_read_body --- */
     struct evbuffer *body;

@@ -35,11 +35,10 @@ typedef struct h1_conn {
     kvg_h1_body body;       /* the request body's framing */
     int minor;              /* HTTP/1.<minor> of the current request */
     uint64_t head_start_ns; /* a head that took more than one read: when it started */
-    uint64_t head_start_wall_ns;
-    bool paused_for_head;  /* a head was parsed: the handler gets it before the body is read */
-    bool message_complete; /* the framer saw the end of the request */
-    bool body_wanted;      /* the handler asked for the body */
-    bool discard_body;     /* the handler answered early: drop the body */
+    bool paused_for_head;   /* a head was parsed: the handler gets it before the body is read */
+    bool message_complete;  /* the framer saw the end of the request */
+    bool body_wanted;       /* the handler asked for the body */
+    bool discard_body;      /* the handler answered early: drop the body */
     bool keep_alive;
     bool head_request;
     bool chunked_response;
@@ -395,10 +394,10 @@ static int ensure_exchange(h1_conn *h)
     x->body_limit = c->thread->gw->cfg.limits.body_bytes;
     /* The operator's admin requests are not held to the budget the front can exhaust. */
     x->body_budgeted = !c->listener->is_admin;
-    snprintf(x->remote, sizeof(x->remote), "%s", c->remote);
+    _Static_assert(sizeof(x->remote) == sizeof(c->remote), "one address size");
+    memcpy(x->remote, c->remote, sizeof(x->remote));
     if (h->head_start_ns) { /* the request started at its first byte, not when its head ended */
         x->start_ns = h->head_start_ns;
-        x->start_wall_ns = h->head_start_wall_ns;
     }
     h->x = x;
     return 0;
@@ -545,10 +544,8 @@ static int h1_read_head(h1_conn *h)
             h1_fail(h, 431, "request header fields too large", 0);
             return 0;
         }
-        if (!h->head_start_ns) {
+        if (!h->head_start_ns)
             h->head_start_ns = kvg_now_ns();
-            h->head_start_wall_ns = kvg_wall_ns();
-        }
         return 0;
     }
     if (ensure_exchange(h) < 0) {
