@@ -87,7 +87,8 @@ typedef struct tenant_runtime {
     pthread_mutex_t lock;
     kvg_bucket requests;
     kvg_bucket bytes;
-    _Atomic uint32_t inflight; /* incremented under lock; released without it */
+    _Atomic uint32_t
+        inflight; /* incremented under lock (or by CAS without rates); released without it */
     _Atomic uint64_t buffered; /* request-body bytes the gateway holds for the tenant */
     _Atomic uint64_t codes[TENANT_CODE_SLOTS];
     _Atomic uint64_t refusals[KVG_ADMIT_RESULT_COUNT];

@@ -510,6 +510,22 @@ kvg_admit_result kvg_tenant_admit(kvg_tenant *t, uint64_t now_ns, uint64_t promp
     double wait = 1;
     bool took_request = false;
 
+    /* Without a rate, the in-flight count alone decides: a compare-and-swap, not the tenant's
+     * lock, which every request of the tenant took on every thread (a shared cache line that
+     * bounces between cores once two loops serve one tenant). */
+    if (!(s->limits.rps > 0) && !(s->limits.prompt_bytes_per_s > 0)) {
+        uint32_t n = atomic_load_explicit(&rt->inflight, memory_order_relaxed);
+        do {
+            if (s->limits.max_inflight && n >= s->limits.max_inflight) {
+                if (retry_after_s)
+                    *retry_after_s = 1;
+                return KVG_ADMIT_INFLIGHT;
+            }
+        } while (!atomic_compare_exchange_weak_explicit(
+            &rt->inflight, &n, n + 1, memory_order_relaxed, memory_order_relaxed));
+        return KVG_ADMIT_OK;
+    }
+
     pthread_mutex_lock(&rt->lock);
     if (s->limits.max_inflight &&
         atomic_load_explicit(&rt->inflight, memory_order_relaxed) >= s->limits.max_inflight) {

@@ -9,6 +9,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "tenancy.h"
@@ -263,6 +264,59 @@ static void test_admit_bytes_and_inflight(void **state)
     kvg_tenants_free(ts);
 }
 
+/* The in-flight bound without rates is a compare-and-swap, not the tenant's lock: four threads
+ * admitting and releasing at once never hold more than the bound (1: two cores suffice to
+ * break it), and every admitted request
+ * is counted (a plain add after a check would overshoot here within a few thousand rounds). */
+#define INFLIGHT_THREADS 4
+#define INFLIGHT_MAX 1
+
+typedef struct inflight_run {
+    kvg_tenant *t;
+    _Atomic int held;
+    _Atomic int max_seen;
+    _Atomic long admitted;
+} inflight_run;
+
+static void *admit_loop(void *arg)
+{
+    inflight_run *run = arg;
+    unsigned ra;
+    for (int i = 0; i < 20000; i++) {
+        if (kvg_tenant_admit(run->t, 1000 * SEC, 0, &ra) != KVG_ADMIT_OK)
+            continue;
+        int h = atomic_fetch_add(&run->held, 1) + 1;
+        int m = atomic_load(&run->max_seen);
+        while (h > m && !atomic_compare_exchange_weak(&run->max_seen, &m, h))
+            ;
+        atomic_fetch_add(&run->admitted, 1);
+        for (volatile int spin = 0; spin < 20; spin++) /* hold the slot a little */
+            ;
+        atomic_fetch_sub(&run->held, 1);
+        kvg_tenant_release(run->t);
+    }
+    return NULL;
+}
+
+static void test_admit_inflight_concurrent(void **state)
+{
+    (void)state;
+    kvg_tenants *ts;
+    kvg_tenant_set *s;
+    kvg_tenant_limits l = {.max_inflight = INFLIGHT_MAX};
+    inflight_run run = {.t = one_tenant(&ts, &l, &s)};
+    pthread_t th[INFLIGHT_THREADS];
+    for (int i = 0; i < INFLIGHT_THREADS; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, admit_loop, &run), 0);
+    for (int i = 0; i < INFLIGHT_THREADS; i++)
+        pthread_join(th[i], NULL);
+    assert_true(atomic_load(&run.max_seen) <= INFLIGHT_MAX);
+    assert_true(atomic_load(&run.admitted) > 0);
+    assert_int_equal(kvg_tenant_inflight(run.t), 0);
+    kvg_tenant_set_unref(s);
+    kvg_tenants_free(ts);
+}
+
 /* A refusal takes nothing: a bytes refusal gives the request token back, an in-flight refusal
  * takes no token at all. */
 static void test_admit_all_or_nothing(void **state)
@@ -351,6 +405,7 @@ static void test_buffer_share(void **state)
 const struct CMUnitTest tenant_tests[] = {
     cmocka_unit_test(test_id_validation),        cmocka_unit_test(test_def_validation),
     cmocka_unit_test(test_admit_rate),           cmocka_unit_test(test_admit_bytes_and_inflight),
-    cmocka_unit_test(test_admit_all_or_nothing), cmocka_unit_test(test_buffer_share),
+    cmocka_unit_test(test_admit_all_or_nothing), cmocka_unit_test(test_admit_inflight_concurrent),
+    cmocka_unit_test(test_buffer_share),
 };
 const size_t tenant_tests_count = KVG_ARRAY_LEN(tenant_tests);
