@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tenancy.h"
@@ -167,12 +168,11 @@ static void send_timeout_cb(evutil_socket_t fd, short what, void *arg)
     x->ops->abort_stalled(x);
 }
 
-int kvg_exchange_init(kvg_exchange *x, const kvg_exchange_env *env, kvg_thread *t,
-                      kvg_exchange_proto proto, const kvg_exchange_ops *ops, void *proto_data)
+/* The fields a new exchange starts with, besides its buffers and arena. */
+static void setup(kvg_exchange *x, const kvg_exchange_env *env, kvg_thread *t,
+                  kvg_exchange_proto proto, const kvg_exchange_ops *ops, void *proto_data)
 {
-    memset(x, 0, sizeof(*x));
     x->env = env;
-    kvg_arena_init(&x->arena, 4096);
     x->proto = proto;
     x->ops = ops;
     x->proto_data = proto_data;
@@ -181,6 +181,14 @@ int kvg_exchange_init(kvg_exchange *x, const kvg_exchange_env *env, kvg_thread *
     x->resp_content_length = -1;
     x->scheme = "http";
     x->start_ns = kvg_now_ns();
+}
+
+int kvg_exchange_init(kvg_exchange *x, const kvg_exchange_env *env, kvg_thread *t,
+                      kvg_exchange_proto proto, const kvg_exchange_ops *ops, void *proto_data)
+{
+    memset(x, 0, sizeof(*x));
+    kvg_arena_init(&x->arena, 4096);
+    setup(x, env, t, proto, ops, proto_data);
     x->body = evbuffer_new();
     x->out = evbuffer_new();
     if (!x->body || !x->out) {
@@ -190,10 +198,12 @@ int kvg_exchange_init(kvg_exchange *x, const kvg_exchange_env *env, kvg_thread *
     return 0;
 }
 
-void kvg_exchange_done(kvg_exchange *x)
+/* What x holds besides its buffers and its arena: timers, budget charges, the body's owner. */
+static void release_holds(kvg_exchange *x)
 {
     if (x->send_timer_set)
         event_del(&x->send_timer);
+    x->send_timer_set = false;
     if (x->body_charged) {
         atomic_fetch_sub_explicit(&x->env->body_budget->used, x->body_charged,
                                   memory_order_relaxed);
@@ -209,12 +219,73 @@ void kvg_exchange_done(kvg_exchange *x)
     if (x->body_owner)
         kvg_tenant_unref(x->body_owner);
     x->body_owner = NULL;
+}
+
+void kvg_exchange_done(kvg_exchange *x)
+{
+    release_holds(x);
     if (x->body)
         evbuffer_free(x->body);
     if (x->out)
         evbuffer_free(x->out);
     x->body = x->out = NULL;
     kvg_arena_done(&x->arena);
+}
+
+#define POOL_MAX 256u /* exchanges a thread keeps: its busiest moment's HTTP/1.1 connections */
+
+kvg_exchange *kvg_exchange_new(const kvg_exchange_env *env, kvg_thread *t, kvg_exchange_proto proto,
+                               const kvg_exchange_ops *ops, void *proto_data)
+{
+    kvg_exchange_pool *p = env->pool;
+    if (p && p->head) {
+        kvg_exchange *x = p->head;
+        p->head = x->proto_data;
+        p->n--;
+        struct evbuffer *body = x->body, *out = x->out;
+        kvg_arena arena = x->arena; /* reset when pooled: one chunk kept */
+        memset(x, 0, sizeof(*x));
+        x->body = body;
+        x->out = out;
+        x->arena = arena;
+        x->arena.limit = 0;
+        setup(x, env, t, proto, ops, proto_data);
+        return x;
+    }
+    kvg_exchange *x = calloc(1, sizeof(*x));
+    if (!x || kvg_exchange_init(x, env, t, proto, ops, proto_data) < 0) {
+        free(x);
+        return NULL;
+    }
+    return x;
+}
+
+void kvg_exchange_free(kvg_exchange *x)
+{
+    kvg_exchange_pool *p = x->env ? x->env->pool : NULL;
+    if (!p || p->n >= POOL_MAX || !x->body || !x->out) {
+        kvg_exchange_done(x);
+        free(x);
+        return;
+    }
+    release_holds(x);
+    evbuffer_drain(x->body, evbuffer_get_length(x->body));
+    evbuffer_drain(x->out, evbuffer_get_length(x->out));
+    kvg_arena_reset(&x->arena);
+    x->proto_data = p->head;
+    p->head = x;
+    p->n++;
+}
+
+void kvg_exchange_pool_drain(kvg_exchange_pool *p)
+{
+    while (p->head) {
+        kvg_exchange *x = p->head;
+        p->head = x->proto_data;
+        kvg_exchange_done(x);
+        free(x);
+    }
+    p->n = 0;
 }
 
 const char *kvg_exchange_header(const kvg_exchange *x, const char *name, size_t *len)

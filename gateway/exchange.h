@@ -39,6 +39,17 @@ typedef struct kvg_budget {
     _Atomic uint64_t refused[2]; /* [0] the gateway's budget, [1] a tenant's share of it */
 } kvg_budget;
 
+/* Exchanges kept for reuse by one thread (kvg_exchange_new, kvg_exchange_free), with their two
+ * evbuffers and their arena's first chunk: an HTTP/1.1 request otherwise made three callocs
+ * (glibc's calloc skips its per-thread cache) and as many frees. */
+typedef struct kvg_exchange_pool {
+    kvg_exchange *head;
+    unsigned n;
+} kvg_exchange_pool;
+
+/** Free the exchanges a pool keeps. */
+void kvg_exchange_pool_drain(kvg_exchange_pool *p);
+
 /* What an exchange needs from the thread it runs on, given at kvg_exchange_init so that the
  * exchange calls up into nothing: the loop its timers use, the limits, the budgets and
  * counters it charges, and two hooks. One per thread, shared by its exchanges; it must
@@ -55,6 +66,7 @@ typedef struct kvg_exchange_env {
     /** Both sides are done with x, which is freed right after: log and count it. */
     void (*finished)(void *ud, kvg_exchange *x);
     void *ud;
+    kvg_exchange_pool *pool; /* the thread's; NULL: every exchange is allocated and freed */
 } kvg_exchange_env;
 
 typedef struct kvg_header {
@@ -192,6 +204,12 @@ int kvg_exchange_init(kvg_exchange *x, const kvg_exchange_env *env, kvg_thread *
                       kvg_exchange_proto proto, const kvg_exchange_ops *ops, void *proto_data);
 /** Free what x owns (the front calls this from its release hook). */
 void kvg_exchange_done(kvg_exchange *x);
+/** A new exchange, set up as kvg_exchange_init does: from env's pool when it has one, else
+ *  allocated. NULL when out of memory. */
+kvg_exchange *kvg_exchange_new(const kvg_exchange_env *env, kvg_thread *t, kvg_exchange_proto proto,
+                               const kvg_exchange_ops *ops, void *proto_data);
+/** The end of an exchange from kvg_exchange_new: back to its pool (emptied) or freed. */
+void kvg_exchange_free(kvg_exchange *x);
 
 /** Value of a request header (case-insensitive name), or NULL. *len receives its length. */
 const char *kvg_exchange_header(const kvg_exchange *x, const char *name, size_t *len);

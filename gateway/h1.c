@@ -270,8 +270,7 @@ static size_t op_pending(kvg_exchange *x)
 
 static void op_release(kvg_exchange *x)
 {
-    kvg_exchange_done(x);
-    free(x);
+    kvg_exchange_free(x);
 }
 
 static uint64_t op_progress(kvg_exchange *x)
@@ -348,10 +347,9 @@ static void h1_fail(h1_conn *h, int status, const char *msg, int body_rc)
     if (!h->x) {
         /* No exchange yet (garbage before a request line): build one for the error response so
          * it is logged like any other. */
-        kvg_exchange *x = calloc(1, sizeof(*x));
-        if (!x || kvg_exchange_init(x, &c->thread->exchange_env, c->thread, KVG_PROTO_HTTP1,
-                                    &h1_ops, h) < 0) {
-            free(x);
+        kvg_exchange *x =
+            kvg_exchange_new(&c->thread->exchange_env, c->thread, KVG_PROTO_HTTP1, &h1_ops, h);
+        if (!x) {
             kvg_conn_close(c);
             return;
         }
@@ -382,12 +380,10 @@ static int ensure_exchange(h1_conn *h)
     if (h->x)
         return 0;
     kvg_conn *c = h->conn;
-    kvg_exchange *x = calloc(1, sizeof(*x));
-    if (!x || kvg_exchange_init(x, &c->thread->exchange_env, c->thread, KVG_PROTO_HTTP1, &h1_ops,
-                                h) < 0) {
-        free(x);
+    kvg_exchange *x =
+        kvg_exchange_new(&c->thread->exchange_env, c->thread, KVG_PROTO_HTTP1, &h1_ops, h);
+    if (!x)
         return -1;
-    }
     x->handler = c->listener->handler;
     x->tls = c->tls;
     x->scheme = c->tls ? "https" : "http";

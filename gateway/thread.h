@@ -34,12 +34,13 @@ struct kvg_thread {
     size_t nlisteners;
     kvg_link conns; /* open connections (front or admin), newest first */
     size_t nconns;
-    size_t nrefusing;               /* connections being refused politely (over a limit) */
-    struct event *accept_resume_ev; /* re-enables the listeners after an accept failure */
-    bool accept_paused;             /* listeners disabled until accept_resume_ev */
-    uint64_t accept_failures;       /* in the current episode of failures (for the log) */
-    kvg_link pools;                 /* upstream pools of this thread */
-    kvg_exchange_env exchange_env;  /* what this thread's exchanges charge and call */
+    size_t nrefusing;                /* connections being refused politely (over a limit) */
+    struct event *accept_resume_ev;  /* re-enables the listeners after an accept failure */
+    bool accept_paused;              /* listeners disabled until accept_resume_ev */
+    uint64_t accept_failures;        /* in the current episode of failures (for the log) */
+    kvg_link pools;                  /* upstream pools of this thread */
+    kvg_exchange_env exchange_env;   /* what this thread's exchanges charge and call */
+    kvg_exchange_pool exchange_pool; /* HTTP/1.1 exchanges kept for reuse (exchange_env.pool) */
     /* The snapshots this thread routes (kvg_worker_set), authenticates (kvg_tenant_set) and
      * decides (kvg_policy_settings) with, re-acquired when their generation moves. */
     kvg_snapshot_cache workers;

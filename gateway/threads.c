@@ -98,6 +98,7 @@ int kvg_thread_init(kvg_thread *t, kvg_gateway *gw, unsigned index, bool is_cont
         .request_id = thread_request_id,
         .finished = kvg_thread_exchange_finished,
         .ud = t,
+        .pool = &t->exchange_pool,
     };
     uint64_t seed[2];
     kvg_random_bytes(seed, sizeof(seed));
@@ -118,6 +119,7 @@ void kvg_thread_done(kvg_thread *t)
     kvg_snapshot_cache_done(&t->tenants);
     kvg_snapshot_cache_done(&t->policy);
     kvg_buf_done(&t->scratch);
+    kvg_exchange_pool_drain(&t->exchange_pool);
     kvg_salt_cache_done(&t->salts);
     kvg_thread_hash_done(t);         /* its event is on t->base */
     kvg_redis_client_free(t->redis); /* its events are on t->base */
