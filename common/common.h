@@ -308,6 +308,8 @@ static inline bool kvg_strcaseeq(const char *a, size_t alen, const char *b)
     size_t blen = strlen(b);
     return alen == blen && kvg_strncaseeq(a, alen, b, blen);
 }
+/** RFC 9110 5.6.2 tchar, each mapped to its lowercase form; 0 for every other byte. */
+extern const unsigned char kvg_tchar_lower[256];
 /** True when [s, s+len) is an RFC 9110 token (5.6.2: one or more of ALPHA, DIGIT and
  *  !#$%&'*+-.^_`|~): what a header field name must be. Whitespace, controls, ':' and
  *  non-ASCII make it false; so does an empty name. */

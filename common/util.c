@@ -118,7 +118,7 @@ bool kvg_models_admit(const char *const *list, size_t n, const char *model)
 /* RFC 9110 5.6.2 tchar, each mapped to its lowercase form; 0 for every other byte. Header names
  * are checked (and lowercased) on every request and every response, byte by byte: a table
  * makes that one load and one test per byte. */
-static const unsigned char tchar_lower[256] = {
+const unsigned char kvg_tchar_lower[256] = {
     ['!'] = '!', ['#'] = '#', ['$'] = '$', ['%'] = '%', ['&'] = '&', ['\''] = '\'', ['*'] = '*',
     ['+'] = '+', ['-'] = '-', ['.'] = '.', ['^'] = '^', ['_'] = '_', ['`'] = '`',   ['|'] = '|',
     ['~'] = '~', ['0'] = '0', ['1'] = '1', ['2'] = '2', ['3'] = '3', ['4'] = '4',   ['5'] = '5',
@@ -138,7 +138,7 @@ bool kvg_http_token_valid(const char *s, size_t len)
         return false;
     unsigned char ok = 1;
     for (size_t i = 0; i < len; i++)
-        ok &= tchar_lower[(unsigned char)s[i]] != 0;
+        ok &= kvg_tchar_lower[(unsigned char)s[i]] != 0;
     return ok;
 }
 
@@ -146,7 +146,7 @@ bool kvg_http_token_lower(char *s, size_t len)
 {
     unsigned char all = len != 0;
     for (size_t i = 0; i < len; i++) {
-        unsigned char c = tchar_lower[(unsigned char)s[i]];
+        unsigned char c = kvg_tchar_lower[(unsigned char)s[i]];
         all &= c != 0;
         s[i] = (char)c;
     }

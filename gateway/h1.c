@@ -496,24 +496,10 @@ static int h1_take_head(h1_conn *h, const kvg_h1_msg *m)
 static int h1_read_head(h1_conn *h)
 {
     kvg_conn *c = h->conn;
-    struct evbuffer *in = c->sock.in;
-    struct evbuffer_iovec v;
     if (h->state == H1_IDLE) {
         /* Empty lines before a request line are ignored (RFC 9112 2.2), as http-parser did. */
-        for (;;) {
-            if (evbuffer_get_length(in) == 0 || evbuffer_peek(in, -1, NULL, &v, 1) < 1)
-                return 0;
-            const char *p = v.iov_base;
-            size_t k = 0;
-            while (k < v.iov_len && (p[k] == '\r' || p[k] == '\n'))
-                k++;
-            if (k) {
-                evbuffer_drain(in, k);
-                kvg_sock_consumed(&c->sock);
-            }
-            if (k < v.iov_len)
-                break;
-        }
+        if (!kvg_sock_skip_line_ends(&c->sock))
+            return 0;
         h->state = H1_HEAD;
         /* The first head keeps the deadline of the connect (conn.c): a fresh one here would
          * let a client spend a header timeout on the TLS handshake, another before its first
@@ -521,18 +507,14 @@ static int h1_read_head(h1_conn *h)
         if (h->reused)
             kvg_conn_set_timer(c, c->thread->gw->cfg.limits.header_timeout_ms);
     }
-    size_t avail = evbuffer_get_length(in);
     size_t limit = head_limit(h);
-    size_t want = KVG_MIN(avail, limit);
-    if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
-        return 0;
-    char *p = v.iov_base;
-    if (v.iov_len < want) { /* a head split across reads: make it contiguous (rare) */
-        p = (char *)evbuffer_pullup(in, (ssize_t)want);
-        if (!p) {
+    size_t want = KVG_MIN(evbuffer_get_length(c->sock.in), limit);
+    bool oom;
+    char *p = kvg_sock_contiguous(&c->sock, want, &oom);
+    if (!p) {
+        if (oom)
             kvg_conn_close(c);
-            return 0;
-        }
+        return 0;
     }
     size_t end = kvg_h1_head_end(&h->scan, p, want);
     if (!end) {
@@ -549,16 +531,12 @@ static int h1_read_head(h1_conn *h)
         return 0;
     }
     kvg_exchange *x = h->x;
-    char *head = kvg_arena_alloc(&x->arena, end + 1);
     kvg_header *headers = kvg_arena_alloc(&x->arena, h->scan.lines * sizeof(*headers));
-    if (!head || !headers) {
+    char *head = headers ? kvg_sock_take(&c->sock, end, &x->arena) : NULL;
+    if (!head) {
         h1_fail(h, 431, "request header fields too large", 0);
         return 0;
     }
-    memcpy(head, p, end);
-    head[end] = '\0';
-    evbuffer_drain(in, end);
-    kvg_sock_consumed(&c->sock);
     kvg_h1_msg m;
     const char *why = "malformed request";
     int rc = kvg_h1_parse_request(head, end, &m, headers, h->scan.lines, &why);

@@ -57,21 +57,6 @@
 /* A size line (digits, whitespace and extensions) longer than this is refused. */
 #define KVG_H1_MAX_CHUNK_LINE 4096
 
-/* RFC 9110 5.6.2 tchar, each mapped to its lowercase form; 0 for every other byte. */
-static const unsigned char tchar_lower[256] = {
-    ['!'] = '!', ['#'] = '#', ['$'] = '$', ['%'] = '%', ['&'] = '&', ['\''] = '\'', ['*'] = '*',
-    ['+'] = '+', ['-'] = '-', ['.'] = '.', ['^'] = '^', ['_'] = '_', ['`'] = '`',   ['|'] = '|',
-    ['~'] = '~', ['0'] = '0', ['1'] = '1', ['2'] = '2', ['3'] = '3', ['4'] = '4',   ['5'] = '5',
-    ['6'] = '6', ['7'] = '7', ['8'] = '8', ['9'] = '9', ['A'] = 'a', ['B'] = 'b',   ['C'] = 'c',
-    ['D'] = 'd', ['E'] = 'e', ['F'] = 'f', ['G'] = 'g', ['H'] = 'h', ['I'] = 'i',   ['J'] = 'j',
-    ['K'] = 'k', ['L'] = 'l', ['M'] = 'm', ['N'] = 'n', ['O'] = 'o', ['P'] = 'p',   ['Q'] = 'q',
-    ['R'] = 'r', ['S'] = 's', ['T'] = 't', ['U'] = 'u', ['V'] = 'v', ['W'] = 'w',   ['X'] = 'x',
-    ['Y'] = 'y', ['Z'] = 'z', ['a'] = 'a', ['b'] = 'b', ['c'] = 'c', ['d'] = 'd',   ['e'] = 'e',
-    ['f'] = 'f', ['g'] = 'g', ['h'] = 'h', ['i'] = 'i', ['j'] = 'j', ['k'] = 'k',   ['l'] = 'l',
-    ['m'] = 'm', ['n'] = 'n', ['o'] = 'o', ['p'] = 'p', ['q'] = 'q', ['r'] = 'r',   ['s'] = 's',
-    ['t'] = 't', ['u'] = 'u', ['v'] = 'v', ['w'] = 'w', ['x'] = 'x', ['y'] = 'y',   ['z'] = 'z',
-};
-
 /* Field value bytes (RFC 9110 5.5): HTAB, SP, VCHAR, obs-text; no other control, no DEL. */
 static inline bool value_char(unsigned char c)
 {
@@ -95,21 +80,6 @@ static inline bool value_block_ok(const char *p)
 static inline bool ows(char c)
 {
     return c == ' ' || c == '\t';
-}
-
-static inline char lower(char c)
-{
-    return c >= 'A' && c <= 'Z' ? (char)(c | 0x20) : c;
-}
-
-static bool lower_eq(const char *a, size_t alen, const char *b, size_t blen)
-{
-    if (alen != blen)
-        return false;
-    for (size_t i = 0; i < alen; i++)
-        if (lower(a[i]) != b[i])
-            return false;
-    return true;
 }
 
 size_t kvg_h1_head_end(kvg_h1_scan *s, const char *buf, size_t len)
@@ -203,15 +173,15 @@ static void connection_tokens(kvg_h1_msg *m, const char *v, size_t len)
             e--;
         bool token = e > s;
         for (size_t k = s; k < e; k++)
-            if (!tchar_lower[(unsigned char)v[k]])
+            if (!kvg_tchar_lower[(unsigned char)v[k]])
                 token = false;
         if (!token)
             m->conn_close = true;
-        else if (lower_eq(v + s, e - s, "close", 5))
+        else if (kvg_strncaseeq(v + s, e - s, "close", 5))
             m->conn_close = true;
-        else if (lower_eq(v + s, e - s, "keep-alive", 10))
+        else if (kvg_strncaseeq(v + s, e - s, "keep-alive", 10))
             m->conn_keep_alive = true;
-        else if (lower_eq(v + s, e - s, "upgrade", 7))
+        else if (kvg_strncaseeq(v + s, e - s, "upgrade", 7))
             m->conn_upgrade = true;
         if (i >= len)
             break;
@@ -242,13 +212,13 @@ static bool transfer_codings(kvg_h1_msg *m, const char *v, size_t len)
         /* Each coding a bare token: no parameters (none is in use), nothing http-parser's
          * matcher could misread. */
         for (size_t k = s; k < e; k++)
-            if (!tchar_lower[(unsigned char)v[k]])
+            if (!kvg_tchar_lower[(unsigned char)v[k]])
                 ok = false;
         /* No coding is a proper prefix of chunked ("c", "chunke"); http-parser 2.9.4 misreads
          * the rest of the list after one, and so refused such requests. */
-        if (e - s < 7 && lower_eq(v + s, e - s, "chunked", e - s))
+        if (e - s < 7 && kvg_strncaseeq(v + s, e - s, "chunked", e - s))
             ok = false;
-        m->chunked = lower_eq(v + s, e - s, "chunked", 7);
+        m->chunked = kvg_strncaseeq(v + s, e - s, "chunked", 7);
         if (i >= len)
             break;
         i++; /* the comma */
@@ -273,8 +243,8 @@ static int parse_headers(char *p, char *end, kvg_h1_msg *m, kvg_header *headers,
             return -EBADMSG;
         }
         char *name = p;
-        while (p < e && tchar_lower[(unsigned char)*p]) {
-            *p = (char)tchar_lower[(unsigned char)*p];
+        while (p < e && kvg_tchar_lower[(unsigned char)*p]) {
+            *p = (char)kvg_tchar_lower[(unsigned char)*p];
             p++;
         }
         if (p == e || *p != ':' || p == name) {
@@ -392,7 +362,7 @@ int kvg_h1_parse_request(char *buf, size_t len, kvg_h1_msg *m, kvg_header *heade
     char *next;
     char *e = line_end(buf, end, &next);
     char *p = buf;
-    while (p < e && tchar_lower[(unsigned char)*p])
+    while (p < e && kvg_tchar_lower[(unsigned char)*p])
         p++;
     m->method = find_method(buf, (size_t)(p - buf));
     if (!m->method || p == e || *p != ' ') {
@@ -545,7 +515,7 @@ static int hexval(unsigned char c)
 static void trailer_name_byte(kvg_h1_body *b, unsigned char c)
 {
     static const char cl[] = "content-length", te[] = "transfer-encoding";
-    unsigned char l = tchar_lower[c];
+    unsigned char l = kvg_tchar_lower[c];
     if (b->line >= sizeof(cl) - 1 || cl[b->line] != l)
         b->framing &= ~1u;
     if (b->line >= sizeof(te) - 1 || te[b->line] != l)
@@ -629,7 +599,7 @@ static int chunk_byte(kvg_h1_body *b, unsigned char c, const char **why)
             b->state = CS_END_LF;
         else if (c == '\n')
             b->done = true;
-        else if (tchar_lower[c]) {
+        else if (kvg_tchar_lower[c]) {
             b->state = CS_TR_NAME;
             b->line = 0;
             b->framing = 3;
@@ -647,7 +617,7 @@ static int chunk_byte(kvg_h1_body *b, unsigned char c, const char **why)
                 return -EBADMSG;
             }
             b->state = CS_TR_VALUE;
-        } else if (tchar_lower[c]) {
+        } else if (kvg_tchar_lower[c]) {
             trailer_name_byte(b, c);
         } else {
             *why = "invalid trailer";
@@ -775,7 +745,7 @@ int kvg_h1_absolute_form(const char *target, size_t len, const char **authority,
     size_t i = 0;
     while (i < len && target[i] != ':')
         i++;
-    if (!lower_eq(target, i, "http", 4) && !lower_eq(target, i, "https", 5))
+    if (!kvg_strncaseeq(target, i, "http", 4) && !kvg_strncaseeq(target, i, "https", 5))
         return -EINVAL;
     if (len - i < 3 || memcmp(target + i, "://", 3) != 0)
         return -EINVAL;

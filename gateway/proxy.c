@@ -753,14 +753,8 @@ static struct evbuffer *plan_buffer(proxy_req *r, const kvg_body_plan *plan, int
             evbuffer_free(b);
             return NULL;
         }
-        char *at = v.iov_base, *end = at + plan->len;
-        for (size_t i = 0; i < plan->npieces && plan->pieces[i].len <= (size_t)(end - at); i++) {
-            kvg_copy(at, plan->pieces[i].data, plan->pieces[i].len);
-            at += plan->pieces[i].len;
-        }
         v.iov_len = plan->len;
-        /* Pieces that do not add up to the plan's length are a bug, never sent. */
-        if (at != end || evbuffer_commit_space(b, &v, 1) < 0) {
+        if (kvg_body_plan_copy(plan, v.iov_base) < 0 || evbuffer_commit_space(b, &v, 1) < 0) {
             evbuffer_free(b);
             return NULL;
         }

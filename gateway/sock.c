@@ -437,6 +437,30 @@ static void finish_handshake(kvg_sock *s)
     report(s, KVG_SOCK_ERROR);
 }
 
+/* A plaintext read that returned n <= 0: the status to report (KVG_SOCK_EOF, KVG_SOCK_ERROR,
+ * or 0 when the socket is drained), or -1 to read again (EINTR). Reads errno. */
+static int read_ended(kvg_sock *s, ssize_t n)
+{
+    if (n == 0) {
+        s->eof = true;
+        return KVG_SOCK_EOF;
+    }
+    if (errno == EINTR)
+        return -1;
+    if (errno == EAGAIN || errno == EWOULDBLOCK)
+        return 0;
+    s->failed = true;
+    s->error = errno;
+    return KVG_SOCK_ERROR;
+}
+
+static int out_of_memory(kvg_sock *s)
+{
+    s->failed = true;
+    s->error = ENOMEM;
+    return KVG_SOCK_ERROR;
+}
+
 static void on_read_ready(evutil_socket_t fd, short what, void *arg)
 {
     enter();
@@ -482,22 +506,14 @@ static void read_ready(kvg_sock *s)
             static _Thread_local char scratch[SOCK_SMALL_READ];
             ssize_t n = read(s->fd, scratch, KVG_MIN(want, sizeof(scratch)));
             if (n <= 0) {
-                if (n == 0) {
-                    s->eof = true;
-                    status = KVG_SOCK_EOF;
-                } else if (errno == EINTR) {
+                if ((status = read_ended(s, n)) < 0) {
+                    status = 0;
                     continue;
-                } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
-                    s->failed = true;
-                    s->error = errno;
-                    status = KVG_SOCK_ERROR;
                 }
                 break;
             }
             if (evbuffer_add(s->in, scratch, (size_t)n) < 0) {
-                status = KVG_SOCK_ERROR;
-                s->failed = true;
-                s->error = ENOMEM;
+                status = out_of_memory(s);
                 break;
             }
             got += (size_t)n;
@@ -508,9 +524,7 @@ static void read_ready(kvg_sock *s)
         }
         struct evbuffer_iovec v;
         if (evbuffer_reserve_space(s->in, (ev_ssize_t)want, &v, 1) < 1) {
-            status = KVG_SOCK_ERROR;
-            s->failed = true;
-            s->error = ENOMEM;
+            status = out_of_memory(s);
             break;
         }
         if (v.iov_len > want)
@@ -545,16 +559,12 @@ static void read_ready(kvg_sock *s)
         } else {
             n = read(s->fd, v.iov_base, v.iov_len);
             if (n <= 0) {
+                int e = errno;
                 evbuffer_commit_space(s->in, &v, 0);
-                if (n == 0) {
-                    s->eof = true;
-                    status = KVG_SOCK_EOF;
-                } else if (errno == EINTR) {
+                errno = e;
+                if ((status = read_ended(s, n)) < 0) {
+                    status = 0;
                     continue;
-                } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
-                    s->failed = true;
-                    s->error = errno;
-                    status = KVG_SOCK_ERROR;
                 }
                 break;
             }
@@ -576,4 +586,49 @@ static void read_ready(kvg_sock *s)
     }
     if (status)
         report(s, status);
+}
+
+/* ---- reading an HTTP/1.1 head -----------------------------------------------------------------
+ */
+
+bool kvg_sock_skip_line_ends(kvg_sock *s)
+{
+    struct evbuffer_iovec v;
+    for (;;) {
+        if (evbuffer_get_length(s->in) == 0 || evbuffer_peek(s->in, -1, NULL, &v, 1) < 1)
+            return false;
+        const char *p = v.iov_base;
+        size_t k = 0;
+        while (k < v.iov_len && (p[k] == '\r' || p[k] == '\n'))
+            k++;
+        if (k) {
+            evbuffer_drain(s->in, k);
+            kvg_sock_consumed(s);
+        }
+        if (k < v.iov_len)
+            return true;
+    }
+}
+
+char *kvg_sock_contiguous(kvg_sock *s, size_t want, bool *oom)
+{
+    struct evbuffer_iovec v;
+    *oom = false;
+    if (evbuffer_peek(s->in, -1, NULL, &v, 1) < 1)
+        return NULL;
+    if (v.iov_len >= want)
+        return v.iov_base;
+    char *p = (char *)evbuffer_pullup(s->in, (ev_ssize_t)want);
+    *oom = p == NULL;
+    return p;
+}
+
+char *kvg_sock_take(kvg_sock *s, size_t n, kvg_arena *a)
+{
+    char *copy = kvg_arena_alloc(a, n + 1);
+    if (!copy || evbuffer_remove(s->in, copy, n) != (int)n)
+        return NULL;
+    copy[n] = '\0';
+    kvg_sock_consumed(s);
+    return copy;
 }

@@ -12,6 +12,8 @@
 #include <stdbool.h>
 #include <sys/socket.h>
 
+#include "common.h"
+
 typedef struct kvg_sock kvg_sock;
 
 /* What kvg_sock_event_fn reports. */
@@ -78,6 +80,18 @@ void kvg_sock_consumed(kvg_sock *s);
 void kvg_sock_flush_soon(kvg_sock *s);
 /** Send what out holds now, as far as the socket takes it. */
 void kvg_sock_flush(kvg_sock *s);
+/* Reading an HTTP/1.1 head out of the input (the front's requests, the workers' responses). */
+/** Drop the CR and LF bytes at the start of the input (empty lines before a message, RFC 9112
+ *  2.2). True when other bytes follow them, false when the input is empty. */
+bool kvg_sock_skip_line_ends(kvg_sock *s);
+/** The first want bytes of the input (want <= its length) as one run: in place when they sit
+ *  in one chain, else pulled together (rare: a head split across reads). NULL when the input
+ *  is empty or out of memory (*oom tells which). */
+char *kvg_sock_contiguous(kvg_sock *s, size_t want, bool *oom);
+/** Move the first n bytes of the input into a NUL-terminated copy in arena a (the input is
+ *  drained of them). NULL when out of memory (the input is left as it was). */
+char *kvg_sock_take(kvg_sock *s, size_t n, kvg_arena *a);
+
 /** No callback from now on; events are removed. Buffers stay until kvg_sock_done. */
 void kvg_sock_stop(kvg_sock *s);
 /** The TLS session, or NULL. */

@@ -247,35 +247,16 @@ static void malformed(kvg_upstream *u, const char *why)
  * needed, or the response failed. */
 static int read_head(kvg_upstream *u)
 {
-    struct evbuffer *in = u->sock.in;
-    struct evbuffer_iovec v;
-    if (u->scan.pos == 0) {
-        /* Empty lines before a status line are skipped, as http-parser did. */
-        for (;;) {
-            if (evbuffer_get_length(in) == 0 || evbuffer_peek(in, -1, NULL, &v, 1) < 1)
-                return 0;
-            const char *p = v.iov_base;
-            size_t k = 0;
-            while (k < v.iov_len && (p[k] == '\r' || p[k] == '\n'))
-                k++;
-            if (k) {
-                evbuffer_drain(in, k);
-                kvg_sock_consumed(&u->sock);
-            }
-            if (k < v.iov_len)
-                break;
-        }
-    }
-    size_t want = KVG_MIN(evbuffer_get_length(in), (size_t)UPSTREAM_MAX_HEAD);
-    if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
+    /* Empty lines before a status line are skipped, as http-parser did. */
+    if (u->scan.pos == 0 && !kvg_sock_skip_line_ends(&u->sock))
         return 0;
-    char *p = v.iov_base;
-    if (v.iov_len < want) { /* a head split across reads: make it contiguous (rare) */
-        p = (char *)evbuffer_pullup(in, (ssize_t)want);
-        if (!p) {
+    size_t want = KVG_MIN(evbuffer_get_length(u->sock.in), (size_t)UPSTREAM_MAX_HEAD);
+    bool oom;
+    char *p = kvg_sock_contiguous(&u->sock, want, &oom);
+    if (!p) {
+        if (oom)
             fail_error(u, 503, "the gateway is out of memory for a worker response");
-            return 0;
-        }
+        return 0;
     }
     size_t end = kvg_h1_head_end(&u->scan, p, want);
     if (!end) {
@@ -284,16 +265,12 @@ static int read_head(kvg_upstream *u)
         return 0;
     }
     kvg_arena_reset(&u->arena);
-    char *head = kvg_arena_alloc(&u->arena, end + 1);
     kvg_header *headers = kvg_arena_alloc(&u->arena, u->scan.lines * sizeof(*headers));
-    if (!head || !headers) {
+    char *head = headers ? kvg_sock_take(&u->sock, end, &u->arena) : NULL;
+    if (!head) {
         fail_error(u, 503, "the gateway is out of memory for a worker response");
         return 0;
     }
-    memcpy(head, p, end);
-    head[end] = '\0';
-    evbuffer_drain(in, end);
-    kvg_sock_consumed(&u->sock);
     kvg_h1_msg m;
     const char *why = "malformed head";
     int rc = kvg_h1_parse_response(head, end, &m, headers, u->scan.lines, &why);

@@ -395,13 +395,27 @@ int kvg_body_rewrite(const char *body, size_t len, const char *salt, kvg_arena *
     return kvg_body_scan(body, len, KVG_BODY_API_OTHER, salt, arena, out, info, err);
 }
 
+int kvg_body_plan_copy(const kvg_body_plan *plan, char *dst)
+{
+    char *at = dst, *end = dst + plan->len;
+    for (size_t i = 0; i < plan->npieces; i++) {
+        if (plan->pieces[i].len > (size_t)(end - at))
+            return -EINVAL;
+        kvg_copy(at, plan->pieces[i].data, plan->pieces[i].len);
+        at += plan->pieces[i].len;
+    }
+    return at == end ? 0 : -EINVAL;
+}
+
 int kvg_body_plan_write(const kvg_body_plan *plan, kvg_buf *out)
 {
     if (plan->len > SIZE_MAX / 2 || kvg_buf_reserve(out, plan->len) < 0)
         return -ENOMEM;
-    for (size_t i = 0; i < plan->npieces; i++)
-        kvg_buf_append(out, plan->pieces[i].data, plan->pieces[i].len);
-    return out->failed ? -ENOMEM : 0;
+    if (kvg_body_plan_copy(plan, out->data + out->len) < 0)
+        return -ENOMEM; /* a plan whose pieces do not add up: never written */
+    out->len += plan->len;
+    out->data[out->len] = '\0';
+    return 0;
 }
 
 int kvg_body_scan(const char *body, size_t len, kvg_body_api api, const char *salt,

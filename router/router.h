@@ -468,6 +468,9 @@ int kvg_body_scan_plan(const char *body, size_t len, kvg_body_api api, const cha
                        kvg_json_error *err);
 /** Append the rewritten body of a plan to out. 0 or -ENOMEM. */
 int kvg_body_plan_write(const kvg_body_plan *plan, kvg_buf *out);
+/** Copy the rewritten body of a plan into dst, which has room for plan->len bytes (no NUL).
+ *  0, or -EINVAL when the pieces do not add up to plan->len (nothing to send then). */
+int kvg_body_plan_copy(const kvg_body_plan *plan, char *dst);
 
 /* ---- the engine's usage report ------------------------------------------------------------- */
 

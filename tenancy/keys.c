@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* API keys: generation (256 random bits), SHA-256 digests, authentication by digest, and the
  * key changes of the store (create, restore, delete). */
-/* SHA256(): see kvg_tenancy_sha256. */
+/* SHA256_Init/_Update/_Final, deprecated by OpenSSL 3: see kvg_tenancy_sha256. */
 #define OPENSSL_SUPPRESS_DEPRECATED
 #include "tenancy_int.h"
 
@@ -12,7 +12,6 @@
 
 #include <openssl/crypto.h>
 #include <openssl/err.h>
-#include <openssl/evp.h>
 #include <openssl/sha.h>
 
 #define KEY_RANDOM_BYTES 32

@@ -34,6 +34,16 @@ def head_lines(req):
     return [tuple(ln.split(":", 1)) for ln in lines]
 
 
+def serve_valid_request(gw):
+    """A valid request on a new connection is answered 200."""
+    c = RawHTTP(gw.port, timeout=5)
+    try:
+        c.send(request_bytes("POST", COMPL, BODY))
+        assert c.response()[0] == 200
+    finally:
+        c.close()
+
+
 def assert_framing_is_the_gateways(req, body=BODY):
     """One content-length, the gateway's, equal to the bytes that follow; no transfer-encoding;
     every name a token (no whitespace anywhere in it)."""
@@ -76,12 +86,7 @@ def test_invalid_header_name_is_400_and_nothing_is_forwarded(kvgate, fake_upstre
     assert up.requests == []
     assert gw.metric("kvgate_protocol_errors_total") == 1
     # The same connection-level framing with valid names is served, once, with our framing.
-    c = RawHTTP(gw.port, timeout=5)
-    try:
-        c.send(request_bytes("POST", COMPL, BODY))
-        assert c.response()[0] == 200
-    finally:
-        c.close()
+    serve_valid_request(gw)
     (req,) = up.requests
     assert_framing_is_the_gateways(req)
 
@@ -283,10 +288,5 @@ def test_heads_the_front_parser_refuses(kvgate, fake_upstream, head, status, cod
     finally:
         c.close()
     assert up.requests == []
-    c = RawHTTP(gw.port, timeout=5)
-    try:
-        c.send(request_bytes("POST", COMPL, BODY))
-        assert c.response()[0] == 200
-    finally:
-        c.close()
+    serve_valid_request(gw)
     assert len(up.requests) == 1
