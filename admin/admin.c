@@ -119,6 +119,7 @@ int kvg_admin_new(const kvg_admin_config *cfg, kvg_registry *reg, kvg_admin **ou
         cfg->tenant_label_cap ? cfg->tenant_label_cap : TENANT_LABEL_CAP_DEFAULT;
     admin->router = cfg->router;
     admin->ready_without_workers = cfg->ready_without_workers;
+    admin->models = cfg->models;
     admin->redis = cfg->redis;
     admin->engine_load_max_age_ns = cfg->engine_load_max_age_ns;
     admin->redis_sync_interval_ms =
@@ -245,6 +246,7 @@ enum {
     NEED_TENANTS = 1u << 1,
     NEED_POLICY = 1u << 2,
     NEED_ROUTER = 1u << 3,
+    NEED_MODELS = 1u << 4,
 };
 
 /* What a route does with the request body. */
@@ -292,6 +294,14 @@ static const admin_route routes[] = {
      "worker.delete", NEED_AUTH,                             BODY_NONE},
     {"/admin/v1/workers/{name}/drain",    "POST",   kvg_admin_worker_drain,
      "worker.drain",  NEED_AUTH,                             BODY_NONE},
+    {"/admin/v1/models",                  "GET",    kvg_admin_models_list,
+     NULL,            NEED_AUTH | NEED_MODELS,               BODY_NONE},
+    {"/admin/v1/models/{model}",          "GET",    kvg_admin_model_get,
+     NULL,            NEED_AUTH | NEED_MODELS,               BODY_NONE},
+    {"/admin/v1/models/{model}",          "PUT",    kvg_admin_model_put,
+     "model.put",     NEED_AUTH | NEED_MODELS,               BODY_OBJECT},
+    {"/admin/v1/models/{model}",          "DELETE", kvg_admin_model_delete,
+     "model.delete",  NEED_AUTH | NEED_MODELS,               BODY_NONE},
     {"/admin/v1/tenants",                 "GET",    kvg_admin_tenants_list,
      NULL,            NEED_AUTH | NEED_TENANTS,              BODY_NONE},
     {"/admin/v1/tenants/{id}",            "GET",    kvg_admin_tenant_get,
@@ -381,7 +391,8 @@ static const admin_route *find_path(const kvg_admin *admin, const char *path, si
                                     seg *params, size_t *nparams)
 {
     unsigned have = NEED_AUTH | (admin->tenants ? NEED_TENANTS : 0) |
-                    (admin->policy ? NEED_POLICY : 0) | (admin->router ? NEED_ROUTER : 0);
+                    (admin->policy ? NEED_POLICY : 0) | (admin->router ? NEED_ROUTER : 0) |
+                    (admin->models ? NEED_MODELS : 0);
     if (len > PATH_MAX_LEN)
         return NULL;
     for (size_t i = 0; i < ROUTE_COUNT; i++)
@@ -419,6 +430,49 @@ static bool take_name(admin_ctx *c, seg s, char *out)
         kvg_admin_fail(c, 400, "%s", why);
         return false;
     }
+    return true;
+}
+
+static int hex_digit(char ch)
+{
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    if (ch >= 'a' && ch <= 'f')
+        return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F')
+        return ch - 'A' + 10;
+    return -1;
+}
+
+/* A model's name ({model}) from the path: percent-decoded, since model names hold slashes
+ * ("Qwen/Qwen3-8B", sent as "Qwen%2FQwen3-8B"), then checked by the definition's rule
+ * (1..256 bytes, no control characters); false after answering. */
+static bool take_model_name(admin_ctx *c, seg s, char *out)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < s.len; i++) {
+        char ch = s.p[i];
+        if (ch == '%') {
+            int d1 = i + 1 < s.len ? hex_digit(s.p[i + 1]) : -1;
+            int d2 = i + 2 < s.len ? hex_digit(s.p[i + 2]) : -1;
+            if (d1 < 0 || d2 < 0) {
+                kvg_admin_fail(c, 400, "name: invalid percent-encoding in the path");
+                return false;
+            }
+            ch = (char)(d1 << 4 | d2);
+            i += 2;
+        }
+        if (n == KVG_MODEL_DEF_NAME_MAX) {
+            kvg_admin_fail(c, 400, "name: longer than %d bytes", KVG_MODEL_DEF_NAME_MAX);
+            return false;
+        }
+        if ((unsigned char)ch < 0x20 || ch == 0x7f) {
+            kvg_admin_fail(c, 400, "name: must not contain control characters");
+            return false;
+        }
+        out[n++] = ch;
+    }
+    out[n] = '\0';
     return true;
 }
 
@@ -473,8 +527,9 @@ static bool check_request(admin_ctx *c, const admin_route *r, const seg *params,
         return false;
     }
     for (size_t i = 0; i < n; i++) {
-        bool ok = param_is(params[i], "{key}") ? take_key_id(c, params[i], c->key_id)
-                                               : take_name(c, params[i], c->name);
+        bool ok = param_is(params[i], "{key}")     ? take_key_id(c, params[i], c->key_id)
+                  : param_is(params[i], "{model}") ? take_model_name(c, params[i], c->model)
+                                                   : take_name(c, params[i], c->name);
         if (!ok)
             return false;
     }

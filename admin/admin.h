@@ -9,6 +9,7 @@
 #include <stddef.h>
 
 #include "common.h"
+#include "model.h"
 #include "policy.h"
 #include "router.h"
 #include "tenancy.h"
@@ -59,6 +60,9 @@ typedef struct kvg_admin_config {
     size_t secret_len;
     /* /readyz answers 200 while no worker is up (probes.ready_requires_worker false) */
     bool ready_without_workers;
+    /* Token-exact models (borrowed; must outlive the admin). NULL: no model routes, and no
+     * "models" section in the state. */
+    kvg_model_registry *models;
 } kvg_admin_config;
 
 typedef struct kvg_admin_request {
@@ -87,6 +91,9 @@ typedef void (*kvg_admin_metrics_fn)(kvg_buf *out, void *ud);
 typedef bool (*kvg_admin_ready_fn)(void *ud);
 /** True when the gateway's event loops turn; false with why filled (for /healthz). */
 typedef bool (*kvg_admin_live_fn)(void *ud, char *why, size_t why_len);
+/** Append members (each starting with ',') to a worker's object in the workers API; called on
+ *  admin threads, possibly several at once. */
+typedef void (*kvg_admin_worker_fn)(kvg_buf *out, const kvg_worker *w, void *ud);
 
 /** Create the admin handler over reg (borrowed; must outlive the admin). When audit_path is set
  *  the file is opened once here (created 0600 if missing) so that a bad path fails start-up.
@@ -131,6 +138,9 @@ int kvg_admin_add_metrics(kvg_admin *admin, kvg_admin_metrics_fn fn, void *ud);
 void kvg_admin_set_ready(kvg_admin *admin, kvg_admin_ready_fn fn, void *ud);
 /** Set the liveness probe used by /healthz (503 with its reason when it says false). */
 void kvg_admin_set_live(kvg_admin *admin, kvg_admin_live_fn fn, void *ud);
+/** Set what adds to each worker's object in the workers API (the KV-event consumer's state,
+ *  which lives in gateway/); NULL fn: nothing. */
+void kvg_admin_set_worker_extra(kvg_admin *admin, kvg_admin_worker_fn fn, void *ud);
 
 /** Handle one admin request. Always fills resp (status, content type, body, extra headers);
  *  the caller sends it and then calls kvg_admin_response_done. Reads never block. A change

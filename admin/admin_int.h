@@ -26,10 +26,11 @@ typedef struct admin_writer {
 
 struct kvg_admin {
     kvg_registry *reg;
-    kvg_tenants *tenants;     /* NULL: no tenant routes */
-    kvg_policy_state *policy; /* NULL: no policy routes */
-    char *state_path;         /* NULL: changes are not persisted */
-    char *audit_path;         /* NULL: audit lines only in the error log */
+    kvg_model_registry *models; /* NULL: no model routes, no "models" state section */
+    kvg_tenants *tenants;       /* NULL: no tenant routes */
+    kvg_policy_state *policy;   /* NULL: no policy routes */
+    char *state_path;           /* NULL: changes are not persisted */
+    char *audit_path;           /* NULL: audit lines only in the error log */
     size_t tenant_label_cap;
     kvg_router *router; /* NULL: no route explain */
     kvg_redis *redis;   /* NULL: a gateway on its own */
@@ -53,6 +54,8 @@ struct kvg_admin {
     bool ready_without_workers; /* set at creation */
     kvg_admin_live_fn live;
     void *live_ud;
+    kvg_admin_worker_fn worker_extra; /* kvg_admin_set_worker_extra */
+    void *worker_extra_ud;
     /* The state shared through Redis (shared.c), NULL without one or before
      * kvg_admin_share_state. What it holds of the state is guarded by change_lock. */
     admin_shared *shared;
@@ -77,6 +80,8 @@ typedef struct admin_ctx {
     char detail[ADMIN_DETAIL_MAX];
     /* The names in the path, validated: the worker's name or the tenant's id, the key id. */
     char name[KVG_MAX(KVG_WORKER_NAME_MAX, KVG_TENANT_ID_MAX) + 1];
+    /* A model's name ({model}), percent-decoded: model names hold slashes ("Qwen/Qwen3-8B"). */
+    char model[KVG_MODEL_DEF_NAME_MAX + 1];
     char key_id[KVG_KEY_ID_LEN + 1];
     /* The request's body as its route takes it (NULL for routes that ignore it), parsed into
      * arena, which lives as long as the request and which handlers may use for their own
@@ -214,8 +219,8 @@ bool kvg_admin_changed(admin_ctx *c, int rc, const char *kind, const char *verb,
  *  resource before and after) and the response status: to the audit log when set, and at info
  *  level (there without before and after, which can be long). */
 void kvg_admin_audit(admin_ctx *c);
-/** Append to out the resource a change route acts on (c->action: worker.*, tenant.*, key.*,
- *  policy.*) as its GET answers it, or "null" when it does not exist. The caller holds
+/** Append to out the resource a change route acts on (c->action: worker.*, model.*, tenant.*,
+ *  key.*, policy.*) as its GET answers it, or "null" when it does not exist. The caller holds
  *  change_lock. */
 void kvg_admin_audit_resource(admin_ctx *c, kvg_buf *out);
 
@@ -229,6 +234,10 @@ void kvg_admin_worker_get(admin_ctx *c);
 void kvg_admin_worker_put(admin_ctx *c);
 void kvg_admin_worker_delete(admin_ctx *c);
 void kvg_admin_worker_drain(admin_ctx *c);
+void kvg_admin_models_list(admin_ctx *c);
+void kvg_admin_model_get(admin_ctx *c);
+void kvg_admin_model_put(admin_ctx *c);
+void kvg_admin_model_delete(admin_ctx *c);
 void kvg_admin_tenants_list(admin_ctx *c);
 void kvg_admin_tenant_get(admin_ctx *c);
 void kvg_admin_tenant_put(admin_ctx *c);

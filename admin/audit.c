@@ -135,6 +135,8 @@ void kvg_admin_audit_resource(admin_ctx *c, kvg_buf *out)
     void (*get)(admin_ctx *) = NULL;
     if (strncmp(c->action, "worker.", 7) == 0)
         get = kvg_admin_worker_get;
+    else if (strncmp(c->action, "model.", 6) == 0)
+        get = kvg_admin_model_get;
     else if (strncmp(c->action, "tenant.", 7) == 0 || strncmp(c->action, "key.", 4) == 0)
         get = kvg_admin_tenant_get;
     else if (strncmp(c->action, "policy.", 7) == 0)
@@ -146,6 +148,7 @@ void kvg_admin_audit_resource(admin_ctx *c, kvg_buf *out)
     kvg_buf_init(&resp.body);
     admin_ctx g = {.admin = c->admin, .req = c->req, .resp = &resp, .remote = c->remote};
     memcpy(g.name, c->name, sizeof(g.name));
+    memcpy(g.model, c->model, sizeof(g.model));
     kvg_arena_init(&g.arena, 0);
     get(&g);
     if (resp.status == 200 && !resp.body.failed)

@@ -4,6 +4,7 @@
 #include "admin_int.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -86,6 +87,23 @@ static void respond(admin_ctx *c, const kvg_route_decision *d, const kvg_body_in
         kvg_buf_json_string(b, info->model, info->model_len);
     else
         kvg_buf_puts(b, "null");
+    /* How the keys were made; token-exact: the engine's hashes of the first blocks, whole and
+     * in the 64-bit form its KV events carry, so that an operator can compare with the engine. */
+    kvg_buf_printf(b, ",\"mode\":\"%s\"", kvg_route_mode_str(d->mode));
+    if (d->mode == KVG_ROUTE_MODE_EXACT_FALLBACK) {
+        kvg_buf_puts(b, ",\"token_exact_error\":");
+        kvg_buf_json_string(b, d->exact_error, strlen(d->exact_error));
+    }
+    if (d->mode == KVG_ROUTE_MODE_TOKEN_EXACT) {
+        kvg_buf_puts(b, ",\"first_block_hashes\":[");
+        for (uint32_t i = 0; i < d->nkeys && i < KVG_ARRAY_LEN(d->first_hashes); i++) {
+            char hex[2 * KVG_VLLM_HASH_MAX];
+            kvg_hex_encode(d->first_hashes[i].bytes, d->first_hashes[i].len, hex);
+            kvg_buf_printf(b, "%s{\"digest\":\"%.*s\",\"event\":%" PRIu64 "}", i ? "," : "",
+                           2 * d->first_hashes[i].len, hex, d->keys[i]);
+        }
+        kvg_buf_putc(b, ']');
+    }
     kvg_buf_printf(b,
                    ",\"prefix\":{\"unit\":\"%s\",\"length\":%zu,\"block_size\":%u,\"blocks\":%u}"
                    ",\"hash_backend\":\"%s\",\"serving\":%zu,\"ejected\":%zu,\"candidates\":[",
@@ -111,6 +129,7 @@ void kvg_admin_route_explain(admin_ctx *c)
     kvg_buf_init(&body);
     kvg_tenant_set *ts = NULL;
     kvg_worker_set *set = NULL;
+    kvg_model_set *models = NULL;
 
     const kvg_json *root = c->body;
     const kvg_json *tenant = NULL, *req = NULL, *path = NULL;
@@ -200,6 +219,15 @@ void kvg_admin_route_explain(admin_ctx *c)
         .now_ns = kvg_now_ns(),
         .engine_load_max_age_ns = admin->engine_load_max_age_ns,
     };
+    if (info.model && admin->models &&
+        (api == KVG_BODY_API_CHAT || api == KVG_BODY_API_COMPLETIONS)) {
+        models = kvg_model_registry_acquire(admin->models);
+        rq.model = kvg_model_set_find(models, info.model, info.model_len);
+        rq.model_input =
+            api == KVG_BODY_API_CHAT ? KVG_MODEL_INPUT_CHAT : KVG_MODEL_INPUT_COMPLETIONS;
+        rq.raw_body = body.data ? body.data : "";
+        rq.raw_len = body.len;
+    }
     kvg_route_decision d;
     if (kvg_router_decide(admin->router, set, &rq, arena, &d) < 0) {
         if (arena->over_limit)
@@ -212,6 +240,8 @@ void kvg_admin_route_explain(admin_ctx *c)
     d.stage_ns[KVG_ROUTE_STAGE_PARSE] = parse_ns;
     respond(c, &d, &info, api, tenant_id, scope);
 out:
+    if (models)
+        kvg_model_set_unref(models);
     if (set)
         kvg_worker_set_unref(set);
     if (ts)

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The state file: every admin change saved atomically before its answer, and restored at
- * start-up (tenants with their key digests, admin-defined workers, policy settings). */
+ * start-up (tenants with their key digests, admin-defined workers and models, policy
+ * settings). */
 #include "admin_int.h"
 
 #include <errno.h>
@@ -21,6 +22,19 @@ void kvg_admin_state_doc(kvg_admin *admin, kvg_buf *b)
     }
     kvg_buf_puts(b, ",\"workers\":");
     kvg_registry_admin_to_json(admin->reg, b);
+    if (admin->models) {
+        /* Left out while there are none: a state without models stays readable by a kvgate
+         * that predates them (a downgrade, or an older replica during a rolling upgrade), and
+         * an absent section reads as an empty one. */
+        size_t at = b->len;
+        kvg_buf_puts(b, ",\"models\":");
+        size_t list = b->len;
+        kvg_model_registry_admin_to_json(admin->models, b);
+        if (!b->failed && b->len - list == 2) {
+            b->len = at;
+            b->data[at] = '\0';
+        }
+    }
     if (admin->policy) {
         kvg_policy_config cfg;
         kvg_policy_state_get(admin->policy, &cfg);
@@ -118,7 +132,7 @@ bool kvg_admin_changed(admin_ctx *c, int rc, const char *kind, const char *verb,
 
 /* The sections of a state file, found before anything is applied. */
 typedef struct sections {
-    const kvg_json *tenants, *workers, *policy;
+    const kvg_json *tenants, *workers, *models, *policy;
 } sections;
 
 static int decode_version(void *target, const kvg_json *v, const char *path, kvg_fields_ctx *c)
@@ -153,6 +167,11 @@ static int decode_workers(void *target, const kvg_json *v, const char *path, kvg
     return keep_section(v, KVG_JSON_ARRAY, path, c, &((sections *)target)->workers);
 }
 
+static int decode_models(void *target, const kvg_json *v, const char *path, kvg_fields_ctx *c)
+{
+    return keep_section(v, KVG_JSON_ARRAY, path, c, &((sections *)target)->models);
+}
+
 static int decode_policy(void *target, const kvg_json *v, const char *path, kvg_fields_ctx *c)
 {
     return keep_section(v, KVG_JSON_OBJECT, path, c, &((sections *)target)->policy);
@@ -174,6 +193,7 @@ static const kvg_field section_fields[] = {
      .type = KVG_FIELD_CUSTOM,
      .set_in = KVG_SET_STATE,
      .decode = decode_workers},
+    {.name = "models", .type = KVG_FIELD_CUSTOM, .set_in = KVG_SET_STATE, .decode = decode_models},
     {.name = "policy", .type = KVG_FIELD_CUSTOM, .set_in = KVG_SET_STATE, .decode = decode_policy},
 };
 
@@ -210,6 +230,23 @@ static void restore_tenants(kvg_admin *admin, const kvg_buf *old)
     kvg_arena_done(&arena);
 }
 
+/* Put back the models kvg_model_registry_admin_to_json wrote, after a later section was
+ * refused: the same definitions keep their loaded models, so nothing is read again. */
+static void restore_models(kvg_admin *admin, const kvg_buf *old)
+{
+    kvg_arena arena;
+    kvg_arena_init(&arena, 0);
+    kvg_json *root;
+    char why[512] = "";
+    int rc = kvg_json_parse(old->data, old->len, &arena, NULL, &root, NULL);
+    if (rc == 0)
+        rc = kvg_model_registry_admin_from_json(admin->models, root, why, sizeof(why));
+    if (rc < 0)
+        kvg_log_error("admin: the models could not be put back after a refused document: %s",
+                      why[0] ? why : kvg_strerror(rc));
+    kvg_arena_done(&arena);
+}
+
 /* Apply the sections; the policy is checked first (on a copy) since it is the cheapest. A
  * replacement (a document from Redis) starts the policy from its defaults and counts an absent
  * section as an empty one, so that what the document lacks is gone here too. */
@@ -219,11 +256,14 @@ static int apply(kvg_admin *admin, const sections *s, bool replace, char *msg, s
     char why[256] = "";
     int rc;
     kvg_policy_config cfg;
-    const kvg_json *tenants = s->tenants, *workers = s->workers;
+    const kvg_json *tenants = s->tenants, *workers = s->workers, *models = s->models;
     if (replace) {
         tenants = tenants ? tenants : &empty;
         workers = workers ? workers : &empty;
+        models = models ? models : &empty;
     }
+    if (!admin->models)
+        models = NULL;
     if ((s->policy || replace) && admin->policy) {
         if (replace)
             kvg_policy_config_init(&cfg);
@@ -234,6 +274,30 @@ static int apply(kvg_admin *admin, const sections *s, bool replace, char *msg, s
             snprintf(msg, msg_len, "policy: %s", why);
             return rc;
         }
+    }
+    /* The models before the tenants and workers: a bad definition is refused before anything
+     * changes, and a model whose files are missing here is kept unloaded rather than refused
+     * (model/registry.c), so that a state file or another replica's document still applies. */
+    kvg_buf old_models;
+    kvg_buf_init(&old_models);
+    bool models_done = false;
+    if (models) {
+        if (tenants || workers) {
+            kvg_model_registry_admin_to_json(admin->models, &old_models);
+            if (old_models.failed) {
+                kvg_buf_done(&old_models);
+                snprintf(msg, msg_len, "models: %s", kvg_strerror(-ENOMEM));
+                return -ENOMEM;
+            }
+        }
+        char mwhy[512] = "";
+        rc = kvg_model_registry_admin_from_json(admin->models, models, mwhy, sizeof(mwhy));
+        if (rc < 0) {
+            kvg_buf_done(&old_models);
+            snprintf(msg, msg_len, "models: %s", rc == -ENOMEM ? kvg_strerror(rc) : mwhy);
+            return rc;
+        }
+        models_done = true;
     }
     /* Each section replaces its store all or nothing, but the document must too: the tenants
      * as they were are kept, to be put back when the workers are refused after them. */
@@ -253,6 +317,9 @@ static int apply(kvg_admin *admin, const sections *s, bool replace, char *msg, s
         if (rc < 0) {
             kvg_buf_done(&old_tenants);
             snprintf(msg, msg_len, "tenants: %s", rc == -ENOMEM ? kvg_strerror(rc) : why);
+            if (models_done)
+                restore_models(admin, &old_models);
+            kvg_buf_done(&old_models);
             return rc;
         }
         tenants_done = true;
@@ -264,10 +331,14 @@ static int apply(kvg_admin *admin, const sections *s, bool replace, char *msg, s
             if (tenants_done)
                 restore_tenants(admin, &old_tenants);
             kvg_buf_done(&old_tenants);
+            if (models_done)
+                restore_models(admin, &old_models);
+            kvg_buf_done(&old_models);
             return rc;
         }
     }
     kvg_buf_done(&old_tenants);
+    kvg_buf_done(&old_models);
     if ((s->policy || replace) && admin->policy) {
         rc = kvg_policy_state_set(admin->policy, &cfg);
         if (rc < 0) {
@@ -310,7 +381,7 @@ int kvg_admin_apply_doc(kvg_admin *admin, const char *text, size_t len, bool rep
 
 int kvg_admin_load_state(kvg_admin *admin, char *msg, size_t msg_len)
 {
-    char why[320] = "";
+    char why[768] = ""; /* a model's message names its file: a path and the problem */
     if (!admin->state_path)
         return 0;
     pthread_mutex_lock(&admin->change_lock);

@@ -3,6 +3,7 @@
  * validation of the JSON body; every change is saved before the answer. */
 #include "admin_int.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -31,7 +32,15 @@ static void put_outlier(kvg_buf *b, const kvg_worker *w)
                    (unsigned long)st.multiplier);
 }
 
-static void put_worker(kvg_buf *b, const kvg_worker *w)
+void kvg_admin_set_worker_extra(kvg_admin *admin, kvg_admin_worker_fn fn, void *ud)
+{
+    pthread_mutex_lock(&admin->lock);
+    admin->worker_extra = fn;
+    admin->worker_extra_ud = ud;
+    pthread_mutex_unlock(&admin->lock);
+}
+
+static void put_worker(kvg_admin *admin, kvg_buf *b, const kvg_worker *w)
 {
     /* The definition through the worker's field table, with the effective in-flight limit
      * (0 in a PUT means the gateway default, and this shows which); then what is read-only. */
@@ -47,6 +56,9 @@ static void put_worker(kvg_buf *b, const kvg_worker *w)
         .kv_blocks = kvg_worker_kv_blocks(w),
         .max_inflight = kvg_worker_max_inflight(w),
         .no_cache_salt = !kvg_worker_injects_salt(w),
+        .kv_events = kvg_worker_kv_events(w),
+        .kv_events_replay = kvg_worker_kv_events_replay(w),
+        .kv_events_stale_ms = kvg_worker_kv_events_stale_ms(w),
     };
     bool first = true;
     kvg_buf_putc(b, '{');
@@ -57,6 +69,13 @@ static void put_worker(kvg_buf *b, const kvg_worker *w)
                    kvg_worker_draining(w) ? "true" : "false",
                    (unsigned long)kvg_worker_inflight(w));
     put_outlier(b, w);
+    /* The KV-event consumer's view ("kv_events_status": state, ...): it lives in gateway/. */
+    pthread_mutex_lock(&admin->lock);
+    kvg_admin_worker_fn extra = admin->worker_extra;
+    void *ud = admin->worker_extra_ud;
+    pthread_mutex_unlock(&admin->lock);
+    if (extra)
+        extra(b, w, ud);
     kvg_buf_putc(b, '}');
 }
 
@@ -68,7 +87,7 @@ static void respond_worker(admin_ctx *c, int status)
     kvg_worker *w = kvg_worker_set_find(set, name);
     if (w) {
         kvg_admin_json(c->resp, status);
-        put_worker(&c->resp->body, w);
+        put_worker(c->admin, &c->resp->body, w);
     } else {
         kvg_admin_fail(c, 404, "worker \"%s\" not found", name);
     }
@@ -84,7 +103,7 @@ void kvg_admin_workers_list(admin_ctx *c)
     for (size_t i = 0; i < kvg_worker_set_count(set); i++) {
         if (i)
             kvg_buf_putc(b, ',');
-        put_worker(b, kvg_worker_set_at(set, i));
+        put_worker(c->admin, b, kvg_worker_set_at(set, i));
     }
     kvg_buf_puts(b, "]}");
     kvg_worker_set_unref(set);

@@ -36,6 +36,17 @@ static char *make_body(size_t size, unsigned seed, size_t *len)
     return kvg_buf_steal(&b, len);
 }
 
+/* Token-exact mode (--tokenizer): every decision keys the body by the engine's block hashes. */
+static kvg_model *exact_model;
+
+static void set_exact(kvg_route_request *rq, const char *body, size_t len)
+{
+    rq->model = exact_model;
+    rq->model_input = KVG_MODEL_INPUT_CHAT;
+    rq->raw_body = body;
+    rq->raw_len = len;
+}
+
 static int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -82,6 +93,7 @@ static void decide_once(bench_ctx *c, uint64_t rotation)
                             .rotation = rotation,
                             .rank_limit = 16, /* as the front does (gateway/proxy.c) */
                             .clock_ns = c->timed ? kvg_now_ns : NULL};
+    set_exact(&rq, c->body, c->len);
     uint64_t parse = c->timed ? kvg_now_ns() - t0 : 0;
     kvg_route_decision d;
     if (kvg_router_decide(c->rt, c->set, &rq, &c->arena, &d) < 0) {
@@ -166,6 +178,7 @@ static int decide_and_record(bench_ctx *c, const char *body, size_t len, kvg_wor
     kvg_arena_reset(&c->arena);
     kvg_buf_reset(&c->out);
     kvg_route_request rq = {.body = &info, .salt = salt, .policy = &c->pc, .rank_limit = 16};
+    set_exact(&rq, body, len);
     kvg_route_decision d;
     if (kvg_body_scan(body, len, KVG_BODY_API_CHAT, salt, &c->arena, &c->out, &info, NULL) < 0 ||
         kvg_router_decide(c->rt, c->set, &rq, &c->arena, &d) < 0)
@@ -181,7 +194,42 @@ int main(int argc, char **argv)
 {
     static const size_t sizes[] = {1024, 32 * 1024, 512 * 1024};
     static const size_t counts[] = {8, 64, 512};
-    bool json = argc > 1 && strcmp(argv[1], "--json") == 0;
+    bool json = false;
+    kvg_model_def mdef = {.name = "bench-model", .hash_seed = "0", .block_size = 16};
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0)
+            json = true;
+        else if (strcmp(argv[i], "--tokenizer") == 0 && i + 1 < argc)
+            mdef.tokenizer = argv[++i];
+        else if (strcmp(argv[i], "--tokenizer-config") == 0 && i + 1 < argc)
+            mdef.tokenizer_config = argv[++i];
+        else if (strcmp(argv[i], "--token-cache-mib") == 0 && i + 1 < argc)
+            mdef.token_cache_mib = (uint32_t)strtoul(argv[++i], NULL, 10);
+        else {
+            fprintf(stderr, "usage: route_bench [--json] [--tokenizer F --tokenizer-config F "
+                            "[--token-cache-mib N]]\n");
+            return 2;
+        }
+    }
+    if (mdef.tokenizer) {
+        char msg[512];
+        if (kvg_model_load(&mdef, &exact_model, msg, sizeof(msg)) < 0) {
+            fprintf(stderr, "route_bench: %s\n", msg);
+            return 1;
+        }
+        if (!kvg_model_has_template(exact_model)) {
+            fprintf(stderr, "route_bench: the model has no chat template\n");
+            return 1;
+        }
+    }
+    if (!json)
+        printf("keys: %s%s\n",
+               exact_model ? "token-exact (the engine's block hashes)"
+                           : "bytes (canonical prefix stream)",
+               !exact_model ? ""
+               : mdef.token_cache_mib
+                   ? ", pieces cache on (the body seen before: its pieces cached)"
+                   : ", pieces cache off (every piece tokenized)");
     if (!json)
         printf("%-8s %-8s %-8s %12s %12s %8s %8s %8s   %7s %7s %7s %7s   %10s %10s\n", "body",
                "workers", "holders", "decision_us", "memcpy_us", "ratio", "blocks", "matched",
@@ -240,7 +288,8 @@ int main(int argc, char **argv)
             }
             /* Batches of about 20 ms. */
             unsigned iters = (unsigned)KVG_MAX(
-                (size_t)3, (size_t)(20e6 / (size / 4.0 + 2000.0 * counts[ci] / 8)));
+                (size_t)3,
+                (size_t)(20e6 / ((exact_model ? 20.0 : 0.25) * size + 2000.0 * counts[ci] / 8)));
             decide_once(&c, 0);
             uint64_t dec = time_decide(&c, iters);
             uint64_t cpy = time_memcpy(&c, iters * 50);
@@ -287,5 +336,6 @@ int main(int argc, char **argv)
     }
     if (json)
         printf("]\n");
+    kvg_model_free(exact_model);
     return 0;
 }

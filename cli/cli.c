@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "model.h"
 #include "policy.h"
 #include "router.h"
 #include "tenancy.h"
@@ -94,6 +95,12 @@ static const command commands[] = {
         .fields = &kvg_worker_fields, .field_arg = "url", .table = ""),
     CMD("workers delete", "NAME",         "DELETE", "/admin/v1/workers/{1}"),
     CMD("workers drain",  "NAME",         "POST",   "/admin/v1/workers/{1}/drain", .table = ""),
+    CMD("models list",    "",             "GET",    "/admin/v1/models", .table = "models"),
+    CMD("models get",     "NAME",         "GET",    "/admin/v1/models/{1}", .table = ""),
+    CMD("models put",     "NAME TOKENIZER", "PUT",  "/admin/v1/models/{1}",
+        .fields = &kvg_model_fields, .field_arg = "tokenizer",
+        .note = "loads the files on the gateway's host; paths are absolute", .table = ""),
+    CMD("models delete",  "NAME",         "DELETE", "/admin/v1/models/{1}"),
     CMD("tenants list",   "",             "GET",    "/admin/v1/tenants", .table = "tenants"),
     CMD("tenants get",    "ID",           "GET",    "/admin/v1/tenants/{1}", .table = ""),
     CMD("tenants put",    "ID",           "PUT",    "/admin/v1/tenants/{1}",
@@ -588,6 +595,16 @@ static int check_path_args(const command *cmd, const args *a)
         int rc = 0;
         if (p >= cmd->path + 8 && strncmp(p - 8, "workers/", 8) == 0) {
             rc = kvg_worker_name_validate(arg, msg, sizeof(msg));
+        } else if (p >= cmd->path + 7 && strncmp(p - 7, "models/", 7) == 0) {
+            /* the definition's rule for names; a slash is fine (it is percent-encoded) */
+            size_t n = strlen(arg), k = 0;
+            while (k < n && (unsigned char)arg[k] >= 0x20 && arg[k] != 0x7f)
+                k++;
+            rc = n == 0 || n > KVG_MODEL_DEF_NAME_MAX || k < n ? -1 : 0;
+            snprintf(msg, sizeof(msg), "%s",
+                     n == 0                       ? "name: must not be empty"
+                     : n > KVG_MODEL_DEF_NAME_MAX ? "name: longer than 256 bytes"
+                                                  : "name: must not contain control characters");
         } else if (p >= cmd->path + 8 && strncmp(p - 8, "tenants/", 8) == 0) {
             rc = kvg_tenant_id_validate(arg, "id", msg, sizeof(msg));
         } else {

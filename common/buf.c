@@ -116,21 +116,7 @@ void kvg_buf_json_string(kvg_buf *b, const char *str, size_t len)
             }
             adv = 1;
             esc = "\xEF\xBF\xBD"; /* U+FFFD for a byte that is not UTF-8 */
-        } else if (c == '"')
-            esc = "\\\"";
-        else if (c == '\\')
-            esc = "\\\\";
-        else if (c == '\n')
-            esc = "\\n";
-        else if (c == '\r')
-            esc = "\\r";
-        else if (c == '\t')
-            esc = "\\t";
-        else if (c == '\b')
-            esc = "\\b";
-        else if (c == '\f')
-            esc = "\\f";
-        else {
+        } else if (!(esc = kvg_json_short_escape(c))) {
             ubuf[0] = '\\';
             ubuf[1] = 'u';
             ubuf[2] = '0';
@@ -147,6 +133,28 @@ void kvg_buf_json_string(kvg_buf *b, const char *str, size_t len)
     }
     kvg_buf_append(b, s + run, len - run);
     kvg_buf_putc(b, '"');
+}
+
+const char *kvg_json_short_escape(unsigned char c)
+{
+    switch (c) {
+    case '"':
+        return "\\\"";
+    case '\\':
+        return "\\\\";
+    case '\n':
+        return "\\n";
+    case '\r':
+        return "\\r";
+    case '\t':
+        return "\\t";
+    case '\b':
+        return "\\b";
+    case '\f':
+        return "\\f";
+    default:
+        return NULL;
+    }
 }
 
 char *kvg_buf_steal(kvg_buf *b, size_t *len)

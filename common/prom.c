@@ -138,6 +138,19 @@ void kvg_prom_hist_init(kvg_prom_hist *h)
     atomic_init(&h->sum, 0u);
 }
 
+_Thread_local unsigned kvg_prom_stripe;
+
+void kvg_prom_hist_add(kvg_prom_hist *dst, const kvg_prom_hist *src)
+{
+    kvg_prom_hist *from = (kvg_prom_hist *)src; /* atomic loads take non-const pointers */
+    for (size_t i = 0; i <= KVG_PROM_BUCKETS_MAX; i++)
+        atomic_fetch_add_explicit(&dst->buckets[i],
+                                  atomic_load_explicit(&from->buckets[i], memory_order_relaxed),
+                                  memory_order_relaxed);
+    atomic_fetch_add_explicit(&dst->sum, atomic_load_explicit(&from->sum, memory_order_relaxed),
+                              memory_order_relaxed);
+}
+
 void kvg_prom_put_hist(kvg_buf *out, const char *name, const kvg_prom_label *labels, size_t nlabels,
                        const kvg_prom_hist *h, const kvg_prom_buckets *b)
 {

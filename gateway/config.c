@@ -428,6 +428,8 @@ static const kvg_field hash_fields[] = {
     U32_FIELD(kvg_hash_settings, crossover_bytes, 0, 1u << 30, 0),
     U32_FIELD(kvg_hash_settings, max_queued, 1, 1u << 24, 65536),
     U32_FIELD(kvg_hash_settings, device, 0, 1024, 0),
+    U32_FIELD(kvg_hash_settings, exact_offload_bytes, 0, 1u << 30, 16384),
+    U32_FIELD(kvg_hash_settings, exact_threads, 0, 64, 0),
 };
 
 static const kvg_fields hash_table = {"hash", hash_fields, KVG_ARRAY_LEN(hash_fields), NULL};
@@ -506,31 +508,58 @@ static int check_probes(const void *target, char *why, size_t len)
 static const kvg_fields probes_table = {"probes", probes_fields, KVG_ARRAY_LEN(probes_fields),
                                         check_probes};
 
-/* "workers": replaces the workers before it; each through the worker's table. */
-static int decode_workers(void *target, const kvg_json *v, const char *path, kvg_fields_ctx *c)
+/* An array of resource objects, each through the resource's table (defaults, then the object),
+ * into the config's arena: *out and *count on success. what names one item in the message of too
+ * many ("workers", "models"). */
+static int decode_defs(kvg_config *cfg, const kvg_json *v, const char *path, kvg_fields_ctx *c,
+                       const kvg_fields *table, size_t elem, size_t max, const char *what,
+                       void **out, size_t *count)
 {
-    kvg_config *cfg = target;
     char ipath[64];
     if (v->type != KVG_JSON_ARRAY)
         return kvg_fields_fail(c, KVG_FIELD_MISTYPED, path, "must be an array of objects, not %s",
                                kvg_json_type_str(v->type));
     size_t n = v->u.arr.count;
-    if (n > KVG_CONFIG_MAX_WORKERS)
-        return kvg_fields_fail(c, KVG_FIELD_RANGE, path, "more than %d workers",
-                               KVG_CONFIG_MAX_WORKERS);
-    kvg_worker_def *defs = kvg_arena_alloc(&cfg->arena, (n ? n : 1) * sizeof(*defs));
+    if (n > max)
+        return kvg_fields_fail(c, KVG_FIELD_RANGE, path, "more than %zu %s", max, what);
+    char *defs = kvg_arena_alloc(&cfg->arena, (n ? n : 1) * elem);
     if (!defs)
         return kvg_fields_fail(c, KVG_FIELD_NOMEM, NULL, "out of memory");
     for (size_t i = 0; i < n; i++) {
         snprintf(ipath, sizeof(ipath), "%s[%zu]", path, i);
-        kvg_fields_defaults(&kvg_worker_fields, &defs[i]);
-        int rc = kvg_fields_decode(&kvg_worker_fields, &defs[i], v->u.arr.items[i], ipath, c);
+        kvg_fields_defaults(table, defs + i * elem);
+        int rc = kvg_fields_decode(table, defs + i * elem, v->u.arr.items[i], ipath, c);
         if (rc < 0)
             return rc;
     }
-    cfg->workers = defs;
-    cfg->nworkers = n;
+    *out = defs;
+    *count = n;
     return 0;
+}
+
+/* "workers": replaces the workers before it; each through the worker's table. */
+static int decode_workers(void *target, const kvg_json *v, const char *path, kvg_fields_ctx *c)
+{
+    kvg_config *cfg = target;
+    void *defs = NULL; /* -O3 cannot see that decode_defs sets it whenever it returns 0 */
+    int rc = decode_defs(cfg, v, path, c, &kvg_worker_fields, sizeof(kvg_worker_def),
+                         KVG_CONFIG_MAX_WORKERS, "workers", &defs, &cfg->nworkers);
+    if (rc == 0)
+        cfg->workers = defs;
+    return rc;
+}
+
+/* "models": replaces the models before it; each through the model's table, so that a field
+ * reads and fails the same as in the admin API and the state file. */
+static int decode_models(void *target, const kvg_json *v, const char *path, kvg_fields_ctx *c)
+{
+    kvg_config *cfg = target;
+    void *defs = NULL; /* -O3 cannot see that decode_defs sets it whenever it returns 0 */
+    int rc = decode_defs(cfg, v, path, c, &kvg_model_fields, sizeof(kvg_model_def), KVG_MODELS_MAX,
+                         "models", &defs, &cfg->nmodels);
+    if (rc == 0)
+        cfg->models = defs;
+    return rc;
 }
 
 static const char *const auth_keywords[] = {"keys", "open"};
@@ -613,6 +642,7 @@ static const kvg_field config_fields[] = {
     U32_FIELD(kvg_config, tenant_metrics_max, 0, 100000, 100),
     U32_FIELD(kvg_config, index_max_entries, 0, 1u << 30, 0),
     U32_FIELD(kvg_config, index_default_capacity, 0, 1u << 30, 0),
+    U32_FIELD(kvg_config, index_speculative_ttl_ms, 0, 600000, 0),
     {.name = "threads",
      .type = KVG_FIELD_U32,
      .set_in = KVG_SET_CONFIG | KVG_SET_FLAG,
@@ -652,6 +682,7 @@ static const kvg_field config_fields[] = {
      .type = KVG_FIELD_CUSTOM,
      .set_in = KVG_SET_CONFIG,
      .decode = decode_workers},
+    {.name = "models", .type = KVG_FIELD_CUSTOM, .set_in = KVG_SET_CONFIG, .decode = decode_models},
     {.name = "passthrough_paths",
      .type = KVG_FIELD_STRINGS,
      .set_in = KVG_SET_CONFIG,
@@ -1072,6 +1103,20 @@ int kvg_config_validate(const kvg_config *cfg, char *err, size_t err_len)
         for (size_t j = 0; j < i; j++) {
             if (strcmp(cfg->workers[j].name, w->name) == 0) {
                 snprintf(err, err_len, "worker '%s' is defined twice", w->name);
+                return KVG_ECONFIG;
+            }
+        }
+    }
+    for (size_t i = 0; i < cfg->nmodels; i++) {
+        const kvg_model_def *m = &cfg->models[i];
+        char msg[200];
+        if (kvg_model_def_validate(m, msg, sizeof(msg)) < 0) {
+            snprintf(err, err_len, "models[%zu]: %s", i, msg);
+            return KVG_ECONFIG;
+        }
+        for (size_t j = 0; j < i; j++) {
+            if (strcmp(cfg->models[j].name, m->name) == 0) {
+                snprintf(err, err_len, "model '%s' is defined twice", m->name);
                 return KVG_ECONFIG;
             }
         }

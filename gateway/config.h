@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "common.h"
+#include "model.h"
 #include "router.h"
 
 #define KVG_MAX_LISTENERS 16
@@ -142,6 +143,10 @@ typedef struct kvg_hash_settings {
     uint32_t crossover_bytes;   /* jobs with less prompt data hash on the CPU; 0 = measured */
     uint32_t max_queued;        /* jobs queued for the GPU at most; past it, the CPU */
     uint32_t device;            /* CUDA device ordinal */
+    /* Token-exact keys (models defined with a tokenizer) of bodies this large or larger are
+     * made on the offload pool's exact_threads threads, not on the event loop; 0 = always. */
+    uint32_t exact_offload_bytes;
+    uint32_t exact_threads; /* 0 = half the gateway's threads, at least 1 */
 } kvg_hash_settings;
 
 /* TLS settings of every TLS listener, front and admin (docs/security.md). Checked by
@@ -181,6 +186,8 @@ typedef struct kvg_config {
     uint32_t tenant_metrics_max;     /* tenants with a metrics label of their own */
     uint32_t index_max_entries;      /* prefix index entries at most; 0 = the index default */
     uint32_t index_default_capacity; /* index blocks for a worker without kv_blocks; 0 = default */
+    uint32_t
+        index_speculative_ttl_ms; /* a decision's entries on an events-fed worker; 0 = default */
     kvg_listener_config listeners[KVG_MAX_LISTENERS];
     size_t nlisteners;
     kvg_listener_config admin_listeners[KVG_MAX_LISTENERS];
@@ -208,6 +215,11 @@ typedef struct kvg_config {
     kvg_hash_settings hash;
     kvg_config_worker *workers;
     size_t nworkers;
+    /* "models": token-exact definitions (model.h), strings in the arena; at most
+     * KVG_MODELS_MAX. Loaded at start (a file that does not load stops the start) and on
+     * every reload (one that does not load keeps the running models). */
+    kvg_model_def *models;
+    size_t nmodels;
     char **passthrough_paths; /* more POST paths forwarded to a worker serving the body's model */
     size_t npassthrough_paths;
 } kvg_config;
@@ -235,7 +247,8 @@ typedef enum kvg_config_action {
 } kvg_config_action;
 int kvg_config_parse_args(kvg_config *cfg, int argc, char **argv, kvg_config_action *action,
                           char *err, size_t err_len);
-/** Check cross-field rules after everything is merged (TLS pairs, worker definitions). */
+/** Check cross-field rules after everything is merged (TLS pairs, worker and model
+ *  definitions; model files are not read here). */
 int kvg_config_validate(const kvg_config *cfg, char *err, size_t err_len);
 /** Worker definitions of cfg as registry input (pointers into cfg; caller frees the array). */
 kvg_worker_def *kvg_config_worker_defs(const kvg_config *cfg);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The decision step of an exchange: where a request goes, decided at once (the embedded index)
- * or later on the exchange's own loop (the GPU's block keys from the hashing batcher; a Redis
+ * or later on the exchange's own loop (the GPU's block keys from the hashing batcher; a large
+ * body's token-exact keys from the offload pool; a Redis
  * lookup, within redis.lookup_timeout_ms, else the embedded index answers). The one place a
  * request may wait for routing (docs/architecture.md, "The decision step"). */
 #ifndef KVG_GATEWAY_DECIDE_H
@@ -31,6 +32,7 @@ struct kvg_decide {
     kvg_decide_done_fn *done;
     kvg_hash_job job;             /* the request's block keys (keys in x's arena) */
     kvg_hash_ticket *hash_ticket; /* while the batcher hashes them (hash.backend cuda) */
+    struct exact_job *exact_job;  /* while a pool thread makes a large body's token-exact keys */
     struct event deadline;        /* redis.lookup_timeout_ms after the lookup went out */
     bool deadline_set;
     bool pending;

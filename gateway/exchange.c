@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sock.h"
 #include "tenancy.h"
 
 /* Bodies of unknown length are charged ahead by at least this much, so that most chunks of
@@ -55,7 +56,7 @@ static bool body_rate_ok(kvg_exchange *x, size_t len)
     const kvg_front_limits *lim = x->env->limits;
     if (!lim->body_min_rate)
         return true;
-    uint64_t now = kvg_now_ns();
+    uint64_t now = kvg_sock_clock_ns();
     if (!x->rate_start_ns)
         x->rate_start_ns = x->start_ns;
     uint64_t elapsed = now - x->rate_start_ns;
@@ -180,7 +181,7 @@ static void setup(kvg_exchange *x, const kvg_exchange_env *env, kvg_thread *t,
     x->content_length = -1;
     x->resp_content_length = -1;
     x->scheme = "http";
-    x->start_ns = kvg_now_ns();
+    x->start_ns = kvg_sock_clock_ns();
 }
 
 int kvg_exchange_init(kvg_exchange *x, const kvg_exchange_env *env, kvg_thread *t,
@@ -347,10 +348,7 @@ int kvg_exchange_add_header(kvg_exchange *x, const char *name, size_t name_len, 
     if (!nm)
         return -ENOMEM;
     char *val = nm + name_len + 1;
-    for (size_t i = 0; i < name_len; i++) {
-        char c = name[i];
-        nm[i] = c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a') : c;
-    }
+    kvg_copy_lower(nm, name, name_len);
     nm[name_len] = '\0';
     kvg_copy(val, value, value_len);
     val[value_len] = '\0';
@@ -366,7 +364,7 @@ void kvg_exchange_respond(kvg_exchange *x, int status, int64_t content_length)
     x->status = status;
     x->resp_content_length = content_length;
     x->resp = KVG_RESP_STREAMING;
-    x->first_byte_ns = kvg_now_ns();
+    x->first_byte_ns = kvg_sock_clock_ns();
     x->ops->send_head(x);
 }
 

@@ -231,10 +231,23 @@ static void reload(kvg_gateway *gw)
         return;
     }
     kvg_gateway_tls_reload(gw, &next);
+    /* Models before the workers: their files may be missing or bad (a worker definition was
+     * checked with the rest), and a model that does not load refuses the reload as a worker
+     * that does not parse does, before the workers change. The loads may take a while (a
+     * tokenizer.json is ~10 MB); a definition that did not change keeps its loaded model. */
+    char mmsg[1024] = "";
+    int rc = kvg_model_registry_replace_config(gw->models, next.models, next.nmodels, mmsg,
+                                               sizeof(mmsg));
+    if (rc < 0) {
+        kvg_log_error("reload failed, keeping the running workers and models: models: %s",
+                      rc == -ENOMEM ? kvg_strerror(rc) : mmsg);
+        kvg_config_done(&next);
+        return;
+    }
     kvg_worker_def *defs = kvg_config_worker_defs(&next);
     char msg[256] = "";
-    int rc = defs ? kvg_registry_replace_config(gw->registry, defs, next.nworkers, msg, sizeof(msg))
-                  : -ENOMEM;
+    rc = defs ? kvg_registry_replace_config(gw->registry, defs, next.nworkers, msg, sizeof(msg))
+              : -ENOMEM;
     free(defs);
     if (rc < 0) {
         kvg_log_error("reload failed, keeping the running workers: %s", msg);
@@ -248,7 +261,8 @@ static void reload(kvg_gateway *gw)
         kvg_log_error("reload: invalid metrics token, keeping the old ones");
     if (next.nlisteners != gw->cfg.nlisteners || next.threads != gw->cfg.threads)
         kvg_log_warn("reload: listener and thread changes take effect after a restart");
-    kvg_log_info("configuration reloaded: %zu workers from the config", next.nworkers);
+    kvg_log_info("configuration reloaded: %zu workers and %zu models from the config",
+                 next.nworkers, next.nmodels);
     kvg_config_done(&next);
     kvg_gateway_notify_all(gw);
 }
@@ -318,7 +332,7 @@ static int connect_redis(kvg_gateway *gw)
  * admin token is the caller's (NULL: the config's tokens). */
 static int build_state(kvg_gateway *gw, char *token)
 {
-    char msg[256] = "";
+    char msg[1024] = ""; /* the state file's message may name a model's file */
     const char *step = "the tenant store";
     int rc = kvg_tenants_new(&gw->tenants);
     if (rc == 0) {
@@ -334,6 +348,7 @@ static int build_state(kvg_gateway *gw, char *token)
         kvg_index_config icfg = {
             .max_entries = gw->cfg.index_max_entries,
             .default_capacity = gw->cfg.index_default_capacity,
+            .speculative_ttl_ms = gw->cfg.index_speculative_ttl_ms,
         };
         rc = kvg_router_new(&icfg, &gw->router);
     }
@@ -373,6 +388,7 @@ static int build_state(kvg_gateway *gw, char *token)
         .secret = gw->secret,
         .secret_len = gw->secret_len,
         .ready_without_workers = !gw->cfg.probes.ready_requires_worker,
+        .models = gw->models,
     };
     rc = kvg_admin_new(&acfg, gw->registry, &gw->admin);
     if (rc < 0) {
@@ -408,6 +424,14 @@ static int build_state(kvg_gateway *gw, char *token)
     }
     kvg_admin_add_metrics(gw->admin, kvg_front_stats_write, gw);
     kvg_admin_add_metrics(gw->admin, kvg_hash_stats_write, gw);
+    /* The engines' KV events: a thread that idles until a worker names a publisher. */
+    int krc = kvg_kv_consumer_start(gw->registry, gw->router, &gw->kv_events);
+    if (krc < 0) {
+        kvg_log_error("cannot start the KV-event consumer: %s", kvg_strerror(krc));
+        return krc;
+    }
+    kvg_admin_add_metrics(gw->admin, kvg_kv_consumer_write_metrics, gw->kv_events);
+    kvg_admin_set_worker_extra(gw->admin, kvg_kv_consumer_write_worker, gw->kv_events);
     kvg_admin_add_metrics(gw->admin, kvg_tls_stats_write, gw);
     kvg_admin_add_metrics(gw->admin, kvg_process_stats_write, NULL);
     kvg_admin_set_ready(gw->admin, ready_cb, gw);
@@ -527,6 +551,19 @@ int kvg_gateway_new(kvg_config *cfg, int argc, char **argv, kvg_gateway **out)
         kvg_log_error("workers: %s", msg);
         goto fail;
     }
+    /* The config's models, loaded now: a file that does not load stops the start, naming the
+     * model, the field and the file. */
+    char mmsg[1024] = "";
+    rc = kvg_model_registry_new(&gw->models);
+    if (rc == 0)
+        rc = kvg_model_registry_replace_config(gw->models, gw->cfg.models, gw->cfg.nmodels, mmsg,
+                                               sizeof(mmsg));
+    if (rc < 0) {
+        kvg_log_error("models: %s", mmsg[0] ? mmsg : kvg_strerror(rc));
+        goto fail;
+    }
+    if (gw->cfg.nmodels)
+        kvg_log_info("%zu models loaded from the config", gw->cfg.nmodels);
     rc = build_state(gw, token);
     if (rc < 0)
         goto fail;
@@ -582,6 +619,10 @@ void kvg_gateway_free(kvg_gateway *gw)
         return;
     kvg_health_stop(gw);
     kvg_scrape_stop(gw);
+    kvg_kv_consumer_stop(gw->kv_events); /* it writes the router's index */
+    gw->kv_events = NULL;
+    kvg_offload_free(gw->offload); /* before the threads: its jobs complete into their sinks */
+    gw->offload = NULL;
     for (unsigned i = 0; i < gw->nthreads_ready; i++) {
         kvg_thread_close_listeners(&gw->threads[i]);
         kvg_thread_done(&gw->threads[i]);
@@ -619,6 +660,7 @@ void kvg_gateway_free(kvg_gateway *gw)
     kvg_policy_state_free(gw->policy);
     kvg_tenants_free(gw->tenants);
     kvg_registry_free(gw->registry);
+    kvg_model_registry_free(gw->models); /* after the threads and the admin API, its readers */
     explicit_bzero(gw->secret, sizeof(gw->secret));
     kvg_config_done(&gw->cfg);
     free(gw);

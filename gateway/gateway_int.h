@@ -11,6 +11,7 @@
 #include "config.h"
 #include "exchange.h"
 #include "gateway.h"
+#include "kv_events.h"
 #include "policy.h"
 #include "router.h"
 #include "tenancy.h"
@@ -55,12 +56,16 @@ struct kvg_gateway {
     int argc; /* the command line cfg came from, for reloads; argv NULL when embedded */
     char **argv;
     kvg_registry *registry;
+    /* Token-exact models (model.h): the config's and the admin API's, loaded; the request
+     * threads read its snapshots (kvg_model_registry_snapshots). */
+    kvg_model_registry *models;
+    kvg_offload *offload;       /* the pool making large bodies' token-exact keys (decide.c) */
+    kvg_kv_consumer *kv_events; /* the engines' KV events into the index (kv_events.c) */
     kvg_tenants *tenants;
     kvg_policy_state *policy;
-    kvg_router *router;             /* the prefix index and the decision metrics */
-    kvg_redis *redis;               /* the shared prefix map and state; NULL without --redis */
-    kvg_hash_batcher *hasher;       /* GPU block-key hashing (hash.backend); NULL: the CPU */
-    _Atomic uint64_t hash_cpu_jobs; /* jobs hashed at once without a batcher */
+    kvg_router *router;       /* the prefix index and the decision metrics */
+    kvg_redis *redis;         /* the shared prefix map and state; NULL without --redis */
+    kvg_hash_batcher *hasher; /* GPU block-key hashing (hash.backend); NULL: the CPU */
     kvg_admin *admin;
     uint8_t secret[64]; /* the server secret: scope salts are HMACs under it */
     size_t secret_len;
@@ -79,7 +84,6 @@ struct kvg_gateway {
     _Atomic bool force_stop;     /* the shutdown deadline passed */
     _Atomic bool stop_requested; /* kvg_gateway_stop from another thread */
     _Atomic unsigned threads_exited;
-    _Atomic uint64_t rotation; /* policy tie-break counter */
     uint64_t shutdown_deadline_ns;
     int access_log_fd;        /* -1 when off */
     uint32_t max_connections; /* front connections at once (configured, or from the fd limit) */

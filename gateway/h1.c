@@ -523,7 +523,7 @@ static int h1_read_head(h1_conn *h)
             return 0;
         }
         if (!h->head_start_ns)
-            h->head_start_ns = kvg_now_ns();
+            h->head_start_ns = kvg_sock_clock_ns();
         return 0;
     }
     if (ensure_exchange(h) < 0) {

@@ -10,6 +10,7 @@
 
 #include <event2/buffer.h>
 
+#include "block_cache.h"
 #include "conn.h"
 #include "gateway_int.h"
 
@@ -213,7 +214,7 @@ static void op_release(kvg_exchange *x)
     h2_stream *s = stream_of(x);
     event_del(&s->body_timer);
     kvg_exchange_done(x);
-    free(s);
+    kvg_block_free(s);
 }
 
 static uint64_t op_progress(kvg_exchange *x)
@@ -313,12 +314,13 @@ static int on_begin_headers(nghttp2_session *session, const nghttp2_frame *frame
     if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
         return 0;
     kvg_conn *c = h->conn;
-    h2_stream *s = calloc(1, sizeof(*s));
+    h2_stream *s = kvg_block_malloc(sizeof(*s)); /* a stream per request: kept per thread */
     if (!s)
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    memset(s, 0, sizeof(*s));
     if (kvg_exchange_init(&s->x, &c->thread->exchange_env, c->thread, KVG_PROTO_HTTP2, &h2_ops, s) <
         0) {
-        free(s);
+        kvg_block_free(s);
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     }
     s->h = h;
@@ -748,7 +750,7 @@ int kvg_h2_start(kvg_conn *c)
         nghttp2_option_set_max_deflate_dynamic_table_size(opt, 4096);
         nghttp2_option_set_max_send_header_block_length(opt, 64 * 1024);
     }
-    int rv = nghttp2_session_server_new2(&h->session, cbs, h, opt);
+    int rv = nghttp2_session_server_new3(&h->session, cbs, h, opt, kvg_block_cache_nghttp2_mem());
     nghttp2_session_callbacks_del(cbs);
     nghttp2_option_del(opt);
     if (rv != 0) {

@@ -9,9 +9,25 @@
 #include <unistd.h>
 
 #include "gateway_int.h"
+#include "prom.h"
+
+/* The pool that makes large bodies' token-exact keys off the loops (decide.c). */
+static int offload_setup(kvg_gateway *gw)
+{
+    unsigned n = gw->cfg.hash.exact_threads;
+    if (n == 0)
+        n = gw->nthreads > 1 ? gw->nthreads / 2 : 1;
+    int rc = kvg_offload_new(n, 4096, &gw->offload);
+    if (rc < 0)
+        kvg_log_error("cannot start the token-exact pool: %s", kvg_strerror(rc));
+    return rc;
+}
 
 int kvg_gateway_hash_setup(kvg_gateway *gw)
 {
+    int orc = offload_setup(gw);
+    if (orc < 0)
+        return orc;
     const kvg_hash_settings *hs = &gw->cfg.hash;
     if (hs->backend == KVG_HASH_BACKEND_CPU) {
         kvg_log_info("hash backend: cpu (hash.backend)");
@@ -88,6 +104,11 @@ static void ready_cb(evutil_socket_t fd, short what, void *arg)
 int kvg_thread_hash_init(kvg_thread *t)
 {
     t->hash_fd = -1;
+    if (t->gw->offload) {
+        int rc = kvg_offload_sink_new(t->gw->offload, t->base, &t->offload_sink);
+        if (rc < 0)
+            return rc;
+    }
     if (!t->gw->hasher)
         return 0;
     t->hash_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -102,6 +123,9 @@ int kvg_thread_hash_init(kvg_thread *t)
 
 void kvg_thread_hash_done(kvg_thread *t)
 {
+    /* The pool is stopped first (kvg_gateway_free): nothing completes into the sink any more. */
+    kvg_offload_sink_free(t->offload_sink);
+    t->offload_sink = NULL;
     kvg_hash_sink_free(t->hash_sink); /* its pending jobs are cancelled: their exchanges are gone */
     t->hash_sink = NULL;
     if (t->hash_ev)
@@ -115,6 +139,18 @@ void kvg_thread_hash_done(kvg_thread *t)
 void kvg_hash_stats_write(kvg_buf *out, void *arg)
 {
     kvg_gateway *gw = arg;
-    kvg_hash_batcher_write_metrics(
-        gw->hasher, atomic_load_explicit(&gw->hash_cpu_jobs, memory_order_relaxed), out);
+    uint64_t cpu_jobs = 0;
+    for (unsigned i = 0; i < gw->nthreads; i++)
+        cpu_jobs += atomic_load_explicit(&gw->threads[i].hash_cpu_jobs, memory_order_relaxed);
+    kvg_hash_batcher_write_metrics(gw->hasher, cpu_jobs, out);
+    unsigned long long ran, refused;
+    kvg_offload_counts(gw->offload, &ran, &refused);
+    kvg_prom_put_header(out, "kvgate_token_exact_offload_total", KVG_PROM_COUNTER,
+                        "Token-exact keys of large bodies (hash.exact_offload_bytes and more) "
+                        "made on the offload pool (run), or on the event loop because the pool's "
+                        "queue was full (refused).");
+    kvg_prom_put_u64(out, "kvgate_token_exact_offload_total", KVG_PROM_LABELS({"outcome", "run"}),
+                     ran);
+    kvg_prom_put_u64(out, "kvgate_token_exact_offload_total",
+                     KVG_PROM_LABELS({"outcome", "refused"}), refused);
 }

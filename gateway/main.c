@@ -9,12 +9,14 @@
 #include <openssl/ssl.h>
 
 #include "cli.h"
+#include "block_cache.h"
 #include "gateway.h"
 #include "kvg_config.h"
 #include "preflight.h"
 
 int main(int argc, char **argv)
 {
+    kvg_block_cache_install_libevent(); /* before anything libevent allocates */
     if (argc > 1 && strcmp(argv[1], "admin") == 0)
         return kvg_cli_main(argc - 1, argv + 1);
     kvg_config cfg;

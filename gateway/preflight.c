@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "model.h"
 #include "tenancy.h"
 
 int kvg_state_secret(const char *state_dir, const char *name, bool create, char **out,
@@ -236,6 +237,18 @@ int kvg_preflight_run(const kvg_config *cfg, bool dry_run, kvg_preflight *pf, ch
         rc = check_files(cfg, err, err_len);
     if (rc == 0)
         rc = check_admin_token(cfg, err, err_len);
+    /* --check-config reads the models' files as start-up will (start-up loads them into the
+     * registry itself, so it does not read them twice). */
+    for (size_t i = 0; rc == 0 && dry_run && i < cfg->nmodels; i++) {
+        kvg_model *m = NULL;
+        char why[512];
+        rc = kvg_model_load(&cfg->models[i], &m, why, sizeof(why));
+        if (rc < 0) {
+            snprintf(err, err_len, "models: model \"%s\": %s", cfg->models[i].name, why);
+            rc = KVG_ECONFIG;
+        }
+        kvg_model_free(m);
+    }
     if (rc == 0 && dry_run) {
         /* Start-up reads (or makes) it later, once the state directory exists. */
         char *secret = NULL;

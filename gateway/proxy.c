@@ -12,6 +12,7 @@
 
 #include "decide.h"
 #include "gateway_int.h"
+#include "sock.h"
 #include "policy.h"
 #include "handlers.h"
 #include "probe.h"
@@ -157,7 +158,8 @@ static void observe(proxy_req *r, kvg_outlier_result res)
     kvg_thread *t = r->x->thread;
     kvg_outlier_config oc = kvg_config_outlier(&t->gw->cfg.upstream);
     uint64_t len;
-    if (kvg_worker_outlier_observe(r->worker, kvg_thread_workers(t), res, kvg_now_ns(), &oc, &len))
+    if (kvg_worker_outlier_observe(r->worker, kvg_thread_workers(t), res, kvg_sock_clock_ns(), &oc,
+                                   &len))
         kvg_log_warn("worker %s ejected for %llu ms by outlier detection (last: %s)",
                      kvg_worker_name(r->worker), (unsigned long long)(len / 1000000),
                      kvg_outlier_result_str(res));
@@ -224,7 +226,7 @@ static void finish(proxy_req *r, int status)
     release_worker(r);
     release_retry(r);
     if (r->worker) {
-        uint64_t now = kvg_now_ns();
+        uint64_t now = kvg_sock_clock_ns();
         kvg_worker_record(r->worker, status, now - x->start_ns, r->ttfb_ns);
         if (status == 200 && r->status == 200)
             record_usage(r);
@@ -381,7 +383,7 @@ static void up_head(void *ud, int status, const kvg_header *hdrs, size_t n, int6
     }
     kvg_exchange_add_header(x, "x-request-id", 12, x->request_id, strlen(x->request_id));
     r->status = status;
-    r->ttfb_ns = kvg_now_ns() - x->start_ns;
+    r->ttfb_ns = kvg_sock_clock_ns() - x->start_ns;
     /* An error answer computed nothing; a 200's prompt is computed by its first body byte
      * (up_data): vLLM streams its head before the first token. */
     if (status != 200)
@@ -434,7 +436,7 @@ static void time_output(proxy_req *r)
     }
     if (n == 0)
         return;
-    uint64_t now = kvg_now_ns(), gap = 0, events = n;
+    uint64_t now = kvg_sock_clock_ns(), gap = 0, events = n;
     if (x->ttft_ns == 0) {
         x->ttft_ns = now > x->start_ns ? now - x->start_ns : 1;
         r->first_output_ns = now;
@@ -909,13 +911,24 @@ static void on_body(kvg_exchange *x)
         .body = &r->info,
         .salt = r->salt,
         .policy = kvg_thread_policy(x->thread),
-        .rotation = atomic_fetch_add_explicit(&gw->rotation, 1, memory_order_relaxed),
+        .rotation = x->thread->rotation++,
         /* The attempts never go further; a pinned worker must be found wherever it ranks. */
         .rank_limit = r->pin ? 0 : PROXY_MAX_CANDIDATES,
         .clock_ns = kvg_now_ns,
-        .now_ns = parsed_at, /* for the age of scraped load: microseconds do not matter */
+        .start_ns = parsed_at, /* the hash stage: from the end of the parse */
+        .now_ns = parsed_at,   /* for the age of scraped load: microseconds do not matter */
         .engine_load_max_age_ns = kvg_scrape_max_age_ns(gw),
     };
+    /* Token-exact mode: the model's definition, for the completions and chat APIs. */
+    kvg_model_set *models =
+        model && (r->api == KVG_BODY_API_CHAT || r->api == KVG_BODY_API_COMPLETIONS)
+            ? kvg_thread_models(x->thread)
+            : NULL;
+    if (models && (rq.model = kvg_model_set_find(models, model, r->info.model_len))) {
+        rq.model_input =
+            r->api == KVG_BODY_API_CHAT ? KVG_MODEL_INPUT_CHAT : KVG_MODEL_INPUT_COMPLETIONS;
+        rq.raw_body = kvg_exchange_body_bytes(x, &rq.raw_len);
+    }
     r->parse_ns = parse_ns;
     rc = kvg_decide_start(&r->decide, x, set, &rq, &r->route, decided);
     if (rc == 1)

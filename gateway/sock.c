@@ -38,13 +38,24 @@ static void read_ready(kvg_sock *s);
 typedef struct pending_flushes {
     kvg_sock *head;
     unsigned depth; /* socket callbacks on the stack */
+    uint64_t now;   /* kvg_sock_clock_ns of the outermost callback, 0 until read */
 } pending_flushes;
 
 static _Thread_local pending_flushes pending;
 
 static void enter(void)
 {
-    pending.depth++;
+    if (pending.depth++ == 0)
+        pending.now = 0;
+}
+
+uint64_t kvg_sock_clock_ns(void)
+{
+    if (pending.depth == 0)
+        return kvg_now_ns();
+    if (!pending.now)
+        pending.now = kvg_now_ns();
+    return pending.now;
 }
 
 static void leave(void)

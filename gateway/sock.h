@@ -92,6 +92,15 @@ char *kvg_sock_contiguous(kvg_sock *s, size_t want, bool *oom);
  *  drained of them). NULL when out of memory (the input is left as it was). */
 char *kvg_sock_take(kvg_sock *s, size_t n, kvg_arena *a);
 
+/** The time (kvg_now_ns) of the socket event being handled: read once per socket callback, on
+ *  its first call, and the same for every call until that callback returns, so that what one
+ *  read brings (a request's arrival, a response's head, its first token) is stamped once, at
+ *  the read, however long the callback's other work takes. Outside socket callbacks, the clock.
+ *  Each monotonic clock read costs ~25 ns in a KVM guest: 13 per proxied request were 1.3% of
+ *  the gateway's CPU (perf, 2026-12-02). Durations inside a callback (the decision's stages)
+ *  read the clock itself. */
+uint64_t kvg_sock_clock_ns(void);
+
 /** No callback from now on; events are removed. Buffers stay until kvg_sock_done. */
 void kvg_sock_stop(kvg_sock *s);
 /** The TLS session, or NULL. */

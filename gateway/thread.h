@@ -13,6 +13,8 @@
 #include "config.h"
 #include "exchange.h"
 #include "hash_batcher.h"
+#include "model.h"
+#include "offload.h"
 #include "policy.h"
 #include "router.h"
 #include "tenancy.h"
@@ -46,17 +48,24 @@ struct kvg_thread {
     kvg_snapshot_cache workers;
     kvg_snapshot_cache tenants;
     kvg_snapshot_cache policy;
-    uint64_t rng;             /* xorshift state for request ids */
-    kvg_buf scratch;          /* reused to compose heads without an allocation per request */
-    kvg_salt_cache salts;     /* the scopes' cache salts this thread has computed */
-    kvg_redis_client *redis;  /* the shared prefix map on this loop; NULL without Redis */
-    kvg_hash_sink *hash_sink; /* GPU hashing completions for this loop; NULL on the CPU */
-    int hash_fd;              /* eventfd the batcher's thread writes to wake this loop */
+    kvg_snapshot_cache models; /* kvg_model_set: models in token-exact mode */
+    uint64_t rng;              /* xorshift state for request ids */
+    kvg_buf scratch;           /* reused to compose heads without an allocation per request */
+    kvg_salt_cache salts;      /* the scopes' cache salts this thread has computed */
+    kvg_redis_client *redis;   /* the shared prefix map on this loop; NULL without Redis */
+    kvg_hash_sink *hash_sink;  /* GPU hashing completions for this loop; NULL on the CPU */
+    int hash_fd;               /* eventfd the batcher's thread writes to wake this loop */
     struct event *hash_ev;
-    bool draining; /* shutdown: no new requests, close when idle */
+    kvg_offload_sink *offload_sink; /* large bodies' token-exact keys come back here */
+    bool draining;                  /* shutdown: no new requests, close when idle */
     bool stopped;
     /* When this loop last ran its notify callback: /healthz (health.c pings it each second). */
     _Atomic uint64_t heartbeat_ns;
+    /* Counted per loop, not on one line every loop writes: the decisions' rotation (round robin
+     * and ties), started at the loop's index; block-key jobs hashed at once (kvg_hash_stats_write
+     * sums them). */
+    uint64_t rotation;
+    _Atomic uint64_t hash_cpu_jobs;
 };
 
 int kvg_thread_init(kvg_thread *t, kvg_gateway *gw, unsigned index, bool is_control);
@@ -85,5 +94,7 @@ kvg_worker_set *kvg_thread_workers(kvg_thread *t);
 kvg_tenant_set *kvg_thread_tenants(kvg_thread *t);
 /** The current policy settings. */
 const kvg_policy_config *kvg_thread_policy(kvg_thread *t);
+/** The current models in token-exact mode; NULL when the gateway has no model registry. */
+kvg_model_set *kvg_thread_models(kvg_thread *t);
 
 #endif

@@ -13,6 +13,8 @@
 #include <event2/dns.h>
 
 #include "conn.h"
+#include "block_cache.h"
+#include "prom.h"
 #include "gateway_int.h"
 #include "upstream.h"
 
@@ -41,6 +43,7 @@ int kvg_thread_init(kvg_thread *t, kvg_gateway *gw, unsigned index, bool is_cont
 {
     memset(t, 0, sizeof(*t));
     t->index = index;
+    t->rotation = index; /* the loops' round robins start apart */
     t->gw = gw;
     t->is_control = is_control;
     t->notify_fd = -1;
@@ -52,6 +55,8 @@ int kvg_thread_init(kvg_thread *t, kvg_gateway *gw, unsigned index, bool is_cont
                             gw->registry ? kvg_registry_snapshots(gw->registry) : NULL);
     kvg_snapshot_cache_init(&t->tenants, gw->tenants ? kvg_tenants_snapshots(gw->tenants) : NULL);
     kvg_snapshot_cache_init(&t->policy, gw->policy ? kvg_policy_state_snapshots(gw->policy) : NULL);
+    kvg_snapshot_cache_init(&t->models,
+                            gw->models ? kvg_model_registry_snapshots(gw->models) : NULL);
     struct event_config *ec = event_config_new();
     if (!ec)
         return -ENOMEM;
@@ -118,6 +123,7 @@ void kvg_thread_done(kvg_thread *t)
     kvg_snapshot_cache_done(&t->workers);
     kvg_snapshot_cache_done(&t->tenants);
     kvg_snapshot_cache_done(&t->policy);
+    kvg_snapshot_cache_done(&t->models);
     kvg_buf_done(&t->scratch);
     kvg_exchange_pool_drain(&t->exchange_pool);
     kvg_salt_cache_done(&t->salts);
@@ -364,6 +370,14 @@ const kvg_policy_config *kvg_thread_policy(kvg_thread *t)
     return kvg_policy_config_of(kvg_snapshot_cache_get(&t->policy));
 }
 
+kvg_model_set *kvg_thread_models(kvg_thread *t)
+{
+    if (!t->gw->models)
+        return NULL;
+    kvg_snapshot_cache_refresh(&t->models);
+    return kvg_model_set_of(kvg_snapshot_cache_get(&t->models));
+}
+
 void kvg_thread_request_id(kvg_thread *t, char *buf, size_t len)
 {
     /* xorshift64*: request ids need to be unique, not secret. */
@@ -386,7 +400,9 @@ void kvg_thread_request_id(kvg_thread *t, char *buf, size_t len)
 static void *thread_main(void *arg)
 {
     kvg_thread *t = arg;
-    kvg_arena_thread_cache(); /* each request's arena is made and freed here */
+    kvg_arena_thread_cache();          /* each request's arena is made and freed here */
+    kvg_block_cache_thread();          /* and its evbuffer chains and HTTP/2 streams */
+    kvg_prom_stripe_set(t->index + 1); /* counts on a worker's shared lines: its own copy */
     event_base_dispatch(t->base);
     /* Whatever is left (forced stop) goes now, on the owning thread. */
     kvg_thread_close_listeners(t);

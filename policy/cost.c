@@ -111,11 +111,26 @@ static inline double kv_usage(const kvg_policy_candidate *c)
 
 /* The two halves of the cost; score() and the sort keys both add them this way, so the totals
  * they compare are the same doubles. */
+/* Blocks to prefill, as a price: the missing ones in full, and those held only on a CPU tier at
+ * (1 - cpu_block_weight) of one, since loading a block back from host memory costs a fraction
+ * of computing it (llm-d scores them 0.8 of a GPU block). */
+static inline double to_prefill(const choice *ch, const kvg_policy_candidate *c)
+{
+    uint32_t h = held(ch, c);
+    double missing = (double)(ch->blocks - h);
+    if (c->matched_cpu) {
+        double w = ch->cfg->cpu_block_weight;
+        w = w > 0 ? (w < 1 ? w : 1) : 0; /* NaN: 0 */
+        missing += (1 - w) * (double)KVG_MIN(c->matched_cpu, h);
+    }
+    return missing;
+}
+
 static inline double prefill_cost(const choice *ch, const kvg_policy_candidate *c)
 {
     double turnover = c->turnover > 0 ? c->turnover : 0; /* NaN: unknown */
     return (ch->cfg->prefill_cost_per_block + ch->cfg->turnover_cost_per_block * turnover) *
-           (double)(ch->blocks - held(ch, c));
+           to_prefill(ch, c);
 }
 
 static inline double queue_cost(const choice *ch, const kvg_policy_candidate *c)
@@ -177,7 +192,8 @@ static int compare(const choice *ch, const kvg_policy_candidate *a, const kvg_po
     if ((r = cmp_u64(a->id_hash, b->id_hash)) != 0 || (r = cmp_u64(a->index, b->index)) != 0 ||
         (r = cmp_u64(a->inflight, b->inflight)) != 0 ||
         (r = cmp_u64(a->matched, b->matched)) != 0 || (r = cmp_u64(a->waiting, b->waiting)) != 0 ||
-        (r = cmp_u64(a->pending, b->pending)) != 0)
+        (r = cmp_u64(a->pending, b->pending)) != 0 ||
+        (r = cmp_u64(a->matched_cpu, b->matched_cpu)) != 0)
         return r;
     uint32_t ka, kb;
     memcpy(&ka, &a->kv_usage, sizeof(ka));

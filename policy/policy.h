@@ -30,16 +30,20 @@ int kvg_policy_kind_parse(const char *name, kvg_policy_kind *out);
 
 /* One eligible worker as the policy sees it. Fields after inflight are 0 when unknown. */
 typedef struct kvg_policy_candidate {
-    uint32_t index;    /* caller's identifier, returned in the ranking */
-    uint32_t inflight; /* requests in flight to it (this gateway) */
-    uint32_t matched;  /* leading blocks of the request it holds (prefix index) */
-    uint64_t id_hash;  /* stable hash of the worker's name: its rendezvous identity */
-    uint64_t id_mix;   /* kvg_policy_rendezvous_id(id_hash) when the caller has it cached; 0 =
-                          computed here (the same value either way) */
-    uint32_t waiting;  /* the engine's vllm:num_requests_waiting, scraped; 0 = unknown */
-    float kv_usage;    /* the engine's vllm:kv_cache_usage_perc in [0, 1], scraped; 0 = unknown */
-    float turnover;    /* blocks newly cached on it lately over its capacity; 0 = unknown */
-    uint32_t pending;  /* blocks it has still to prefill for requests this gateway sent it */
+    uint32_t index;       /* caller's identifier, returned in the ranking */
+    uint32_t inflight;    /* requests in flight to it (this gateway) */
+    uint32_t matched;     /* leading blocks of the request it holds (prefix index) */
+    uint32_t matched_cpu; /* of matched, blocks held only on a CPU (or other offloading) tier,
+                             known from the engine's KV events; 0 = all on the GPU (or unknown).
+                             Here, in what was padding: the struct stays 48 bytes (ranking 512
+                             candidates moves them) */
+    uint64_t id_hash;     /* stable hash of the worker's name: its rendezvous identity */
+    uint64_t id_mix;      /* kvg_policy_rendezvous_id(id_hash) when the caller has it cached; 0 =
+                             computed here (the same value either way) */
+    uint32_t waiting;     /* the engine's vllm:num_requests_waiting, scraped; 0 = unknown */
+    float kv_usage;   /* the engine's vllm:kv_cache_usage_perc in [0, 1], scraped; 0 = unknown */
+    float turnover;   /* blocks newly cached on it lately over its capacity; 0 = unknown */
+    uint32_t pending; /* blocks it has still to prefill for requests this gateway sent it */
 } kvg_policy_candidate;
 
 /** Rank candidates best first, in place, by load alone (least_loaded, round_robin, random; the
@@ -70,6 +74,9 @@ typedef struct kvg_policy_config {
                                         gateway (200; 0: off) */
     double pending_hit_weight;       /* share of that term where candidates hold different
                                         amounts of the prefix (0..1; 0) */
+    double cpu_block_weight;         /* what a block held only on a CPU tier is worth against
+                                        one on the GPU (0..1; 0.8): it costs (1 - weight) x
+                                        prefill_cost_per_block (cost policy) */
 } kvg_policy_config;
 
 /* The settings' fields, for the admin API, the state file and kvgate admin: policy (a kind's
@@ -142,7 +149,8 @@ const char *kvg_policy_reason_str(kvg_policy_reason r);
 /* Every term of one candidate's score, for /admin/v1/route/explain. */
 typedef struct kvg_policy_terms {
     uint32_t index;      /* the candidate's caller identifier */
-    double prefill_cost; /* prefill_cost_per_block x (blocks - matched) */
+    double prefill_cost; /* prefill_cost_per_block x (blocks - matched + (1 - cpu_block_weight)
+                            x matched_cpu) */
     double queue_cost;   /* queue_cost_per_request x inflight + waiting + kv_usage terms */
     double pending_cost; /* pending_cost_per_block x pending, times pending_hit_weight unless
                             every candidate holds the same number of blocks */

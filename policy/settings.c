@@ -61,6 +61,13 @@ static const kvg_field policy_fields[] = {
      .offset = offsetof(kvg_policy_config, pending_hit_weight),
      .dmax = 1,
      .def.d = 0},
+    /* llm-d's precise prefix scorer weighs a block on the GPU 1.0 and one on the CPU 0.8. */
+    {.name = "cpu_block_weight",
+     .type = KVG_FIELD_DOUBLE,
+     .set_in = KVG_SET_ANY,
+     .offset = offsetof(kvg_policy_config, cpu_block_weight),
+     .dmax = 1,
+     .def.d = 0.8},
 };
 
 const kvg_fields kvg_policy_fields = {"policy", policy_fields, KVG_ARRAY_LEN(policy_fields), NULL};

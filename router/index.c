@@ -3,8 +3,9 @@
  * worker's KV capacity modelled by LRU eviction.
  *
  * Layout. Every (key, worker) pair the index holds is one 24-byte node in a pool addressed by
- * uint32 indices (key u64, worker slot u32, hash-chain next u32, LRU prev/next u32); no
- * pointers, so the pool can grow by realloc and stays dense. A hash table of uint32 bucket
+ * uint32 indices (key u64, worker slot u32, hash-chain next u32, LRU prev u28 with four bits
+ * of flags above it, LRU next u32); no pointers, so the pool can grow by realloc and stays
+ * dense. A hash table of uint32 bucket
  * heads chains every node whose key falls in a bucket, whatever its worker: one probe answers
  * "who holds this key", which is the question a lookup asks at each step. Each worker slot
  * has its own doubly-linked LRU list through its nodes (head = most recent), its capacity and
@@ -47,7 +48,29 @@
  * of answering "who holds this key" with one probe. Measured: re-recording a 4096-key chain
  * that only its worker holds, ~40 us; one that all 64 workers hold, ~3.5 ms (and ~3 ms to match
  * it for all 64): fine for shared system prompts of a few hundred blocks, worth revisiting
- * (a second (key, worker) hash) if fleets of thousands share long prefixes. */
+ * (a second (key, worker) hash) if fleets of thousands share long prefixes.
+ *
+ * Engine events (docs/kv-events.md). A BlockStored is recorded as a request's keys are (the same
+ * touch_key, last to first); a BlockRemoved drops the worker's node of each key, found and
+ * unlinked in one walk of its bucket; an AllBlocksCleared walks the worker's LRU list and
+ * unlinks each node from its chain, which costs the worker's entries rather than a sweep of
+ * every bucket (drop_worker's way, right when a worker leaves for good). Removed nodes go to the
+ * free list, so memory per entry is unchanged. A batch holds the write lock once, let go every
+ * RECORD_BATCH keys as a long record does. Removals can leave a hole inside a chain, which the
+ * bisection of a lookup may step over (see docs/kv-events.md, "Known limit").
+ *
+ * Sources, speculative entries and tiers (docs/kv-events.md, "Sources"). A node's flags say on
+ * which tiers the worker holds the block (F_GPU, F_CPU: a BlockRemoved of one tier clears its
+ * bit, the node goes with its last), whether it is the gateway's guess (F_GUESS: recorded, never
+ * confirmed by a BlockStored) and whether that guess has a deadline (F_SPEC: recorded for a
+ * worker whose source is events); they sit in the LRU prev link's top bits, which lookups
+ * never read. Deadlines live outside the node, in one ring per index of (key, deadline, node, slot,
+ * the slot's epoch) for speculative entries only: the TTL is one constant, so insertion order
+ * is deadline order and a sweep pops the head while it is due. A ring entry whose node has
+ * since changed (confirmed, removed, reused; or the worker's guesses lost their deadlines,
+ * which moves its epoch on) matches no node and is just dropped, so nothing ever searches the
+ * ring. A lookup asks for the GPU depth only when some engine reported another tier
+ * (cpu_entries), and then bisects each holder's chain a second time. */
 #include "index_int.h"
 #include "router_int.h"
 
@@ -56,16 +79,36 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define NIL UINT32_MAX
 /* Slot value of a node on the free list. */
 #define FREE_SLOT UINT32_MAX
 
+/* A node's flags, kept in the top four bits of its LRU prev link (a 28-bit node index): lookups
+ * never read it, and neither does the walk from an LRU head (recent_run, next links), so
+ * neither pays for the flags. Measured: in the slot field they cost a mask at every node a
+ * lookup visits (+4 to +14% instructions on lookups where many workers hold the opening), and in
+ * the next link a mask on the dependent chain of loads of recent_run (+17% on bench/route's
+ * record of a chain already held). */
+#define F_GPU 0x01u   /* the worker holds the block on its GPU */
+#define F_CPU 0x02u   /* ... on a CPU (or other offloading) tier */
+#define F_GUESS 0x04u /* from the gateway's own record, never confirmed by a BlockStored */
+#define F_SPEC 0x08u  /* a guess with a deadline: it has an entry in the speculative ring */
+#define F_TIERS (F_GPU | F_CPU)
+#define LINK_BITS 28
+#define LINK_MASK ((UINT32_C(1) << LINK_BITS) - 1) /* also "no node" in prev (NIL's bits) */
+
+#define DEFAULT_SPECULATIVE_TTL_MS 5000u
+/* Ring entries a record sweeps at most (the consumer's kvg_index_expire does the rest). */
+#define SWEEP_PER_RECORD 1024u
+
 #define DEFAULT_MAX_ENTRIES (UINT64_C(1) << 24)
 #define DEFAULT_CAPACITY 65536u
-/* Node indices are uint32 with NIL reserved, and the bucket count (a power of two at least the
- * pool size) must fit in uint32 too. */
-#define MAX_ENTRIES_LIMIT (UINT64_C(1) << 31)
+/* Accepted up to the configuration's ceiling, 1 << 30; node indices must fit the prev link's 28
+ * bits with LINK_MASK reserved, so more than LINK_MASK entries are taken as LINK_MASK (268M
+ * entries, 7.5 GB: far beyond a gateway's index). */
+#define MAX_ENTRIES_LIMIT (UINT64_C(1) << 30)
 #define INITIAL_POOL 1024u
 #define MIN_BUCKET_BITS 4
 /* Most workers one set_workers call may list: slot numbers are uint32 and the id map doubles. */
@@ -84,8 +127,9 @@ typedef struct node {
     uint64_t key;
     uint32_t slot;  /* worker slot; FREE_SLOT when on the free list */
     uint32_t hnext; /* next node of the bucket chain (or of the free list) */
-    uint32_t prev;  /* LRU neighbours within the worker: prev is more recent */
-    uint32_t next;
+    uint32_t prevf; /* LRU neighbours within the worker: prev (more recent), 28 bits, and the
+                       flags above it (lru_prev(), node_flags()); */
+    uint32_t next;  /* next (less recent) */
 } node;
 
 _Static_assert(sizeof(node) == 24, "a node is 24 bytes");
@@ -98,8 +142,25 @@ typedef struct wslot {
     uint32_t head;     /* most recently used */
     uint32_t tail;     /* least recently used */
     bool live;
-    double fresh; /* entries added lately, decayed, as of idx->fresh_base (see fresh_add) */
+    uint8_t source; /* kvg_index_source */
+    double fresh;   /* entries added lately, decayed, as of idx->fresh_base (see fresh_add) */
+    uint64_t nspec; /* entries with F_SPEC */
+    uint64_t ncpu;  /* entries with F_CPU */
+    uint32_t epoch; /* ring entries of an older epoch are void (see guesses_keep); kept across
+                       the slot's reuse by another worker */
 } wslot;
+
+/* A speculative entry's deadline. The TTL is the same for all, so the ring is in deadline order
+ * and sweeping takes from its head. An entry whose node has since been confirmed, removed or
+ * reused no longer matches it (key, slot, F_SPEC and the slot's epoch) and is dropped when its
+ * turn comes. */
+typedef struct spec_ent {
+    uint64_t key;
+    uint64_t expiry_ms;
+    uint32_t node;
+    uint32_t slot;
+    uint32_t epoch; /* the slot's epoch when the deadline was set */
+} spec_ent;
 
 /* Open-addressed worker id -> slot map, rebuilt by set_workers. */
 typedef struct id_ent {
@@ -131,6 +192,15 @@ struct kvg_prefix_index {
     uint64_t inserts;
     uint64_t horizon;    /* sum of the live workers' capacities (at least 1): turnover's scale */
     uint64_t fresh_base; /* idx->inserts when every slot's fresh was last brought up to date */
+
+    /* Speculative entries (docs/kv-events.md, "Sources"). */
+    uint64_t (*clock_ms)(void *);
+    void *clock_arg;
+    uint32_t spec_ttl_ms;
+    spec_ent *ring; /* ring_cap (a power of two) entries, ring_len of them from ring_head */
+    size_t ring_cap, ring_head, ring_len;
+    uint64_t spec_entries, spec_inserted, spec_confirmed, spec_expired, spec_dropped;
+    uint64_t cpu_entries; /* entries with F_CPU: 0 lets a lookup skip the GPU depth */
 };
 
 static uint64_t capacity_sum(const kvg_prefix_index *idx);
@@ -171,26 +241,63 @@ static unsigned bits_for(uint64_t n, unsigned min)
 
 /* ---- nodes, chains and LRU lists ------------------------------------------------------------- */
 
+static inline uint32_t link_get(uint32_t f)
+{
+    uint32_t v = f & LINK_MASK;
+    return v == LINK_MASK ? NIL : v;
+}
+
+static inline uint32_t lru_prev(const node *x)
+{
+    return link_get(x->prevf);
+}
+
+static inline uint32_t lru_next(const node *x)
+{
+    return x->next;
+}
+
+static inline void set_prev(node *x, uint32_t n)
+{
+    x->prevf = (x->prevf & ~LINK_MASK) | (n & LINK_MASK);
+}
+
+static inline void set_next(node *x, uint32_t n)
+{
+    x->next = n;
+}
+
+static inline unsigned node_flags(const node *x)
+{
+    return x->prevf >> LINK_BITS;
+}
+
+static inline void set_flags(node *x, unsigned f)
+{
+    x->prevf = (x->prevf & LINK_MASK) | (uint32_t)(f & 0xFu) << LINK_BITS;
+}
+
 static void lru_unlink(kvg_prefix_index *idx, wslot *w, uint32_t n)
 {
     node *x = &idx->nodes[n];
-    if (x->prev != NIL)
-        idx->nodes[x->prev].next = x->next;
+    uint32_t p = lru_prev(x), q = lru_next(x);
+    if (p != NIL)
+        set_next(&idx->nodes[p], q);
     else
-        w->head = x->next;
-    if (x->next != NIL)
-        idx->nodes[x->next].prev = x->prev;
+        w->head = q;
+    if (q != NIL)
+        set_prev(&idx->nodes[q], p);
     else
-        w->tail = x->prev;
+        w->tail = p;
 }
 
 static void lru_push_front(kvg_prefix_index *idx, wslot *w, uint32_t n)
 {
     node *x = &idx->nodes[n];
-    x->prev = NIL;
-    x->next = w->head;
+    set_prev(x, NIL);
+    set_next(x, w->head);
     if (w->head != NIL)
-        idx->nodes[w->head].prev = n;
+        set_prev(&idx->nodes[w->head], n);
     else
         w->tail = n;
     w->head = n;
@@ -207,15 +314,41 @@ static void chain_unlink(kvg_prefix_index *idx, uint32_t n)
 static void node_release(kvg_prefix_index *idx, uint32_t n)
 {
     idx->nodes[n].slot = FREE_SLOT;
+    set_flags(&idx->nodes[n], 0);
     idx->nodes[n].hnext = idx->free_head;
     idx->free_head = n;
     idx->entries--;
+}
+
+/* The counters of a node of w about to be released (its speculative deadline, its CPU tier). */
+static void node_forget(kvg_prefix_index *idx, wslot *w, uint32_t n)
+{
+    unsigned f = node_flags(&idx->nodes[n]);
+    if (f & F_SPEC) {
+        w->nspec--;
+        idx->spec_entries--;
+        idx->spec_dropped++;
+    }
+    if (f & F_CPU) {
+        w->ncpu--;
+        idx->cpu_entries--;
+    }
+}
+
+/* The same for every node of w at once (it is being emptied). */
+static void slot_forget(kvg_prefix_index *idx, wslot *w)
+{
+    idx->spec_entries -= w->nspec;
+    idx->spec_dropped += w->nspec;
+    idx->cpu_entries -= w->ncpu;
+    w->nspec = w->ncpu = 0;
 }
 
 /* Drop a worker's least recently used entry (it has one). */
 static void evict_lru(kvg_prefix_index *idx, wslot *w)
 {
     uint32_t n = w->tail;
+    node_forget(idx, w, n);
     lru_unlink(idx, w, n);
     chain_unlink(idx, n);
     node_release(idx, n);
@@ -229,6 +362,119 @@ static uint32_t find_node(const kvg_prefix_index *idx, uint64_t key, uint32_t sl
         if (idx->nodes[n].key == key && idx->nodes[n].slot == slot)
             return n;
     return NIL;
+}
+
+/* ---- speculative entries --------------------------------------------------------------------- */
+
+static uint64_t monotonic_ms(void *arg)
+{
+    (void)arg;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static uint64_t index_now(const kvg_prefix_index *idx)
+{
+    return idx->clock_ms(idx->clock_arg);
+}
+
+/* Room for n more ring entries: doubles (never shrinks: the ring keeps its peak, 32 bytes per
+ * speculative entry alive at once). 0 or -ENOMEM, with nothing changed. Write lock held. */
+static int ring_reserve(kvg_prefix_index *idx, size_t n)
+{
+    if (idx->ring_cap - idx->ring_len >= n)
+        return 0;
+    size_t cap = idx->ring_cap ? idx->ring_cap : 64;
+    while (cap - idx->ring_len < n) {
+        if (cap > SIZE_MAX / 4 / sizeof(spec_ent))
+            return -ENOMEM;
+        cap *= 2;
+    }
+    spec_ent *r = malloc(cap * sizeof(*r));
+    if (!r)
+        return -ENOMEM;
+    for (size_t i = 0; i < idx->ring_len; i++)
+        r[i] = idx->ring[(idx->ring_head + i) & (idx->ring_cap - 1)];
+    free(idx->ring);
+    idx->ring = r;
+    idx->ring_cap = cap;
+    idx->ring_head = 0;
+    return 0;
+}
+
+/* Make node n of slot s a speculative guess that expires at expiry; one ring entry must be
+ * reserved. The slot's epoch tells this deadline from one set before the worker's guesses last
+ * lost their deadlines (guesses_keep): an entry speculative, then a model entry, then
+ * speculative again within one TTL keeps its second deadline. */
+static void make_spec(kvg_prefix_index *idx, wslot *w, uint32_t s, uint32_t n, uint64_t expiry)
+{
+    node *x = &idx->nodes[n];
+    unsigned f = node_flags(x);
+    if (!(f & F_SPEC)) {
+        w->nspec++;
+        idx->spec_entries++;
+    }
+    set_flags(x, (f & F_TIERS) | F_GUESS | F_SPEC);
+    /* Deadlines never go backwards in the ring (two records' clock readings may land in the
+     * other order than their locks): a sweep from the head then never stops early. */
+    if (idx->ring_len) {
+        uint64_t last =
+            idx->ring[(idx->ring_head + idx->ring_len - 1) & (idx->ring_cap - 1)].expiry_ms;
+        expiry = KVG_MAX(expiry, last);
+    }
+    idx->ring[(idx->ring_head + idx->ring_len++) & (idx->ring_cap - 1)] =
+        (spec_ent){.key = x->key, .expiry_ms = expiry, .node = n, .slot = s, .epoch = w->epoch};
+    idx->spec_inserted++;
+}
+
+/* A BlockStored names the entry: it is the engine's word now, no longer a guess. */
+static void confirm(kvg_prefix_index *idx, wslot *w, node *x)
+{
+    unsigned f = node_flags(x);
+    if (f & F_SPEC) {
+        w->nspec--;
+        idx->spec_entries--;
+        idx->spec_confirmed++;
+    }
+    set_flags(x, f & ~(F_SPEC | F_GUESS));
+}
+
+/* Whether ring entry e is the live deadline of its node. */
+static bool ring_matches(const kvg_prefix_index *idx, const spec_ent *e)
+{
+    if (e->node >= idx->pool_used)
+        return false;
+    const node *x = &idx->nodes[e->node];
+    return x->slot == e->slot && x->key == e->key && (node_flags(x) & F_SPEC) &&
+           idx->slots[e->slot].epoch == e->epoch;
+}
+
+/* Drop the speculative entries whose deadline is not after now, taking at most max ring entries
+ * (stale ones, whose node was confirmed, removed or reused meanwhile, are just dropped). The
+ * ring entries taken. Write lock held. */
+static size_t sweep_ring(kvg_prefix_index *idx, uint64_t now, size_t max)
+{
+    size_t done = 0;
+    while (idx->ring_len && done < max) {
+        spec_ent e = idx->ring[idx->ring_head];
+        if (e.expiry_ms > now)
+            break;
+        idx->ring_head = (idx->ring_head + 1) & (idx->ring_cap - 1);
+        idx->ring_len--;
+        done++;
+        if (!ring_matches(idx, &e))
+            continue;
+        wslot *w = &idx->slots[e.slot];
+        node_forget(idx, w, e.node);
+        idx->spec_dropped--; /* counted as expired, not dropped */
+        idx->spec_expired++;
+        lru_unlink(idx, w, e.node);
+        chain_unlink(idx, e.node);
+        node_release(idx, e.node);
+        w->count--;
+    }
+    return done;
 }
 
 /* Relink every live node into a fresh bucket array of 1 << bits heads. */
@@ -317,6 +563,9 @@ int kvg_index_new(const kvg_index_config *cfg, kvg_prefix_index **out)
         c.default_capacity = DEFAULT_CAPACITY;
     if (c.max_entries > MAX_ENTRIES_LIMIT)
         return -EINVAL;
+    c.max_entries = KVG_MIN(c.max_entries, (uint64_t)LINK_MASK); /* see MAX_ENTRIES_LIMIT */
+    if (c.speculative_ttl_ms == 0)
+        c.speculative_ttl_ms = DEFAULT_SPECULATIVE_TTL_MS;
 
     kvg_prefix_index *idx = calloc(1, sizeof(*idx));
     if (!idx)
@@ -327,6 +576,9 @@ int kvg_index_new(const kvg_index_config *cfg, kvg_prefix_index **out)
     idx->pool_cap = (uint32_t)KVG_MIN((uint64_t)INITIAL_POOL, c.max_entries);
     idx->bucket_bits = bits_for(idx->pool_cap, MIN_BUCKET_BITS);
     idx->id_bits = 1;
+    idx->spec_ttl_ms = c.speculative_ttl_ms;
+    idx->clock_ms = c.clock_ms ? c.clock_ms : monotonic_ms;
+    idx->clock_arg = c.clock_arg;
 
     int rc = -ENOMEM;
     idx->nodes = malloc(sizeof(*idx->nodes) * idx->pool_cap);
@@ -380,6 +632,7 @@ void kvg_index_free(kvg_prefix_index *idx)
     free(idx->ids);
     free(idx->buckets);
     free(idx->nodes);
+    free(idx->ring);
     free(idx);
 }
 
@@ -409,11 +662,14 @@ static void sweep_dead(kvg_prefix_index *idx)
 /* Free every entry of a worker that leaves the index. Marks its nodes; the caller sweeps. */
 static void drop_worker(kvg_prefix_index *idx, wslot *w)
 {
-    for (uint32_t n = w->head; n != NIL; n = idx->nodes[n].next)
+    slot_forget(idx, w);
+    for (uint32_t n = w->head; n != NIL; n = lru_next(&idx->nodes[n])) {
         idx->nodes[n].slot = FREE_SLOT;
+        set_flags(&idx->nodes[n], 0);
+    }
     idx->entries -= w->count;
     free(w->name);
-    *w = (wslot){.head = NIL, .tail = NIL};
+    *w = (wslot){.head = NIL, .tail = NIL, .epoch = w->epoch + 1};
 }
 
 int kvg_index_set_workers(kvg_prefix_index *idx, const kvg_index_worker *ws, size_t n)
@@ -495,7 +751,11 @@ int kvg_index_set_workers(kvg_prefix_index *idx, const kvg_index_worker *ws, siz
             while (idx->slots[next_free].live)
                 next_free++;
             s = next_free;
-            idx->slots[s] = (wslot){.id = ws[i].id, .head = NIL, .tail = NIL, .live = true};
+            idx->slots[s] = (wslot){.id = ws[i].id,
+                                    .head = NIL,
+                                    .tail = NIL,
+                                    .live = true,
+                                    .epoch = idx->slots[s].epoch + 1};
         }
         wslot *w = &idx->slots[s];
         free(w->name);
@@ -712,8 +972,10 @@ static uint32_t depth_of(const kvg_prefix_index *idx, const uint64_t *keys, size
  * than FEW_HOLDERS workers hold keys[0] (match_batch's shared walk is then cheaper). The
  * caller holds the read lock. */
 #define FEW_HOLDERS 8
-static bool match_few(const kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
-                      const uint64_t *ids, size_t n, uint32_t *matched)
+static inline __attribute__((always_inline)) bool match_few(const kvg_prefix_index *idx,
+                                                            const uint64_t *keys, size_t nkeys,
+                                                            const uint64_t *ids, size_t n,
+                                                            uint32_t *matched)
 {
     uint32_t holders[FEW_HOLDERS];
     size_t h = 0;
@@ -740,22 +1002,60 @@ static bool match_few(const kvg_prefix_index *idx, const uint64_t *keys, size_t 
     return true;
 }
 
-void kvg_index_match(kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
-                     const uint64_t *worker_ids, size_t nworkers, uint32_t *matched)
+/* Of the depth leading keys slot s holds, how many it holds on the GPU. Bisection, trusting
+ * that what a worker holds on its GPU of a chain is a prefix of it, as for its depth. Read lock
+ * held. */
+static uint32_t gpu_depth_of(const kvg_prefix_index *idx, const uint64_t *keys, uint32_t depth,
+                             uint32_t s)
+{
+    uint32_t lo = 0, hi = depth; /* keys[0..lo) on the GPU; keys[hi] not (hi < depth) */
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        uint32_t n = find_node(idx, keys[mid], s);
+        if (n != NIL && (node_flags(&idx->nodes[n]) & F_GPU))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The GPU depths, once matched[] holds the depths on any tier: false (gpu not written) when
+ * they are the same, as while no engine reports another tier. Read lock held. */
+static bool match_gpu(const kvg_prefix_index *idx, const uint64_t *keys, const uint64_t *worker_ids,
+                      size_t nworkers, const uint32_t *matched, uint32_t *gpu)
+{
+    if (!gpu || __builtin_expect(!idx->cpu_entries, 1))
+        return false;
+    bool differ = false;
+    for (size_t p = 0; p < nworkers; p++) {
+        uint32_t s = matched[p] ? id_find(idx, worker_ids[p]) : NIL;
+        gpu[p] =
+            s == NIL || !idx->slots[s].ncpu ? matched[p] : gpu_depth_of(idx, keys, matched[p], s);
+        differ |= gpu[p] != matched[p];
+    }
+    return differ;
+}
+
+/* Both lookups: inlined into each, so that kvg_index_match pays nothing for the tiers. */
+static inline __attribute__((always_inline)) bool
+match_tiers(kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys, const uint64_t *worker_ids,
+            size_t nworkers, uint32_t *matched, uint32_t *matched_gpu)
 {
     if (nworkers == 0)
-        return;
+        return false;
     if (nkeys > UINT32_MAX)
         nkeys = UINT32_MAX;
     if (nkeys == 0) {
         memset(matched, 0, nworkers * sizeof(*matched));
-        return;
+        return false;
     }
     /* One read hold for the whole answer, so both paths see the same state. */
     pthread_rwlock_rdlock(&idx->lock);
     if (match_few(idx, keys, nkeys, worker_ids, nworkers, matched)) {
+        bool differ = match_gpu(idx, keys, worker_ids, nworkers, matched, matched_gpu);
         pthread_rwlock_unlock(&idx->lock);
-        return;
+        return differ;
     }
 
     slot_pos stack_tab[2 * STACK_WORKERS];
@@ -782,8 +1082,23 @@ void kvg_index_match(kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
         match_batch(idx, keys, nkeys, worker_ids + off, m, matched + off, tab, bits_for(2 * m, 1),
                     scratch);
     }
+    bool differ = match_gpu(idx, keys, worker_ids, nworkers, matched, matched_gpu);
     pthread_rwlock_unlock(&idx->lock);
     free(heap);
+    return differ;
+}
+
+void kvg_index_match(kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
+                     const uint64_t *worker_ids, size_t nworkers, uint32_t *matched)
+{
+    match_tiers(idx, keys, nkeys, worker_ids, nworkers, matched, NULL);
+}
+
+bool kvg_index_match_tiers(kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
+                           const uint64_t *worker_ids, size_t nworkers, uint32_t *matched,
+                           uint32_t *matched_gpu)
+{
+    return match_tiers(idx, keys, nkeys, worker_ids, nworkers, matched, matched_gpu);
 }
 
 /* ---- recording ------------------------------------------------------------------------------- */
@@ -856,6 +1171,80 @@ void kvg_index_turnover(kvg_prefix_index *idx, const uint64_t *worker_ids, size_
     pthread_rwlock_unlock(&idx->lock);
 }
 
+/* Who says the worker holds a key (touch_key). */
+typedef enum touch_by {
+    BY_RECORD, /* the gateway's record, a model entry (sources model, events_stale) */
+    BY_SPEC,   /* the gateway's record, speculative (source events): expires at the deadline */
+    BY_GPU,    /* a BlockStored on the GPU (medium GPU or absent) */
+    BY_CPU,    /* a BlockStored on another tier (CPU, or a connector's disk) */
+} touch_by;
+
+/* Make key the worker's most recent entry, adding it when it is new (evicting the worker's
+ * least recent one beyond its capacity). A record never changes a held entry's flags (what the
+ * engine confirmed stays confirmed, and a guess keeps its first deadline: a burst that keeps
+ * re-recording a prefix the engine never confirms, e.g. keys that do not match its own, must
+ * not keep it alive); a BlockStored confirms it and adds its tier. A store on another tier does
+ * not move a held entry in the LRU (offloading a block is not using it). 1 added, 0 it was
+ * held, -1 no room (the worker holds nothing to give up at max_entries, or -ENOMEM into *rc).
+ * Write lock held. */
+static int touch_key(kvg_prefix_index *idx, wslot *w, uint32_t s, uint64_t k, int *rc, touch_by by,
+                     uint64_t expiry)
+{
+    uint32_t n = find_node(idx, k, s);
+    if (n != NIL) {
+        node *x = &idx->nodes[n];
+        if (by == BY_GPU) {
+            confirm(idx, w, x);
+            set_flags(x, node_flags(x) | F_GPU);
+        } else if (by == BY_CPU) {
+            /* The gateway guessed the GPU; the engine speaks of another tier only. */
+            if (node_flags(x) & F_GUESS)
+                set_flags(x, node_flags(x) & ~F_GPU);
+            confirm(idx, w, x);
+            if (!(node_flags(x) & F_CPU)) {
+                set_flags(x, node_flags(x) | F_CPU);
+                w->ncpu++;
+                idx->cpu_entries++;
+            }
+            return 0;
+        }
+        if (w->head != n) {
+            lru_unlink(idx, w, n);
+            lru_push_front(idx, w, n);
+        }
+        return 0;
+    }
+    if (by == BY_SPEC && ring_reserve(idx, 1) < 0) {
+        *rc = -ENOMEM;
+        return -1;
+    }
+    /* Evicting before inserting reuses the node at once; the result is the same as
+     * inserting and then trimming the tail, since the new entry is the most recent. */
+    if (w->count >= w->capacity)
+        evict_lru(idx, w);
+    n = node_alloc(idx, w, rc);
+    if (n == NIL)
+        return -1;
+    node *x = &idx->nodes[n];
+    uint32_t b = bucket_of(idx, k);
+    x->key = k;
+    x->slot = s;
+    set_flags(x, by == BY_CPU ? F_CPU : by == BY_RECORD ? F_GPU | F_GUESS : F_GPU);
+    x->hnext = idx->buckets[b];
+    idx->buckets[b] = n;
+    lru_push_front(idx, w, n);
+    w->count++;
+    idx->entries++;
+    idx->inserts++;
+    if (by == BY_SPEC)
+        make_spec(idx, w, s, n, expiry);
+    if (by == BY_CPU) {
+        w->ncpu++;
+        idx->cpu_entries++;
+    }
+    return 1;
+}
+
 int kvg_index_record(kvg_prefix_index *idx, uint64_t worker_id, const uint64_t *keys, size_t nkeys)
 {
     if (!keys && nkeys)
@@ -870,7 +1259,12 @@ int kvg_index_record(kvg_prefix_index *idx, uint64_t worker_id, const uint64_t *
     if (unchanged)
         return 0;
 
+    uint64_t now = index_now(idx);
     pthread_rwlock_wrlock(&idx->lock);
+    /* Deadlines passed since the last sweep go first (a bounded share; kvg_index_expire from
+     * the consumer's loop takes the rest), so a stale guess does not outlive its TTL by much
+     * on a gateway whose consumer is idle. */
+    sweep_ring(idx, now, SWEEP_PER_RECORD + nkeys);
     s = id_find(idx, worker_id);
     if (s == NIL) {
         pthread_rwlock_unlock(&idx->lock);
@@ -878,6 +1272,7 @@ int kvg_index_record(kvg_prefix_index *idx, uint64_t worker_id, const uint64_t *
     }
     wslot *w = &idx->slots[s];
     int rc = 0;
+    uint64_t expiry = now + idx->spec_ttl_ms;
     /* A conversation's next turn: its opening keys[0..run) are the worker's most recent entries
      * already, in order. The keys after them are recorded as usual, and then those nodes are
      * moved to the front directly, without probing for them: the same result, provided that
@@ -908,6 +1303,7 @@ int kvg_index_record(kvg_prefix_index *idx, uint64_t worker_id, const uint64_t *
             }
             w = &idx->slots[s];
         }
+        touch_by by = w->source == KVG_INDEX_SOURCE_EVENTS ? BY_SPEC : BY_RECORD;
         /* As in the lookup: the keys ahead are independent probes, start their misses now. */
         if (i >= 2 * PREFETCH_AHEAD)
             __builtin_prefetch(&idx->buckets[bucket_of(idx, keys[i - 2 * PREFETCH_AHEAD])]);
@@ -916,35 +1312,12 @@ int kvg_index_record(kvg_prefix_index *idx, uint64_t worker_id, const uint64_t *
             if (h != NIL)
                 __builtin_prefetch(&idx->nodes[h]);
         }
-        uint64_t k = keys[i];
-        uint32_t n = find_node(idx, k, s);
-        if (n != NIL) {
-            if (w->head != n) {
-                lru_unlink(idx, w, n);
-                lru_push_front(idx, w, n);
-            }
-            continue;
-        }
-        /* Evicting before inserting reuses the node at once; the result is the same as
-         * inserting and then trimming the tail, since the new entry is the most recent. */
-        if (w->count >= w->capacity)
-            evict_lru(idx, w);
-        n = node_alloc(idx, w, &rc);
-        if (n == NIL) {
+        int t = touch_key(idx, w, s, keys[i], &rc, by, expiry);
+        if (t < 0) {
             run = 0; /* the keys before this one stay as they were */
             break;
         }
-        node *x = &idx->nodes[n];
-        uint32_t b = bucket_of(idx, k);
-        x->key = k;
-        x->slot = s;
-        x->hnext = idx->buckets[b];
-        idx->buckets[b] = n;
-        lru_push_front(idx, w, n);
-        w->count++;
-        idx->entries++;
-        idx->inserts++;
-        added++;
+        added += (uint64_t)t;
     }
     fresh_add(idx, w, added);
     for (size_t t = run; t-- > 0;) {
@@ -955,6 +1328,183 @@ int kvg_index_record(kvg_prefix_index *idx, uint64_t worker_id, const uint64_t *
     }
     pthread_rwlock_unlock(&idx->lock);
     return rc;
+}
+
+/* ---- engine events: removal, clearing, applying a batch ------------------------------------ */
+
+/* The worker no longer holds key on the tiers given (F_GPU, F_CPU or both): true when it held
+ * it on one of them. The entry goes when no tier is left. Write lock held. One walk of the
+ * key's bucket finds the node and the link to it. */
+static bool remove_key(kvg_prefix_index *idx, wslot *w, uint32_t s, uint64_t key, unsigned tiers)
+{
+    uint32_t *link = &idx->buckets[bucket_of(idx, key)];
+    for (uint32_t n; (n = *link) != NIL; link = &idx->nodes[n].hnext) {
+        node *x = &idx->nodes[n];
+        if (x->key == key && x->slot == s) {
+            unsigned f = node_flags(x);
+            if (!(f & tiers))
+                return false;
+            if (f & F_TIERS & ~tiers) { /* still held on another tier */
+                if (tiers & F_CPU) {
+                    w->ncpu--;
+                    idx->cpu_entries--;
+                }
+                set_flags(x, f & ~tiers);
+                return true;
+            }
+            node_forget(idx, w, n);
+            *link = x->hnext;
+            lru_unlink(idx, w, n);
+            node_release(idx, n);
+            w->count--;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Drop every entry of a worker that stays listed. Node by node (each a short chain walk at a
+ * load factor <= 1) rather than drop_worker's mark and sweep of every bucket: an engine
+ * restart costs its own entries, not the whole index's. Write lock held. */
+static void clear_slot(kvg_prefix_index *idx, wslot *w)
+{
+    slot_forget(idx, w);
+    for (uint32_t n = w->head, next; n != NIL; n = next) {
+        next = lru_next(&idx->nodes[n]);
+        chain_unlink(idx, n);
+        node_release(idx, n);
+    }
+    w->head = w->tail = NIL;
+    w->count = 0;
+}
+
+/* Let the other threads in between two stretches of work, as kvg_index_record does every
+ * RECORD_BATCH keys: the worker's slot is looked up again (set_workers may have run). NULL when
+ * the worker left; the lock is then released. */
+static wslot *relock(kvg_prefix_index *idx, uint64_t worker_id, uint32_t *s)
+{
+    pthread_rwlock_unlock(&idx->lock);
+    pthread_rwlock_wrlock(&idx->lock);
+    *s = id_find(idx, worker_id);
+    if (*s == NIL) {
+        pthread_rwlock_unlock(&idx->lock);
+        return NULL;
+    }
+    return &idx->slots[*s];
+}
+
+int kvg_index_remove(kvg_prefix_index *idx, uint64_t worker_id, const uint64_t *keys, size_t nkeys,
+                     uint64_t *removed)
+{
+    if (!keys && nkeys)
+        return -EINVAL;
+    uint64_t count = 0;
+    pthread_rwlock_wrlock(&idx->lock);
+    uint32_t s = id_find(idx, worker_id);
+    if (s == NIL) {
+        pthread_rwlock_unlock(&idx->lock);
+        return KVG_ENOTFOUND;
+    }
+    wslot *w = &idx->slots[s];
+    for (size_t i = 0; i < nkeys; i++) {
+        if (i && i % RECORD_BATCH == 0 && !(w = relock(idx, worker_id, &s))) {
+            if (removed)
+                *removed = count;
+            return KVG_ENOTFOUND;
+        }
+        count += remove_key(idx, w, s, keys[i], F_TIERS);
+    }
+    pthread_rwlock_unlock(&idx->lock);
+    if (removed)
+        *removed = count;
+    return 0;
+}
+
+int kvg_index_clear_worker(kvg_prefix_index *idx, uint64_t worker_id)
+{
+    pthread_rwlock_wrlock(&idx->lock);
+    uint32_t s = id_find(idx, worker_id);
+    if (s == NIL) {
+        pthread_rwlock_unlock(&idx->lock);
+        return KVG_ENOTFOUND;
+    }
+    clear_slot(idx, &idx->slots[s]);
+    pthread_rwlock_unlock(&idx->lock);
+    return 0;
+}
+
+int kvg_index_apply_events(kvg_prefix_index *idx, uint64_t worker_id, const kvg_kv_batch *batch,
+                           kvg_index_apply_stats *st)
+{
+    kvg_index_apply_stats acc = {0};
+    if (!batch || (!batch->events && batch->nevents))
+        return -EINVAL;
+    int rc = 0;
+    uint64_t added = 0; /* entries added to w since fresh_add last counted them */
+    size_t work = 0;    /* keys handled since the lock was last taken */
+    pthread_rwlock_wrlock(&idx->lock);
+    uint32_t s = id_find(idx, worker_id);
+    wslot *w = s == NIL ? NULL : &idx->slots[s];
+    /* One hold of the lock for a batch of small events (the usual: a few blocks each); every
+     * RECORD_BATCH keys, other threads get their turn. */
+#define YIELD()                                                                                    \
+    do {                                                                                           \
+        if (++work >= RECORD_BATCH) {                                                              \
+            fresh_add(idx, w, added);                                                              \
+            added = 0;                                                                             \
+            work = 0;                                                                              \
+            if (!(w = relock(idx, worker_id, &s)))                                                 \
+                goto gone;                                                                         \
+        }                                                                                          \
+    } while (0)
+    if (!w)
+        goto gone_locked;
+    for (size_t e = 0; e < batch->nevents && rc == 0; e++) {
+        const kvg_kv_event *ev = &batch->events[e];
+        /* Tiers: the GPU (or no medium: engines before mediums), and every other one as the CPU
+         * (an offloading connector's tier the engine loads from rather than recomputes). */
+        bool gpu = ev->medium != KVG_KV_MEDIUM_CPU && ev->medium != KVG_KV_MEDIUM_OTHER;
+        switch (ev->kind) {
+        case KVG_KV_BLOCK_STORED:
+            /* Chain order, recorded last to first as kvg_index_record does: the first block
+             * ends the most recent, and a reader let in between two stretches sees a chain's
+             * tail before its head, which matches nothing until the head lands. */
+            for (size_t i = ev->nhashes; i-- > 0;) {
+                YIELD();
+                int t = touch_key(idx, w, s, ev->hashes[i], &rc, gpu ? BY_GPU : BY_CPU, 0);
+                if (t < 0)
+                    break; /* no room: the rest of this event is not recorded */
+                added += (uint64_t)t;
+                acc.stored++;
+            }
+            break;
+        case KVG_KV_BLOCK_REMOVED:
+            for (size_t i = 0; i < ev->nhashes; i++) {
+                YIELD();
+                acc.removed += remove_key(idx, w, s, ev->hashes[i], gpu ? F_GPU : F_CPU);
+            }
+            break;
+        case KVG_KV_ALL_BLOCKS_CLEARED:
+            work += w->count / 8; /* a clear is cheap per entry, but not free */
+            clear_slot(idx, w);
+            acc.cleared++;
+            break;
+        default:
+            break;
+        }
+    }
+#undef YIELD
+    fresh_add(idx, w, added);
+    pthread_rwlock_unlock(&idx->lock);
+    if (st)
+        *st = acc;
+    return rc;
+gone_locked:
+    pthread_rwlock_unlock(&idx->lock);
+gone:
+    if (st)
+        *st = acc;
+    return KVG_ENOTFOUND;
 }
 
 /* ---- statistics and metrics ------------------------------------------------------------------ */
@@ -981,8 +1531,114 @@ void kvg_index_stats_get(kvg_prefix_index *idx, kvg_index_stats *out)
         .evictions = idx->evictions,
         .inserts = idx->inserts,
         .workers = idx->nworkers,
+        .speculative = idx->spec_entries,
+        .spec_inserted = idx->spec_inserted,
+        .spec_confirmed = idx->spec_confirmed,
+        .spec_expired = idx->spec_expired,
+        .spec_dropped = idx->spec_dropped,
+        .cpu_entries = idx->cpu_entries,
     };
     pthread_rwlock_unlock(&idx->lock);
+}
+
+/* Leaving events: the speculative guesses become model entries (the fallback keeps what the
+ * gateway routed there). Their ring entries no longer match and go when their turn comes. */
+static void guesses_keep(kvg_prefix_index *idx, wslot *w)
+{
+    if (!w->nspec)
+        return;
+    for (uint32_t n = w->head; n != NIL; n = lru_next(&idx->nodes[n]))
+        set_flags(&idx->nodes[n], node_flags(&idx->nodes[n]) & ~F_SPEC);
+    idx->spec_entries -= w->nspec;
+    w->nspec = 0;
+    w->epoch++; /* their ring entries are void: a new deadline may come before theirs */
+}
+
+/* Entering events: every guess (a model entry no BlockStored confirmed) gets a deadline, a
+ * fresh TTL from now, so that what the engine does not confirm goes. Without the memory for
+ * their ring entries the guesses go at once: the index then knows less than the engine, never
+ * more. Walks the LRU list tail first so that the ring stays in deadline order whatever the
+ * order (all deadlines are equal). */
+static void guesses_expire(kvg_prefix_index *idx, wslot *w, uint32_t s, uint64_t expiry)
+{
+    uint64_t guesses = 0;
+    for (uint32_t n = w->head; n != NIL; n = lru_next(&idx->nodes[n]))
+        guesses += (node_flags(&idx->nodes[n]) & (F_GUESS | F_SPEC)) == F_GUESS;
+    if (!guesses)
+        return;
+    bool room = ring_reserve(idx, guesses) == 0;
+    for (uint32_t n = w->tail, prev; n != NIL; n = prev) {
+        prev = lru_prev(&idx->nodes[n]);
+        if ((node_flags(&idx->nodes[n]) & (F_GUESS | F_SPEC)) != F_GUESS)
+            continue;
+        if (room) {
+            make_spec(idx, w, s, n, expiry);
+            continue;
+        }
+        node_forget(idx, w, n);
+        lru_unlink(idx, w, n);
+        chain_unlink(idx, n);
+        node_release(idx, n);
+        w->count--;
+    }
+}
+
+int kvg_index_set_source(kvg_prefix_index *idx, uint64_t worker_id, kvg_index_source src)
+{
+    if ((unsigned)src >= KVG_INDEX_SOURCE_COUNT)
+        return -EINVAL;
+    uint64_t now = index_now(idx);
+    pthread_rwlock_wrlock(&idx->lock);
+    uint32_t s = id_find(idx, worker_id);
+    if (s != NIL) {
+        wslot *w = &idx->slots[s];
+        bool was = w->source == KVG_INDEX_SOURCE_EVENTS, is = src == KVG_INDEX_SOURCE_EVENTS;
+        if (was && !is)
+            guesses_keep(idx, w);
+        else if (!was && is)
+            guesses_expire(idx, w, s, now + idx->spec_ttl_ms);
+        w->source = (uint8_t)src;
+    }
+    pthread_rwlock_unlock(&idx->lock);
+    return s == NIL ? KVG_ENOTFOUND : 0;
+}
+
+uint64_t kvg_index_expire(kvg_prefix_index *idx, uint64_t now_ms)
+{
+    if (!now_ms)
+        now_ms = index_now(idx);
+    /* The usual poll finds nothing due: a read hold answers that. */
+    pthread_rwlock_rdlock(&idx->lock);
+    bool due = idx->ring_len && idx->ring[idx->ring_head].expiry_ms <= now_ms;
+    pthread_rwlock_unlock(&idx->lock);
+    if (!due)
+        return 0;
+    pthread_rwlock_wrlock(&idx->lock);
+    uint64_t before = idx->spec_expired;
+    /* Other threads get their turn every RECORD_BATCH ring entries. */
+    while (sweep_ring(idx, now_ms, RECORD_BATCH) == RECORD_BATCH) {
+        pthread_rwlock_unlock(&idx->lock);
+        pthread_rwlock_wrlock(&idx->lock);
+    }
+    uint64_t expired = idx->spec_expired - before;
+    pthread_rwlock_unlock(&idx->lock);
+    return expired;
+}
+
+kvg_index_source kvg_index_get_source(kvg_prefix_index *idx, uint64_t worker_id)
+{
+    pthread_rwlock_rdlock(&idx->lock);
+    uint32_t s = id_find(idx, worker_id);
+    kvg_index_source src =
+        s == NIL ? KVG_INDEX_SOURCE_MODEL : (kvg_index_source)idx->slots[s].source;
+    pthread_rwlock_unlock(&idx->lock);
+    return src;
+}
+
+const char *kvg_index_source_name(kvg_index_source src)
+{
+    static const char *const names[KVG_INDEX_SOURCE_COUNT] = {"model", "events", "events_stale"};
+    return (unsigned)src < KVG_INDEX_SOURCE_COUNT ? names[src] : "unknown";
 }
 
 uint64_t kvg_index_worker_entries(kvg_prefix_index *idx, uint64_t worker_id)
@@ -1012,12 +1668,45 @@ void kvg_index_write_metrics(kvg_prefix_index *idx, kvg_buf *out)
     kvg_prom_put_scalar_u64(out, "kvgate_index_inserts_total", KVG_PROM_COUNTER,
                             "Entries added to the prefix index by recording what workers hold.",
                             idx->inserts);
+    kvg_prom_put_scalar_u64(out, "kvgate_index_speculative_entries", KVG_PROM_GAUGE,
+                            "Entries the gateway recorded for a worker whose KV events flow, "
+                            "not yet confirmed by a BlockStored: they expire after the "
+                            "speculative TTL.",
+                            idx->spec_entries);
+    kvg_prom_put_header(out, "kvgate_index_speculative_total", KVG_PROM_COUNTER,
+                        "Speculative entries by outcome: inserted, confirmed by a BlockStored, "
+                        "expired after the TTL, dropped otherwise (evicted, removed, cleared, "
+                        "or the worker left); those made model entries when the worker's "
+                        "events went stale are in none of the last four.");
+    kvg_prom_put_u64(out, "kvgate_index_speculative_total",
+                     KVG_PROM_LABELS({"outcome", "inserted"}), idx->spec_inserted);
+    kvg_prom_put_u64(out, "kvgate_index_speculative_total",
+                     KVG_PROM_LABELS({"outcome", "confirmed"}), idx->spec_confirmed);
+    kvg_prom_put_u64(out, "kvgate_index_speculative_total", KVG_PROM_LABELS({"outcome", "expired"}),
+                     idx->spec_expired);
+    kvg_prom_put_u64(out, "kvgate_index_speculative_total", KVG_PROM_LABELS({"outcome", "dropped"}),
+                     idx->spec_dropped);
+    kvg_prom_put_scalar_u64(out, "kvgate_index_cpu_entries", KVG_PROM_GAUGE,
+                            "Entries the engines hold on a CPU (or other offloading) tier, "
+                            "whether or not on the GPU too.",
+                            idx->cpu_entries);
     kvg_prom_put_header(out, "kvgate_index_worker_entries", KVG_PROM_GAUGE,
                         "Blocks the prefix index believes the worker holds.");
     for (uint32_t i = 0; i < idx->nworkers; i++) {
         const wslot *w = &idx->slots[idx->order[i]];
         kvg_prom_put_u64(out, "kvgate_index_worker_entries", KVG_PROM_LABELS({"worker", w->name}),
                          w->count);
+    }
+    kvg_prom_put_header(out, "kvgate_index_worker_source", KVG_PROM_GAUGE,
+                        "Where the index learns what the worker holds: 1 for the current "
+                        "source (model, events, events_stale).");
+    for (uint32_t i = 0; i < idx->nworkers; i++) {
+        const wslot *w = &idx->slots[idx->order[i]];
+        for (unsigned src = 0; src < KVG_INDEX_SOURCE_COUNT; src++)
+            kvg_prom_put_u64(
+                out, "kvgate_index_worker_source",
+                KVG_PROM_LABELS({"worker", w->name}, {"source", kvg_index_source_name(src)}),
+                w->source == src);
     }
     pthread_rwlock_unlock(&idx->lock);
 }
@@ -1029,7 +1718,7 @@ int kvg_index_check(kvg_prefix_index *idx)
     int rc = 0;
     pthread_rwlock_rdlock(&idx->lock);
     size_t nb = (size_t)1 << idx->bucket_bits;
-    uint64_t chained = 0, counted = 0;
+    uint64_t chained = 0, counted = 0, spec_total = 0, cpu_total = 0;
     uint32_t live = 0;
 
     if (idx->pool_used > idx->pool_cap || (uint64_t)idx->pool_cap > idx->max_entries ||
@@ -1077,9 +1766,9 @@ int kvg_index_check(kvg_prefix_index *idx)
         live++;
         uint64_t c = 0;
         uint32_t prev = NIL;
-        for (uint32_t n = w->head; n != NIL; prev = n, n = idx->nodes[n].next) {
-            if (n >= idx->pool_used || idx->nodes[n].slot != s || idx->nodes[n].prev != prev ||
-                ++c > w->count) {
+        for (uint32_t n = w->head; n != NIL; prev = n, n = lru_next(&idx->nodes[n])) {
+            if (n >= idx->pool_used || idx->nodes[n].slot != s ||
+                lru_prev(&idx->nodes[n]) != prev || ++c > w->count) {
                 rc = -8;
                 goto out;
             }
@@ -1088,10 +1777,51 @@ int kvg_index_check(kvg_prefix_index *idx)
             rc = -9;
             goto out;
         }
+        /* Flags: a tier each, a deadline only on a guess, the counters right. */
+        uint64_t nspec = 0, ncpu = 0;
+        for (uint32_t n = w->head; n != NIL; n = lru_next(&idx->nodes[n])) {
+            unsigned f = node_flags(&idx->nodes[n]);
+            if (!(f & F_TIERS) || ((f & F_SPEC) && !(f & F_GUESS))) {
+                rc = -14;
+                goto out;
+            }
+            nspec += (f & F_SPEC) != 0;
+            ncpu += (f & F_CPU) != 0;
+        }
+        if (nspec != w->nspec || ncpu != w->ncpu ||
+            (nspec && w->source != KVG_INDEX_SOURCE_EVENTS)) {
+            rc = -15;
+            goto out;
+        }
+        spec_total += nspec;
+        cpu_total += ncpu;
         counted += c;
     }
     if (counted != idx->entries || live != idx->nworkers) {
         rc = -10;
+        goto out;
+    }
+    if (spec_total != idx->spec_entries || cpu_total != idx->cpu_entries) {
+        rc = -16;
+        goto out;
+    }
+    /* The ring: in deadline order, and every speculative entry has its (matching) entry. */
+    if (idx->ring_len > idx->ring_cap || (idx->ring_cap & (idx->ring_cap - 1))) {
+        rc = -17;
+        goto out;
+    }
+    uint64_t matching = 0;
+    for (size_t i = 0; i < idx->ring_len; i++) {
+        const spec_ent *e = &idx->ring[(idx->ring_head + i) & (idx->ring_cap - 1)];
+        if (i &&
+            e->expiry_ms < idx->ring[(idx->ring_head + i - 1) & (idx->ring_cap - 1)].expiry_ms) {
+            rc = -18;
+            goto out;
+        }
+        matching += e->slot < idx->nslots && ring_matches(idx, e);
+    }
+    if (matching < idx->spec_entries) {
+        rc = -19;
         goto out;
     }
     for (uint32_t i = 0; i < idx->nworkers; i++) {

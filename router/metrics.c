@@ -8,20 +8,34 @@
 
 void kvg_worker_record_ttft(kvg_worker *w, uint64_t ttft_ns)
 {
-    kvg_prom_hist_observe(&w->ttft, &kvg_prom_ttft_buckets, ttft_ns);
+    kvg_prom_hist_observe(&worker_stripe(w)->ttft, &kvg_prom_ttft_buckets, ttft_ns);
 }
 
 void kvg_worker_record_itl(kvg_worker *w, uint64_t gap_ns, uint64_t n)
 {
+    worker_stats *st = worker_stripe(w);
     for (uint64_t i = 0; i < n; i++)
-        kvg_prom_hist_observe(&w->itl, &kvg_prom_itl_buckets, gap_ns);
+        kvg_prom_hist_observe(&st->itl, &kvg_prom_itl_buckets, gap_ns);
 }
 
 void kvg_worker_record_output_tokens(kvg_worker *w, int64_t tokens)
 {
     if (tokens > 0)
-        atomic_fetch_add_explicit(&w->output_tokens, (uint64_t)tokens, memory_order_relaxed);
+        atomic_fetch_add_explicit(&worker_stripe(w)->output_tokens, (uint64_t)tokens,
+                                  memory_order_relaxed);
 }
+
+/* The sum over w's stripes of the counter at offset in worker_stats. */
+static uint64_t stats_sum(const kvg_worker *w, size_t offset)
+{
+    uint64_t v = 0;
+    for (unsigned i = 0; i < w->nstripes; i++)
+        v += atomic_load_explicit(
+            (_Atomic uint64_t *)(void *)((char *)worker_stats_at(w, i) + offset),
+            memory_order_relaxed);
+    return v;
+}
+#define STATS_SUM(w, field) stats_sum(w, offsetof(worker_stats, field))
 
 /* One sample per worker of a gauge or counter without extra labels. */
 static void put_simple(kvg_buf *out, const kvg_worker_set *set, const char *name,
@@ -61,7 +75,7 @@ static uint64_t max_inflight_value(const kvg_worker *w)
 
 static uint64_t retries_value(const kvg_worker *w)
 {
-    return atomic_load_explicit(&((kvg_worker *)w)->retries, memory_order_relaxed);
+    return STATS_SUM(w, retries);
 }
 
 static uint64_t ejections_value(const kvg_worker *w)
@@ -71,22 +85,22 @@ static uint64_t ejections_value(const kvg_worker *w)
 
 static uint64_t usage_predicted_value(const kvg_worker *w)
 {
-    return atomic_load_explicit(&((kvg_worker *)w)->usage_predicted, memory_order_relaxed);
+    return STATS_SUM(w, usage_predicted);
 }
 
 static uint64_t usage_cached_value(const kvg_worker *w)
 {
-    return atomic_load_explicit(&((kvg_worker *)w)->usage_cached, memory_order_relaxed);
+    return STATS_SUM(w, usage_cached);
 }
 
 static uint64_t usage_prompt_value(const kvg_worker *w)
 {
-    return atomic_load_explicit(&((kvg_worker *)w)->usage_prompt, memory_order_relaxed);
+    return STATS_SUM(w, usage_prompt);
 }
 
 static uint64_t usage_unreported_value(const kvg_worker *w)
 {
-    return atomic_load_explicit(&((kvg_worker *)w)->usage_unreported, memory_order_relaxed);
+    return STATS_SUM(w, usage_unreported);
 }
 
 static uint64_t scrape_errors_value(const kvg_worker *w)
@@ -123,7 +137,17 @@ static void put_engine_load(kvg_buf *out, const kvg_worker_set *set)
 
 static uint64_t output_tokens_value(const kvg_worker *w)
 {
-    return atomic_load_explicit(&((kvg_worker *)w)->output_tokens, memory_order_relaxed);
+    return STATS_SUM(w, output_tokens);
+}
+
+/* The sum over w's stripes of the histogram at offset in worker_stats. */
+static void hist_sum(const kvg_worker *w, size_t offset, kvg_prom_hist *out)
+{
+    kvg_prom_hist_init(out);
+    for (unsigned i = 0; i < w->nstripes; i++)
+        kvg_prom_hist_add(
+            out,
+            (const kvg_prom_hist *)(const void *)((const char *)worker_stats_at(w, i) + offset));
 }
 
 static void put_histogram_with(kvg_buf *out, const kvg_worker_set *set, const char *name,
@@ -132,8 +156,9 @@ static void put_histogram_with(kvg_buf *out, const kvg_worker_set *set, const ch
     kvg_prom_put_header(out, name, KVG_PROM_HISTOGRAM, help);
     for (size_t i = 0; i < set->count; i++) {
         const kvg_worker *w = set->workers[i];
-        const kvg_prom_hist *h = (const kvg_prom_hist *)(const void *)((const char *)w + offset);
-        kvg_prom_put_hist(out, name, KVG_PROM_LABELS({"worker", w->spec->name}), h, b);
+        kvg_prom_hist h;
+        hist_sum(w, offset, &h);
+        kvg_prom_put_hist(out, name, KVG_PROM_LABELS({"worker", w->spec->name}), &h, b);
     }
 }
 
@@ -143,8 +168,9 @@ static void put_histogram(kvg_buf *out, const kvg_worker_set *set, const char *n
     kvg_prom_put_header(out, name, KVG_PROM_HISTOGRAM, help);
     for (size_t i = 0; i < set->count; i++) {
         const kvg_worker *w = set->workers[i];
-        const kvg_prom_hist *h = (const kvg_prom_hist *)(const void *)((const char *)w + offset);
-        kvg_prom_put_hist(out, name, KVG_PROM_LABELS({"worker", w->spec->name}), h,
+        kvg_prom_hist h;
+        hist_sum(w, offset, &h);
+        kvg_prom_put_hist(out, name, KVG_PROM_LABELS({"worker", w->spec->name}), &h,
                           &kvg_router_latency_buckets);
     }
 }
@@ -174,7 +200,7 @@ void kvg_registry_write_metrics(kvg_registry *reg, kvg_buf *out)
     for (size_t i = 0; i < set->count; i++) {
         kvg_worker *w = set->workers[i];
         for (int code = 0; code < WORKER_CODES; code++) {
-            uint64_t v = atomic_load_explicit(&w->codes[code], memory_order_relaxed);
+            uint64_t v = STATS_SUM(w, codes[code]);
             if (!v)
                 continue;
             char label[12];
@@ -187,20 +213,20 @@ void kvg_registry_write_metrics(kvg_registry *reg, kvg_buf *out)
     put_histogram(
         out, set, "kvgate_worker_request_duration_seconds",
         "Duration of requests finished on the worker, from arrival to the end of the response.",
-        offsetof(kvg_worker, duration));
+        offsetof(worker_stats, duration));
     put_histogram(out, set, "kvgate_worker_ttfb_seconds",
                   "Time from the arrival of a request to the worker's response head (sent before "
                   "the first token by streaming engines: not the time to first token).",
-                  offsetof(kvg_worker, ttfb));
+                  offsetof(worker_stats, ttfb));
     put_histogram_with(out, set, "kvgate_worker_ttft_seconds",
                        "Time to first token: from the arrival of a completion or chat request to "
                        "the first SSE event with output (the first body byte of a non-streamed "
                        "200 answer).",
-                       offsetof(kvg_worker, ttft), &kvg_prom_ttft_buckets);
+                       offsetof(worker_stats, ttft), &kvg_prom_ttft_buckets);
     put_histogram_with(out, set, "kvgate_worker_itl_seconds",
                        "Inter-token latency: time between consecutive SSE events with output of "
                        "a stream (events arriving in one read share the gap equally).",
-                       offsetof(kvg_worker, itl), &kvg_prom_itl_buckets);
+                       offsetof(worker_stats, itl), &kvg_prom_itl_buckets);
     put_simple(out, set, "kvgate_worker_output_tokens_total", KVG_PROM_COUNTER,
                "Output tokens of answers from the worker (usage.completion_tokens).",
                output_tokens_value);
@@ -259,7 +285,7 @@ void kvg_registry_write_metrics(kvg_registry *reg, kvg_buf *out)
             kvg_prom_put_u64(
                 out, "kvgate_prefix_predictions_total",
                 KVG_PROM_LABELS({"worker", w->spec->name}, {"outcome", kvg_usage_outcome_str(o)}),
-                atomic_load_explicit(&w->usage_outcomes[o], memory_order_relaxed));
+                STATS_SUM(w, usage_outcomes[o]));
     }
 
     kvg_worker_set_unref(set);

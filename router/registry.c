@@ -572,6 +572,9 @@ static kvg_worker_def spec_def(const worker_spec *s)
         .kv_blocks = s->kv_blocks,
         .max_inflight = s->max_inflight_defined,
         .no_cache_salt = s->no_cache_salt,
+        .kv_events = s->kv_events,
+        .kv_events_replay = s->kv_events_replay,
+        .kv_events_stale_ms = s->kv_events_stale_ms,
     };
 }
 

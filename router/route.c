@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,18 +25,40 @@ static const kvg_prom_buckets route_buckets = {
     .sum_unit_ns = 1,
 };
 
+/* What decisions add up, as one thread adds it: one copy per stripe (kvg_prom_stripe, taken
+ * modulo ROUTE_STRIPES), ROUTE_STATS_STRIDE apart, summed by kvg_router_write_metrics. Every
+ * decision of every event loop adds 13 counts here. */
+typedef struct route_stats {
+    kvg_prom_hist stages[KVG_ROUTE_STAGE_COUNT]; /* route_buckets */
+    _Atomic uint64_t blocks_hashed;
+    _Atomic uint64_t blocks_matched;
+    _Atomic uint64_t decisions[KVG_POLICY_KIND_COUNT][KVG_POLICY_REASON_COUNT];
+    _Atomic uint64_t record_failures;
+    _Atomic uint64_t modes[KVG_ROUTE_MODE_COUNT];
+} route_stats;
+#define ROUTE_STRIPES 16u
+#define ROUTE_STATS_STRIDE ((sizeof(route_stats) + 63) / 64 * 64)
+
 struct kvg_router {
     kvg_prefix_index *index;
     /* The registry generation whose workers the index lists: a decision that sees a newer
      * snapshot brings the index up to date (under sync_lock, rarely). */
     pthread_mutex_t sync_lock;
     _Atomic uint64_t synced_generation;
-    kvg_prom_hist stages[KVG_ROUTE_STAGE_COUNT]; /* route_buckets */
-    _Atomic uint64_t blocks_hashed;
-    _Atomic uint64_t blocks_matched;
-    _Atomic uint64_t decisions[KVG_POLICY_KIND_COUNT][KVG_POLICY_REASON_COUNT];
-    _Atomic uint64_t record_failures;
+    void *stats_mem; /* ROUTE_STRIPES route_stats from the first 64-byte boundary in it */
+    char *stats;
 };
+
+static route_stats *stats_at(const kvg_router *rt, unsigned i)
+{
+    return (route_stats *)(void *)(rt->stats + (size_t)i * ROUTE_STATS_STRIDE);
+}
+
+/* The calling thread's stripe. */
+static route_stats *my_stats(kvg_router *rt)
+{
+    return stats_at(rt, kvg_prom_stripe % ROUTE_STRIPES);
+}
 
 static const char *const stage_names[KVG_ROUTE_STAGE_COUNT] = {
     [KVG_ROUTE_STAGE_PARSE] = "parse",   [KVG_ROUTE_STAGE_HASH] = "hash",
@@ -53,6 +76,13 @@ int kvg_router_new(const kvg_index_config *cfg, kvg_router **out)
     kvg_router *rt = calloc(1, sizeof(*rt));
     if (!rt)
         return -ENOMEM;
+    /* Zero bytes are zero counts. */
+    rt->stats_mem = calloc(1, ROUTE_STRIPES * ROUTE_STATS_STRIDE + 63);
+    if (!rt->stats_mem) {
+        free(rt);
+        return -ENOMEM;
+    }
+    rt->stats = (char *)(((uintptr_t)rt->stats_mem + 63) & ~(uintptr_t)63);
     int rc = kvg_index_new(cfg, &rt->index);
     if (rc < 0)
         goto fail_rt;
@@ -64,6 +94,7 @@ int kvg_router_new(const kvg_index_config *cfg, kvg_router **out)
 fail_index:
     kvg_index_free(rt->index);
 fail_rt:
+    free(rt->stats_mem);
     free(rt);
     return rc;
 }
@@ -74,6 +105,7 @@ void kvg_router_free(kvg_router *rt)
         return;
     pthread_mutex_destroy(&rt->sync_lock);
     kvg_index_free(rt->index);
+    free(rt->stats_mem);
     free(rt);
 }
 
@@ -107,6 +139,11 @@ static void sync_index(kvg_router *rt, kvg_worker_set *set)
     pthread_mutex_unlock(&rt->sync_lock);
 }
 
+void kvg_router_sync_workers(kvg_router *rt, kvg_worker_set *set)
+{
+    sync_index(rt, set);
+}
+
 static uint64_t lap(const kvg_route_request *req, uint64_t *t)
 {
     if (!req->clock_ns)
@@ -129,14 +166,76 @@ static uint64_t root_of(const kvg_hash_job *job)
     return XXH3_64bits_withSeed(job->model_len ? job->model : "", job->model_len, h);
 }
 
+static const char *const mode_names[KVG_ROUTE_MODE_COUNT] = {
+    [KVG_ROUTE_MODE_BYTES] = "bytes",
+    [KVG_ROUTE_MODE_TOKEN_EXACT] = "token_exact",
+    [KVG_ROUTE_MODE_EXACT_FALLBACK] = "token_exact_fallback",
+};
+
+const char *kvg_route_mode_str(kvg_route_mode m)
+{
+    return (unsigned)m < KVG_ROUTE_MODE_COUNT ? mode_names[m] : "?";
+}
+
+/* Token-exact keys: the engine's own block hashes, computed here at once on this thread (vLLM's
+ * chain is sequential within a request: nothing for the batcher). The job is left holding the
+ * keys, already hashed (mode tells the caller not to hash it). 0: keys in; 1: the request is
+ * not one the mode covers (byte mode follows, the reason in out->exact_error); -ENOMEM. */
+static int prepare_exact(const kvg_route_request *req, kvg_arena *arena, kvg_route_decision *out,
+                         kvg_hash_job *job)
+{
+    kvg_model_keys_out k;
+    char err[200];
+    int rc = 0;
+    if (req->exact_keys)
+        k = *req->exact_keys;
+    else if (req->exact_error) {
+        rc = KVG_EPARSE;
+        snprintf(err, sizeof(err), "%s", req->exact_error);
+    } else
+        rc = kvg_model_keys(req->model, req->model_input, req->raw_body, req->raw_len, req->salt,
+                            req->policy->max_blocks, arena, &k, err, sizeof(err));
+    if (rc == -ENOMEM)
+        return rc;
+    if (rc < 0) {
+        out->mode = KVG_ROUTE_MODE_EXACT_FALLBACK;
+        out->exact_error = kvg_arena_strdup(arena, err[0] ? err : kvg_strerror(rc));
+        return out->exact_error ? 1 : -ENOMEM;
+    }
+    uint32_t bs = kvg_model_block_size(req->model);
+    *job = (kvg_hash_job){.unit = KVG_HASH_TOKENS,
+                          .block_size = bs,
+                          .len = k.ntokens,
+                          .max_blocks = k.nkeys,
+                          .keys = k.keys,
+                          .nkeys = k.nkeys};
+    out->mode = KVG_ROUTE_MODE_TOKEN_EXACT;
+    memcpy(out->first_hashes, k.first_hashes, sizeof(out->first_hashes));
+    out->unit = KVG_HASH_TOKENS;
+    out->block_size = bs;
+    out->stream_units = k.ntokens;
+    out->root = kvg_model_root(req->model);
+    out->hash_backend = "cpu";
+    return 0;
+}
+
 int kvg_router_prepare_job(kvg_router *rt, kvg_worker_set *set, const kvg_route_request *req,
                            kvg_arena *arena, kvg_route_decision *out, kvg_hash_job *job)
 {
     const kvg_policy_config *pc = req->policy;
     const kvg_body_info *body = req->body;
     memset(out, 0, sizeof(*out));
-    uint64_t t0 = req->clock_ns ? req->clock_ns() : 0;
+    uint64_t t0 = !req->clock_ns ? 0 : req->start_ns ? req->start_ns : req->clock_ns();
     sync_index(rt, set);
+
+    if (req->model) {
+        int rc = prepare_exact(req, arena, out, job);
+        if (rc <= 0) { /* token-exact keys (0), or out of memory */
+            out->start_ns = t0;
+            out->lookup_start_ns = t0;
+            return rc;
+        }
+    }
 
     /* Block keys: the job, hashed by the caller (at once, or by the batcher). */
     const kvg_prefix_stream *ps = &body->prefix;
@@ -237,19 +336,25 @@ int kvg_router_prepare(kvg_router *rt, kvg_worker_set *set, const kvg_route_requ
     int rc = kvg_router_prepare_job(rt, set, req, arena, out, &job);
     if (rc < 0)
         return rc;
-    return kvg_router_prepare_workers(set, req, arena, out, &job, kvg_hash_batch(&job, 1));
+    int hashed = out->mode == KVG_ROUTE_MODE_TOKEN_EXACT ? 0 : kvg_hash_batch(&job, 1);
+    return kvg_router_prepare_workers(set, req, arena, out, &job, hashed);
 }
 
 void kvg_router_fallback(kvg_router *rt, kvg_route_decision *d)
 {
     size_t m = d->neligible;
     if (m && d->nkeys) {
-        uint64_t stack[64];
-        uint64_t *ids = m <= 64 ? stack : malloc(m * sizeof(*ids));
+        /* The ids, then the GPU depths (the blocks held only on a CPU tier are priced below
+         * those on the GPU: cpu_block_weight). */
+        uint64_t stack[64 + 32];
+        uint64_t *ids = m <= 64 ? stack : malloc(m * sizeof(*ids) + m * sizeof(uint32_t));
         if (ids) {
+            uint32_t *gpu = (uint32_t *)(void *)(ids + m);
             for (size_t i = 0; i < m; i++)
                 ids[i] = d->eligible[i]->id;
-            kvg_index_match(rt->index, d->keys, d->nkeys, ids, m, d->matched);
+            if (kvg_index_match_tiers(rt->index, d->keys, d->nkeys, ids, m, d->matched, gpu))
+                for (size_t i = 0; i < m; i++)
+                    d->pcs[i].matched_cpu = d->matched[i] - gpu[i];
             if (ids != stack)
                 free(ids);
         } else {
@@ -262,6 +367,26 @@ void kvg_router_fallback(kvg_router *rt, kvg_route_decision *d)
     d->lookup_op = NULL;
 }
 
+/* Workers whose engines' events flow are answered by the embedded index, not by the shared
+ * map: every replica subscribes to every engine and applies its events to its own index, so
+ * the events never go through Redis (N replicas do not multiply them, a replica's death hands
+ * nothing on), and the map in Redis, written by decisions only, would over-predict them
+ * (docs/kv-events.md, "Replicated gateways"). Only workers with an event endpoint pay a look at
+ * their source. */
+static void events_from_index(kvg_router *rt, kvg_route_decision *d)
+{
+    for (size_t i = 0; i < d->neligible; i++) {
+        kvg_worker *w = d->eligible[i];
+        if (!w->spec->kv_events ||
+            kvg_index_get_source(rt->index, w->id) != KVG_INDEX_SOURCE_EVENTS)
+            continue;
+        uint64_t id = w->id;
+        uint32_t gpu;
+        if (kvg_index_match_tiers(rt->index, d->keys, d->nkeys, &id, 1, &d->matched[i], &gpu))
+            d->pcs[i].matched_cpu = d->matched[i] - gpu;
+    }
+}
+
 static void lookup_done(void *ud, int status, const uint32_t *matched, size_t n)
 {
     kvg_route_decision *d = ud;
@@ -269,6 +394,7 @@ static void lookup_done(void *ud, int status, const uint32_t *matched, size_t n)
     if (status == 0) {
         memcpy(d->matched, matched, n * sizeof(*matched));
         d->shared = true;
+        events_from_index(d->lookup_rt, d);
     }
     d->lookup_cb(d->lookup_ud, d, status);
 }
@@ -289,6 +415,7 @@ int kvg_router_lookup(kvg_router *rt, kvg_redis_client *c, kvg_route_decision *d
         ids[i] = d->eligible[i]->spec->map_id;
     d->lookup_cb = cb;
     d->lookup_ud = ud;
+    d->lookup_rt = rt;
     int rc = kvg_map_lookup(c, d->root, d->keys, d->nkeys, ids, m, lookup_done, d, &d->lookup_op);
     if (ids != stack)
         free(ids);
@@ -382,12 +509,34 @@ int kvg_router_decide(kvg_router *rt, kvg_worker_set *set, const kvg_route_reque
 
 void kvg_router_count(kvg_router *rt, const kvg_route_decision *d)
 {
+    route_stats *st = my_stats(rt);
     for (int s = 0; s < KVG_ROUTE_STAGE_COUNT; s++)
-        kvg_prom_hist_observe(&rt->stages[s], &route_buckets, d->stage_ns[s]);
-    atomic_fetch_add_explicit(&rt->blocks_hashed, d->nkeys, memory_order_relaxed);
+        kvg_prom_hist_observe(&st->stages[s], &route_buckets, d->stage_ns[s]);
+    atomic_fetch_add_explicit(&st->blocks_hashed, d->nkeys, memory_order_relaxed);
     if ((unsigned)d->policy < KVG_POLICY_KIND_COUNT &&
         (unsigned)d->reason < KVG_POLICY_REASON_COUNT)
-        atomic_fetch_add_explicit(&rt->decisions[d->policy][d->reason], 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&st->decisions[d->policy][d->reason], 1, memory_order_relaxed);
+    if ((unsigned)d->mode < KVG_ROUTE_MODE_COUNT)
+        atomic_fetch_add_explicit(&st->modes[d->mode], 1, memory_order_relaxed);
+    /* Speculative indexing (docs/kv-events.md, "Sources"). For a worker whose KV events flow,
+     * the decision's keys go into the index now, as speculative entries, rather than at its
+     * 200: a burst of the same prefix arriving before the first one's head (a prefill under
+     * load takes seconds; the head comes after the engine took the request) then keeps its
+     * affinity, where recording at the head would send the whole burst by rendezvous and load
+     * before any entry exists. Speculative entries cost little when wrong: they go after the
+     * TTL unless the engine's BlockStored confirms them. A model worker (no events) is still
+     * recorded at its 200 only: its entries are permanent, and a request that fails must not
+     * leave them. This is the one place the router sees a decision really taken (the admin's
+     * explain never counts) before its first attempt; that attempt goes to cands[0] unless it
+     * is full (then its guess expires unconfirmed). */
+    /* A worker without an event endpoint is never an events source: the look at the index's
+     * lock is only for those that have one (not a shared cache line per request for all). */
+    if (d->ncands && d->nkeys && d->cands[0].worker->spec->kv_events) {
+        uint64_t id = kvg_worker_id(d->cands[0].worker);
+        if (kvg_index_get_source(rt->index, id) == KVG_INDEX_SOURCE_EVENTS &&
+            kvg_index_record(rt->index, id, d->keys, d->nkeys) < 0)
+            atomic_fetch_add_explicit(&st->record_failures, 1, memory_order_relaxed);
+    }
 }
 
 int kvg_router_record(kvg_router *rt, kvg_redis_client *c, const kvg_worker *w,
@@ -395,11 +544,11 @@ int kvg_router_record(kvg_router *rt, kvg_redis_client *c, const kvg_worker *w,
 {
     if (!d->nkeys)
         return 0;
-    atomic_fetch_add_explicit(&rt->blocks_matched, matched, memory_order_relaxed);
+    atomic_fetch_add_explicit(&my_stats(rt)->blocks_matched, matched, memory_order_relaxed);
     /* The embedded index learns whatever answered the lookup: a fallback starts warm. */
     int rc = kvg_index_record(rt->index, kvg_worker_id(w), d->keys, d->nkeys);
     if (rc < 0)
-        atomic_fetch_add_explicit(&rt->record_failures, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&my_stats(rt)->record_failures, 1, memory_order_relaxed);
     if (c) {
         uint32_t capacity =
             w->spec->kv_blocks ? w->spec->kv_blocks : kvg_index_default_capacity(rt->index);
@@ -418,6 +567,17 @@ uint64_t kvg_route_predicted_tokens(const kvg_route_decision *d, uint32_t matche
     return (uint64_t)((double)prompt_tokens * frac + 0.5);
 }
 
+/* The sum over the stripes of the counter at offset in route_stats. */
+static uint64_t stats_sum(const kvg_router *rt, size_t offset)
+{
+    uint64_t v = 0;
+    for (unsigned i = 0; i < ROUTE_STRIPES; i++)
+        v += atomic_load_explicit((_Atomic uint64_t *)(void *)((char *)stats_at(rt, i) + offset),
+                                  memory_order_relaxed);
+    return v;
+}
+#define SUM(rt, field) stats_sum(rt, offsetof(route_stats, field))
+
 void kvg_router_write_metrics(kvg_router *rt, kvg_buf *out)
 {
     kvg_index_write_metrics(rt->index, out);
@@ -428,18 +588,23 @@ void kvg_router_write_metrics(kvg_router *rt, kvg_buf *out)
         "Time to take a routing decision, by stage: parse (body scan and prefix stream), "
         "hash (block keys), lookup (prefix index), choose (policy), total (hash to "
         "choose).");
-    for (int s = 0; s < KVG_ROUTE_STAGE_COUNT; s++)
-        kvg_prom_put_hist(out, name, KVG_PROM_LABELS({"stage", stage_names[s]}), &rt->stages[s],
+    for (int s = 0; s < KVG_ROUTE_STAGE_COUNT; s++) {
+        kvg_prom_hist h;
+        kvg_prom_hist_init(&h);
+        for (unsigned i = 0; i < ROUTE_STRIPES; i++)
+            kvg_prom_hist_add(&h, &stats_at(rt, i)->stages[s]);
+        kvg_prom_put_hist(out, name, KVG_PROM_LABELS({"stage", stage_names[s]}), &h,
                           &route_buckets);
+    }
 
     kvg_prom_put_header(
         out, "kvgate_route_blocks_total", KVG_PROM_COUNTER,
         "Block keys of routed requests: hashed (looked up), and matched: the leading blocks "
         "the worker that answered 200 was predicted to hold.");
     kvg_prom_put_u64(out, "kvgate_route_blocks_total", KVG_PROM_LABELS({"kind", "hashed"}),
-                     atomic_load(&rt->blocks_hashed));
+                     SUM(rt, blocks_hashed));
     kvg_prom_put_u64(out, "kvgate_route_blocks_total", KVG_PROM_LABELS({"kind", "matched"}),
-                     atomic_load(&rt->blocks_matched));
+                     SUM(rt, blocks_matched));
 
     kvg_prom_put_header(
         out, "kvgate_route_decisions_total", KVG_PROM_COUNTER,
@@ -448,7 +613,7 @@ void kvg_router_write_metrics(kvg_router *rt, kvg_buf *out)
         "load alone).");
     for (int k = 0; k < KVG_POLICY_KIND_COUNT; k++)
         for (int r = 0; r < KVG_POLICY_REASON_COUNT; r++) {
-            uint64_t v = atomic_load_explicit(&rt->decisions[k][r], memory_order_relaxed);
+            uint64_t v = SUM(rt, decisions[k][r]);
             if (v)
                 kvg_prom_put_u64(
                     out, "kvgate_route_decisions_total",
@@ -456,8 +621,16 @@ void kvg_router_write_metrics(kvg_router *rt, kvg_buf *out)
                                     {"reason", kvg_policy_reason_str((kvg_policy_reason)r)}),
                     v);
         }
+    kvg_prom_put_header(out, "kvgate_route_key_mode_total", KVG_PROM_COUNTER,
+                        "Routing decisions by how their block keys were made: bytes (the "
+                        "canonical prefix stream), token_exact (the engine's own block hashes, "
+                        "for models defined with a tokenizer), token_exact_fallback (such a "
+                        "model, but a request token-exact mode does not cover: bytes).");
+    for (int m = 0; m < KVG_ROUTE_MODE_COUNT; m++)
+        kvg_prom_put_u64(out, "kvgate_route_key_mode_total",
+                         KVG_PROM_LABELS({"mode", mode_names[m]}), SUM(rt, modes[m]));
     kvg_prom_put_scalar_u64(out, "kvgate_route_record_failures_total", KVG_PROM_COUNTER,
                             "Answered requests whose blocks could not be recorded in the prefix "
                             "index (the worker had left it, or memory ran out).",
-                            atomic_load(&rt->record_failures));
+                            SUM(rt, record_failures));
 }

@@ -16,6 +16,7 @@
 #include "common.h"
 #include "fields.h"
 #include "gpu_hash.h"
+#include "model.h"
 #include "policy.h"
 #include "snapshot.h"
 
@@ -25,6 +26,8 @@ typedef struct kvg_worker_set kvg_worker_set;
 
 #define KVG_WORKER_NAME_MAX 64
 #define KVG_WORKER_MODELS_MAX 64
+/* kv_events_stale_ms when a definition leaves it out: five of newer vLLM's idle heartbeats. */
+#define KVG_WORKER_KV_EVENTS_STALE_MS_DEFAULT 5000
 #define KVG_MODEL_NAME_MAX 256
 /* Most workers one source (config, admin) may define; the admin API is peer input. */
 #define KVG_REGISTRY_WORKERS_MAX 4096
@@ -58,6 +61,12 @@ typedef struct kvg_worker_def {
     uint32_t max_inflight; /* requests in flight this gateway sends it; 0 = registry default */
     bool no_cache_salt;    /* the engine has no "cache_salt" request field: inject none (see
                               kvg_worker_injects_salt); false, the default, injects */
+    const char *kv_events; /* the engine's KV-event publisher (vLLM's --kv-events-config
+                              endpoint), "tcp://host:port" or "ipc://path"; NULL = none */
+    const char *kv_events_replay; /* its replay endpoint; NULL = none (gaps are not recovered) */
+    uint32_t kv_events_stale_ms;  /* silence after which a publisher that sends idle heartbeats
+                                     is stale (the index falls back to the model for it); 0 =
+                                     only a lost connection makes it stale. Default 5000 */
 } kvg_worker_def;
 
 typedef struct kvg_registry_config {
@@ -82,7 +91,8 @@ int kvg_worker_name_validate(const char *name, char *msg, size_t msg_len);
 int kvg_worker_def_validate(const kvg_worker_def *def, char *msg, size_t msg_len);
 /* The fields of a worker definition (kvg_worker_def), for every entry point that defines one:
  * name, url, models (key=value item "model"), kv_blocks and max_inflight (integers, 0 = unknown
- * and the gateway default), cache_salt (true by default; the struct holds no_cache_salt). Types
+ * and the gateway default), cache_salt (true by default; the struct holds no_cache_salt),
+ * kv_events and kv_events_replay (ZeroMQ endpoints, docs/kv-events.md), kv_events_stale_ms. Types
  * and ranges are checked by the walker (common/fields.h); kvg_worker_def_validate checks the
  * values. docs/configuration.md has the table. */
 extern const kvg_fields kvg_worker_fields;
@@ -174,6 +184,11 @@ uint16_t kvg_worker_port(const kvg_worker *w);
 const char *kvg_worker_authority(const kvg_worker *w);
 size_t kvg_worker_model_count(const kvg_worker *w);
 const char *kvg_worker_model(const kvg_worker *w, size_t i);
+/** The worker's KV-event endpoint and replay endpoint as defined; NULL when none. */
+const char *kvg_worker_kv_events(const kvg_worker *w);
+const char *kvg_worker_kv_events_replay(const kvg_worker *w);
+/** The definition's kv_events_stale_ms (docs/kv-events.md, "Subscribing"). */
+uint32_t kvg_worker_kv_events_stale_ms(const kvg_worker *w);
 /** True when the worker lists model, or lists no models at all. model NULL matches any. */
 bool kvg_worker_serves(const kvg_worker *w, const char *model);
 uint32_t kvg_worker_kv_blocks(const kvg_worker *w);
@@ -529,9 +544,15 @@ void kvg_usage_scan_feed(kvg_usage_scan *s, const char *data, size_t len);
 typedef struct kvg_prefix_index kvg_prefix_index;
 
 typedef struct kvg_index_config {
-    uint64_t max_entries;      /* (worker, key) entries in the whole index; 0 = 1 << 24, at
-                                  most 1 << 31 */
-    uint32_t default_capacity; /* blocks for a worker whose capacity is 0 (unknown); 0 = 65536 */
+    uint64_t max_entries;        /* (worker, key) entries in the whole index; 0 = 1 << 24, at
+                                    most 1 << 30 (above (1 << 28) - 1: taken as that) */
+    uint32_t default_capacity;   /* blocks for a worker whose capacity is 0 (unknown); 0 = 65536 */
+    uint32_t speculative_ttl_ms; /* how long a speculative entry (the gateway's record for a
+                                    worker whose events flow) lives unless a BlockStored
+                                    confirms it; 0 = 5000 (docs/kv-events.md, "Sources") */
+    uint64_t (*clock_ms)(void *arg); /* milliseconds for the TTL; NULL = CLOCK_MONOTONIC (tests
+                                        and the simulator pass their own) */
+    void *clock_arg;
 } kvg_index_config;
 
 /* A worker as the index knows it. */
@@ -560,13 +581,27 @@ int kvg_index_set_workers(kvg_prefix_index *idx, const kvg_index_worker *ws, siz
  * falls back to slower stack batches when memory is short. Thread-safe. */
 void kvg_index_match(kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
                      const uint64_t *worker_ids, size_t nworkers, uint32_t *matched);
+/** kvg_index_match, and how many of each worker's matched leading keys it holds on its GPU (the
+ *  rest are held only on a CPU or other offloading tier, known from the engines' events): true
+ *  when that differs from matched for some worker, the GPU depths then written to
+ *  matched_gpu[] (each <= matched); false when every matched key is on the GPU, and
+ *  matched_gpu[] is then not written (the GPU depths are matched[]). matched_gpu NULL: not asked
+ *  (false). Costs nothing more than kvg_index_match while no engine reported another tier;
+ *  otherwise a bisection per worker holding one. */
+bool kvg_index_match_tiers(kvg_prefix_index *idx, const uint64_t *keys, size_t nkeys,
+                           const uint64_t *worker_ids, size_t nworkers, uint32_t *matched,
+                           uint32_t *matched_gpu);
 /** Record that the worker now holds keys[0..nkeys): each becomes its most recently used entry,
  *  keys[0] the most recent of all (engines evict a sequence's tail before its head); the
  *  least recently used entries beyond the worker's capacity are evicted. When the index holds
  *  max_entries, a new entry takes the place of the worker's own least recent one (none: the
- *  rest is not recorded). 0, KVG_ENOTFOUND (unknown worker), -EINVAL (keys NULL, nkeys > 0),
- *  -ENOMEM (the keys from the tail down to the failure stay recorded; the index is consistent
- *  and usable). Keys already held cost no allocation. Thread-safe. */
+ *  rest is not recorded). The new entries are model entries (on the GPU), or, for a worker
+ *  whose source is KVG_INDEX_SOURCE_EVENTS, speculative ones that go after the speculative TTL
+ *  unless a BlockStored confirms them; entries already held keep what they are (a record only
+ *  refreshes their recency, not a speculative entry's deadline). Also sweeps a bounded number
+ *  of passed deadlines (kvg_index_expire). 0, KVG_ENOTFOUND (unknown worker), -EINVAL (keys
+ *  NULL, nkeys > 0), -ENOMEM (the keys from the tail down to the failure stay recorded; the
+ *  index is consistent and usable). Keys already held cost no allocation. Thread-safe. */
 int kvg_index_record(kvg_prefix_index *idx, uint64_t worker_id, const uint64_t *keys, size_t nkeys);
 
 /** For each of the n worker ids, how fast its entries turn over: the entries added to it lately
@@ -581,6 +616,13 @@ typedef struct kvg_index_stats {
                            entries of a removed worker are not counted */
     uint64_t inserts;   /* entries added, since start */
     uint32_t workers;
+    uint64_t speculative;    /* speculative entries now */
+    uint64_t spec_inserted;  /* since start: speculative entries made (recorded, or a guess
+                                given a deadline when its worker's events began) */
+    uint64_t spec_confirmed; /* ... confirmed by a BlockStored before their deadline */
+    uint64_t spec_expired;   /* ... gone at their deadline */
+    uint64_t spec_dropped;   /* ... gone otherwise (evicted, removed, cleared, worker left) */
+    uint64_t cpu_entries;    /* entries held on a CPU or other offloading tier (too) */
 } kvg_index_stats;
 
 void kvg_index_stats_get(kvg_prefix_index *idx, kvg_index_stats *out);
@@ -589,7 +631,10 @@ uint32_t kvg_index_default_capacity(const kvg_prefix_index *idx);
 /** Entries held by one worker; 0 for an unknown id. */
 uint64_t kvg_index_worker_entries(kvg_prefix_index *idx, uint64_t worker_id);
 /** Append kvgate_index_entries, kvgate_index_capacity_entries, kvgate_index_evictions_total,
- *  kvgate_index_inserts_total and kvgate_index_worker_entries{worker} with HELP and TYPE. */
+ *  kvgate_index_inserts_total, kvgate_index_speculative_entries,
+ *  kvgate_index_speculative_total{outcome}, kvgate_index_cpu_entries,
+ *  kvgate_index_worker_entries{worker} and kvgate_index_worker_source{worker,source} with HELP
+ *  and TYPE. */
 void kvg_index_write_metrics(kvg_prefix_index *idx, kvg_buf *out);
 
 /* ---- Redis: the shared prefix map of replicated gateways ----------------------------------- */
@@ -753,6 +798,9 @@ int kvg_router_new(const kvg_index_config *cfg, kvg_router **out);
 /** NULL is a no-op. */
 void kvg_router_free(kvg_router *rt);
 kvg_prefix_index *kvg_router_index(kvg_router *rt);
+/** Bring the index's worker list up to set (decisions do it themselves; the KV-event consumer
+ *  calls it so that a new worker's events are not refused before its first request). */
+void kvg_router_sync_workers(kvg_router *rt, kvg_worker_set *set);
 
 /* Stages of a decision, timed for kvgate_route_decision_seconds{stage}. */
 typedef enum kvg_route_stage {
@@ -774,12 +822,37 @@ typedef struct kvg_route_request {
     size_t rank_limit;               /* rank only the best this many (0: all; see
                                         kvg_policy_choose_top) */
     uint64_t (*clock_ns)(void);      /* for stage timings; NULL = none (simulation, tests) */
+    uint64_t start_ns;               /* with clock_ns: when the decision began, if the caller
+                                        just read the clock (0: read it) */
     uint64_t now_ns;                 /* kvg_now_ns() for the age of scraped engine load and for
                                         outlier ejections; 0 = do not use scraped load, ignore
                                         ejections */
     uint64_t engine_load_max_age_ns; /* scraped load older than this is ignored; 0 = ignore
                                         scraped load (scraping off) */
+    /* Token-exact mode (model/model.h): the request's model when the operator defined it with
+     * a tokenizer, else NULL (byte mode). The keys are then the engine's own block hashes of
+     * raw_body (the body as the client sent it; the scope salt is hashed as the cache_salt the
+     * gateway injects), and a request the mode does not cover falls back to byte mode. */
+    const kvg_model *model;
+    kvg_model_input model_input;
+    const char *raw_body;
+    size_t raw_len;
+    /* With model: the keys kvg_model_keys already made (off the loop, for a large body), or
+     * the reason it refused the request (exact_error); both NULL: prepare makes them. */
+    const kvg_model_keys_out *exact_keys;
+    const char *exact_error;
 } kvg_route_request;
+
+/* How a decision's keys were made. */
+typedef enum kvg_route_mode {
+    KVG_ROUTE_MODE_BYTES = 0,      /* from the canonical prefix stream (docs/canonical.md) */
+    KVG_ROUTE_MODE_TOKEN_EXACT,    /* the engine's block hashes (docs/hashing.md) */
+    KVG_ROUTE_MODE_EXACT_FALLBACK, /* a token-exact model, but a request the mode does not
+                                      cover: byte mode */
+    KVG_ROUTE_MODE_COUNT,
+} kvg_route_mode;
+
+const char *kvg_route_mode_str(kvg_route_mode m);
 
 /* One eligible worker, in ranked order. */
 typedef struct kvg_route_candidate {
@@ -816,7 +889,10 @@ struct kvg_route_decision {
                             prefix map's hash tag) */
     kvg_policy_kind policy;
     kvg_policy_reason reason;
-    bool shared;              /* the matches came from the shared prefix map (Redis) */
+    kvg_route_mode mode;
+    const char *exact_error;       /* KVG_ROUTE_MODE_EXACT_FALLBACK: why (arena) */
+    kvg_vllm_hash first_hashes[2]; /* token-exact: the first blocks' digests, min(nkeys, 2) */
+    bool shared;                   /* the matches came from the shared prefix map (Redis) */
     bool fell_back;           /* a Redis lookup failed or was late: the embedded index answered */
     const char *hash_backend; /* what hashed the keys: "cpu" (at once), the GPU's name, or
                                  "fallback" (the CPU after a device error) */
@@ -833,6 +909,7 @@ struct kvg_route_decision {
     kvg_redis_op *lookup_op;            /* a pending Redis lookup */
     kvg_route_lookup_cb *lookup_cb;
     void *lookup_ud;
+    kvg_router *lookup_rt; /* the router the pending lookup answers for */
 };
 
 /** Decide where a request goes at once, on the embedded index: kvg_router_prepare,
@@ -877,7 +954,10 @@ void kvg_router_fallback(kvg_router *rt, kvg_route_decision *d);
 int kvg_router_choose(kvg_router *rt, const kvg_route_request *req, kvg_arena *arena,
                       kvg_route_decision *d);
 
-/** Count a decision in the metrics (stage histograms, blocks, decisions by policy and reason). */
+/** Count a decision in the metrics (stage histograms, blocks, decisions by policy and reason),
+ *  and, when its best candidate's index source is KVG_INDEX_SOURCE_EVENTS, record its keys there
+ *  at once as speculative entries (docs/kv-events.md, "Sources"). Call it once per decision
+ *  really taken, before its first attempt. */
 void kvg_router_count(kvg_router *rt, const kvg_route_decision *d);
 /** The worker answered 200: it now holds the decision's blocks; matched is how many of them
  *  it was predicted to hold (its candidate's matched, counted in kvgate_route_blocks_total).
@@ -891,5 +971,152 @@ uint64_t kvg_route_predicted_tokens(const kvg_route_decision *d, uint32_t matche
                                     int64_t prompt_tokens);
 /** Append the index's and the decisions' Prometheus series. */
 void kvg_router_write_metrics(kvg_router *rt, kvg_buf *out);
+
+/* ---- vLLM KV-cache events: the decoder and the index's side ------------------------------- */
+
+/* One msgpack payload of vLLM's KV-event publisher (a KVEventBatch: timestamp, events, data
+ * parallel rank), decoded without allocating per event: the decoder keeps its arrays from one
+ * batch to the next. The wire format, what is accepted and what is refused: docs/kv-events.md. */
+
+typedef enum kvg_kv_event_kind {
+    KVG_KV_BLOCK_STORED = 0,
+    KVG_KV_BLOCK_REMOVED,
+    KVG_KV_ALL_BLOCKS_CLEARED,
+    KVG_KV_EVENT_KIND_COUNT
+} kvg_kv_event_kind;
+
+/** "BlockStored", "BlockRemoved", "AllBlocksCleared" (vLLM's tags); "?" out of range. */
+const char *kvg_kv_event_kind_str(kvg_kv_event_kind k);
+
+/* The cache tier an event is about. */
+typedef enum kvg_kv_medium {
+    KVG_KV_MEDIUM_ABSENT = 0, /* field missing or nil (vLLM before mediums: the GPU) */
+    KVG_KV_MEDIUM_GPU,        /* "GPU" */
+    KVG_KV_MEDIUM_CPU,        /* "CPU" */
+    KVG_KV_MEDIUM_OTHER,      /* any other string (e.g. a connector's disk tier) */
+    KVG_KV_MEDIUM_COUNT
+} kvg_kv_medium;
+
+/** "absent", "GPU", "CPU", "other"; "?" out of range. */
+const char *kvg_kv_medium_str(kvg_kv_medium m);
+
+typedef struct kvg_kv_event {
+    kvg_kv_event_kind kind;
+    kvg_kv_medium medium;
+    bool has_parent;        /* BlockStored: parent_block_hash was not nil */
+    bool has_lora_id;       /* BlockStored: lora_id was not nil */
+    uint32_t nhashes;       /* block_hashes (0 for AllBlocksCleared) */
+    const uint64_t *hashes; /* in the event's order (a BlockStored's: chain order, parent
+                               first); a negative integer is taken modulo 2^64, a byte string
+                               as vLLM turns one into an int: its last 8 bytes, big-endian */
+    uint64_t parent;        /* when has_parent */
+    uint64_t ntokens;       /* BlockStored: token_ids counted (not kept) */
+    uint32_t block_size;    /* BlockStored */
+    int64_t lora_id;        /* when has_lora_id */
+} kvg_kv_event;
+
+typedef struct kvg_kv_batch {
+    double ts;        /* the engine's clock (seconds since the epoch) */
+    bool has_dp_rank; /* data_parallel_rank present and not nil */
+    int64_t dp_rank;
+    size_t nevents;
+    const kvg_kv_event *events; /* owned by the decoder: valid until its next decode or free */
+    size_t nhashes;             /* block hashes of all events together */
+} kvg_kv_batch;
+
+/* Bounds on one payload; 0 takes the default. */
+typedef struct kvg_kv_limits {
+    uint32_t max_events;       /* events in one batch; default 65536 */
+    uint32_t max_hashes;       /* block hashes in one event; default 1 << 20 */
+    uint32_t max_total_hashes; /* block hashes in one batch; default 1 << 22 */
+    uint32_t max_depth;        /* nesting of the unknown fields that are skipped; default 32 */
+} kvg_kv_limits;
+
+typedef struct kvg_kv_decoder kvg_kv_decoder;
+
+/** A decoder with limits (NULL: the defaults). 0, -ENOMEM, -EINVAL (out NULL). */
+int kvg_kv_decoder_new(const kvg_kv_limits *limits, kvg_kv_decoder **out);
+/** Free a decoder and the last batch it decoded. NULL is a no-op. */
+void kvg_kv_decoder_free(kvg_kv_decoder *d);
+/** Decode one payload (the third frame of a publisher's message) into *out; the batch points
+ *  into the decoder, valid until its next decode. Borrows data. Strict: anything that is not a
+ *  batch as vLLM encodes one (array or map form, docs/kv-events.md) is refused, with the first
+ *  bad element named in kvg_kv_decoder_error. 0, KVG_EPARSE (malformed, truncated, a wrong type,
+ *  trailing bytes), KVG_ELIMIT (a bound of the limits), -ENOMEM; *out untouched on error.
+ *  Allocates only when a batch is larger than every earlier one. Not thread-safe: one decoder
+ *  per thread. */
+int kvg_kv_decode(kvg_kv_decoder *d, const void *data, size_t len, kvg_kv_batch *out);
+/** What the last failed decode found, e.g. "events[3][1][7]: not an integer"; "" after a
+ *  success. Never NULL; valid until the next decode. */
+const char *kvg_kv_decoder_error(const kvg_kv_decoder *d);
+
+/** Forget that the worker holds keys[0..nkeys) on any tier: each (key, worker) entry held is
+ *  dropped; keys it does not hold are skipped (a BlockRemoved of one tier: apply_events). Not
+ * counted as evictions. Written to *removed (NULL allowed): the entries dropped. 0, KVG_ENOTFOUND
+ * (unknown worker), -EINVAL (keys NULL with nkeys > 0). Allocates nothing. Thread-safe (the write
+ * lock, released every few hundred keys as kvg_index_record does). */
+int kvg_index_remove(kvg_prefix_index *idx, uint64_t worker_id, const uint64_t *keys, size_t nkeys,
+                     uint64_t *removed);
+/** Drop every entry of the worker (vLLM's AllBlocksCleared, an engine restart); the worker
+ *  stays listed with its capacity. Not counted as evictions. 0, KVG_ENOTFOUND. Allocates
+ *  nothing; one hold of the write lock, O(the worker's entries). Thread-safe. */
+int kvg_index_clear_worker(kvg_prefix_index *idx, uint64_t worker_id);
+
+/* Where the index learns what a worker holds (docs/kv-events.md, "Sources"). */
+typedef enum kvg_index_source {
+    /* No events: the gateway's own records after its decisions, bounded by the worker's
+     * capacity with LRU eviction (the model). The default for every worker. */
+    KVG_INDEX_SOURCE_MODEL = 0,
+    /* The engine's events arrive and are the truth: BlockStored/BlockRemoved/AllBlocksCleared
+     * define the entries; the gateway's records after a decision are speculative entries that
+     * expire after the index's speculative TTL unless a BlockStored confirms them. */
+    KVG_INDEX_SOURCE_EVENTS,
+    /* The worker has events configured but they stopped arriving (the consumer's staleness
+     * rule): the index falls back to the model for it, as KVG_INDEX_SOURCE_MODEL, keeping what
+     * the events had said, until events arrive again. */
+    KVG_INDEX_SOURCE_EVENTS_STALE,
+    KVG_INDEX_SOURCE_COUNT
+} kvg_index_source;
+
+/** Set how the worker's entries are learned from now on. Leaving KVG_INDEX_SOURCE_EVENTS, its
+ *  speculative entries become model entries (the fallback keeps what the gateway routed
+ *  there); entering it, its model entries that no BlockStored confirmed become speculative with
+ *  a fresh TTL (without the memory for their deadlines they are dropped at once: the index then
+ *  knows less, never more). Between model and events_stale nothing changes but the source.
+ *  O(the worker's entries) under one hold of the write lock; never fails for memory.
+ *  Thread-safe. 0, KVG_ENOTFOUND (unknown worker), -EINVAL (src out of range). A worker that
+ *  leaves and comes back (kvg_index_set_workers without it, then with it) starts at
+ *  KVG_INDEX_SOURCE_MODEL. */
+int kvg_index_set_source(kvg_prefix_index *idx, uint64_t worker_id, kvg_index_source src);
+/** Drop the speculative entries whose deadline is at or before now_ms (0: the index's clock,
+ *  kvg_index_config.clock_ms); the number dropped. Meant for the KV-event consumer's every
+ *  poll: a read hold when nothing is due; else the write lock, let go every few hundred
+ *  entries. Allocates nothing. Thread-safe. */
+uint64_t kvg_index_expire(kvg_prefix_index *idx, uint64_t now_ms);
+/** The worker's source; KVG_INDEX_SOURCE_MODEL for an unknown id. Thread-safe. */
+kvg_index_source kvg_index_get_source(kvg_prefix_index *idx, uint64_t worker_id);
+/** "model", "events", "events_stale" (for the workers API and metrics); "unknown" out of range. */
+const char *kvg_index_source_name(kvg_index_source src);
+
+/* What kvg_index_apply_events did. */
+typedef struct kvg_index_apply_stats {
+    uint64_t stored;  /* keys of BlockStored events recorded */
+    uint64_t removed; /* (entry, tier) holdings dropped by BlockRemoved events */
+    uint64_t cleared; /* AllBlocksCleared events applied */
+    uint64_t skipped; /* always 0: every tier is kept since tiers came (issue 17); the field
+                         stays for the callers that count it */
+} kvg_index_apply_stats;
+
+/** Apply a decoded batch of one worker's events, in order: BlockStored records its keys as
+ *  kvg_index_record does (hashes[0] most recent; capacity evicts LRU) on its tier, confirming
+ *  speculative and model entries; BlockRemoved drops the keys' tier (the entry goes with its
+ *  last tier); AllBlocksCleared as kvg_index_clear_worker. Tiers: medium GPU or absent is the
+ *  GPU, CPU and any other medium the CPU tier (docs/kv-events.md, "Sources"). st may be NULL. 0,
+ * KVG_ENOTFOUND (unknown worker, or it left the index meanwhile: the events before stay applied),
+ * -ENOMEM (as kvg_index_record: the events before and part of that one applied; the index stays
+ * consistent). Thread-safe: takes the write lock once per batch, released every few hundred keys so
+ * lookups go on. */
+int kvg_index_apply_events(kvg_prefix_index *idx, uint64_t worker_id, const kvg_kv_batch *batch,
+                           kvg_index_apply_stats *st);
 
 #endif

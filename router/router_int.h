@@ -38,6 +38,8 @@ typedef struct worker_spec {
     uint32_t max_inflight_defined; /* as defined: 0 = the registry default (for the state file) */
     uint16_t port;
     bool no_cache_salt;
+    const char *kv_events, *kv_events_replay; /* NULL: none */
+    uint32_t kv_events_stale_ms;
     uint64_t map_id; /* kvg_worker_map_id */
 } worker_spec;
 
@@ -45,6 +47,28 @@ typedef struct worker_spec {
  * down, the low bits count the current streak (failures while up, successes while down). */
 #define HEALTH_DOWN_BIT 0x80000000u
 #define HEALTH_STREAK_MASK 0x7fffffffu
+
+/* What requests finished on a worker add up, as one thread adds it: a worker has one copy per
+ * gateway event loop and one shared by every other thread (kvg_prom_stripe, common/prom.h),
+ * summed when read (worker_stats_sum). */
+typedef struct worker_stats {
+    _Atomic uint64_t codes[WORKER_CODES];
+    kvg_prom_hist duration; /* kvg_router_latency_buckets */
+    kvg_prom_hist ttfb;
+    /* Prefix predictions against the engine's usage reports (kvg_worker_record_usage). */
+    _Atomic uint64_t usage_predicted; /* tokens the index predicted cached */
+    _Atomic uint64_t usage_cached;    /* tokens the engine reported cached */
+    _Atomic uint64_t usage_prompt;    /* prompt tokens the engine reported */
+    _Atomic uint64_t usage_unreported;
+    _Atomic uint64_t usage_outcomes[KVG_USAGE_OUTCOME_COUNT];
+    /* What users feel (router/metrics.c, common/prom_llm.h's layouts). */
+    kvg_prom_hist ttft;
+    kvg_prom_hist itl;
+    _Atomic uint64_t output_tokens; /* usage.completion_tokens */
+    _Atomic uint64_t retries;
+} worker_stats;
+/* Stripes are this far apart, so that no two share a cache line. */
+#define WORKER_STATS_STRIDE ((sizeof(worker_stats) + 63) / 64 * 64)
 
 struct kvg_worker {
     /* What every routing decision reads of every worker, together at the start (the struct is
@@ -66,36 +90,37 @@ struct kvg_worker {
     unsigned nthreads;
     _Atomic int source;
     _Atomic bool retired;
-    _Atomic uint64_t retries;
     /* Passive outlier detection (kvg_worker_outlier_observe): both streaks in one word, so a
      * result is one CAS; the multiplier and count are written by the ejecting thread only (the
      * one whose CAS on eject_until_ns won). */
     _Atomic uint32_t outlier_streaks;
     _Atomic uint32_t eject_multiplier;
     _Atomic uint64_t ejections;
-    _Atomic uint64_t codes[WORKER_CODES];
-    kvg_prom_hist duration; /* kvg_router_latency_buckets */
-    kvg_prom_hist ttfb;
-    /* Prefix predictions against the engine's usage reports (kvg_worker_record_usage). */
-    _Atomic uint64_t usage_predicted; /* tokens the index predicted cached */
-    _Atomic uint64_t usage_cached;    /* tokens the engine reported cached */
-    _Atomic uint64_t usage_prompt;    /* prompt tokens the engine reported */
-    _Atomic uint64_t usage_unreported;
-    _Atomic uint64_t usage_outcomes[KVG_USAGE_OUTCOME_COUNT];
     /* The engine's own load, scraped (engine_metrics.c): engine_load_ns 0 = never. */
     _Atomic uint32_t engine_waiting;
     _Atomic uint32_t engine_kv_usage; /* float bits */
     _Atomic uint64_t engine_load_ns;
     _Atomic uint64_t scrape_errors;
-    /* What users feel (router/metrics.c, common/prom_llm.h's layouts). */
-    kvg_prom_hist ttft;
-    kvg_prom_hist itl;
-    _Atomic uint64_t output_tokens; /* usage.completion_tokens */
+    unsigned nstripes; /* nthreads + 1 */
+    char *stats;       /* nstripes worker_stats, WORKER_STATS_STRIDE apart, after the slots */
 
     void *slots[]; /* nthreads per-thread slots for the gateway */
 };
 _Static_assert(offsetof(struct kvg_worker, spec) + sizeof(void *) <= 64,
                "the fields a routing decision reads fit in the first cache line");
+
+/* The calling thread's stripe of w's stats (stripe 0 for a thread without one of its own). */
+static inline worker_stats *worker_stripe(kvg_worker *w)
+{
+    unsigned i = kvg_prom_stripe < w->nstripes ? kvg_prom_stripe : 0;
+    return (worker_stats *)(void *)(w->stats + (size_t)i * WORKER_STATS_STRIDE);
+}
+
+/* Stripe i of w's stats, for readers (i < w->nstripes). */
+static inline worker_stats *worker_stats_at(const kvg_worker *w, unsigned i)
+{
+    return (worker_stats *)(void *)(w->stats + (size_t)i * WORKER_STATS_STRIDE);
+}
 
 /* Requests that retried and are still in flight (the retry budget), and budget refusals. */
 typedef struct registry_retry_stats {

@@ -292,6 +292,20 @@ int kvg_worker_def_validate(const kvg_worker_def *def, char *msg, size_t msg_len
  * name is the path in the admin API, where a body may repeat it. What the values may be beyond
  * their type (a name's characters, the URL's form, distinct models) is
  * kvg_worker_def_validate's, which every entry point reaches before a worker is used. */
+/* A ZeroMQ endpoint the gateway connects to: tcp://host:port or ipc://path, printable ASCII. */
+static int check_endpoint(const void *value, char *why, size_t len)
+{
+    const char *v = value;
+    bool scheme = strncmp(v, "tcp://", 6) == 0 || strncmp(v, "ipc://", 6) == 0;
+    bool printable = true;
+    for (const char *p = v; *p; p++)
+        printable &= *p > 0x20 && *p < 0x7f;
+    if (scheme && printable && v[6] != '\0')
+        return 0;
+    snprintf(why, len, "must be a ZeroMQ endpoint: tcp://host:port or ipc://path");
+    return KVG_EPARSE;
+}
+
 static const kvg_field worker_fields[] = {
     {.name = "name",
      .type = KVG_FIELD_STRING,
@@ -325,6 +339,27 @@ static const kvg_field worker_fields[] = {
      .flags = KVG_FIELD_NEGATE,
      .offset = offsetof(kvg_worker_def, no_cache_salt),
      .def.b = true},
+    {.name = "kv_events",
+     .type = KVG_FIELD_STRING,
+     .set_in = KVG_SET_ANY,
+     .flags = KVG_FIELD_NULLABLE | KVG_FIELD_NONEMPTY,
+     .max = 512,
+     .offset = offsetof(kvg_worker_def, kv_events),
+     .check = check_endpoint},
+    {.name = "kv_events_replay",
+     .type = KVG_FIELD_STRING,
+     .set_in = KVG_SET_ANY,
+     .flags = KVG_FIELD_NULLABLE | KVG_FIELD_NONEMPTY,
+     .max = 512,
+     .offset = offsetof(kvg_worker_def, kv_events_replay),
+     .check = check_endpoint},
+    /* The consumer's staleness rule (gateway/kv_events.c): 5 idle heartbeats of newer vLLM. */
+    {.name = "kv_events_stale_ms",
+     .type = KVG_FIELD_U32,
+     .set_in = KVG_SET_ANY,
+     .max = 86400000,
+     .offset = offsetof(kvg_worker_def, kv_events_stale_ms),
+     .def.u = KVG_WORKER_KV_EVENTS_STALE_MS_DEFAULT},
 };
 
 const kvg_fields kvg_worker_fields = {"worker", worker_fields, KVG_ARRAY_LEN(worker_fields), NULL};
@@ -362,8 +397,10 @@ int kvg_router_spec_new(const kvg_worker_def *def, uint32_t default_max_inflight
     int alen = snprintf(authority, sizeof(authority), pu.v6 ? "[%s]:%u" : "%s:%u", pu.host,
                         (unsigned)pu.port);
     size_t auth_len = (size_t)alen + 1;
+    size_t ev_len = def->kv_events ? strlen(def->kv_events) + 1 : 0;
+    size_t replay_len = def->kv_events_replay ? strlen(def->kv_events_replay) + 1 : 0;
     size_t size = sizeof(worker_spec) + def->nmodels * sizeof(char *) + name_len + url_len +
-                  host_len + auth_len;
+                  host_len + auth_len + ev_len + replay_len;
     for (size_t i = 0; i < def->nmodels; i++)
         size += strlen(def->models[i]) + 1;
 
@@ -385,6 +422,11 @@ int kvg_router_spec_new(const kvg_worker_def *def, uint32_t default_max_inflight
     SPEC_COPY(s->authority, authority, auth_len);
     for (size_t i = 0; i < def->nmodels; i++)
         SPEC_COPY(s->models[i], def->models[i], strlen(def->models[i]) + 1);
+    s->kv_events = s->kv_events_replay = NULL;
+    if (ev_len)
+        SPEC_COPY(s->kv_events, def->kv_events, ev_len);
+    if (replay_len)
+        SPEC_COPY(s->kv_events_replay, def->kv_events_replay, replay_len);
 #undef SPEC_COPY
     s->nmodels = def->nmodels;
     s->kv_blocks = def->kv_blocks;
@@ -392,6 +434,7 @@ int kvg_router_spec_new(const kvg_worker_def *def, uint32_t default_max_inflight
     s->max_inflight_defined = def->max_inflight;
     s->port = pu.port;
     s->no_cache_salt = def->no_cache_salt;
+    s->kv_events_stale_ms = def->kv_events_stale_ms;
     s->map_id = map_id_of(s);
     *out = s;
     return 0;
@@ -409,11 +452,18 @@ void kvg_router_spec_unref(worker_spec *spec)
         free(spec);
 }
 
+static bool str_eq(const char *a, const char *b)
+{
+    return a == b || (a && b && strcmp(a, b) == 0);
+}
+
 bool kvg_router_spec_equal(const worker_spec *a, const worker_spec *b)
 {
     if (strcmp(a->name, b->name) != 0 || strcmp(a->url, b->url) != 0 ||
         a->kv_blocks != b->kv_blocks || a->max_inflight != b->max_inflight ||
-        a->nmodels != b->nmodels || a->no_cache_salt != b->no_cache_salt)
+        a->nmodels != b->nmodels || a->no_cache_salt != b->no_cache_salt ||
+        !str_eq(a->kv_events, b->kv_events) || !str_eq(a->kv_events_replay, b->kv_events_replay) ||
+        a->kv_events_stale_ms != b->kv_events_stale_ms)
         return false;
     for (size_t i = 0; i < a->nmodels; i++)
         if (strcmp(a->models[i], b->models[i]) != 0)
@@ -426,7 +476,8 @@ bool kvg_router_spec_equal(const worker_spec *a, const worker_spec *b)
 int kvg_router_worker_new(worker_spec *spec, kvg_worker_source source, unsigned nthreads,
                           unsigned fall, unsigned rise, kvg_worker **out)
 {
-    size_t size = (sizeof(kvg_worker) + (size_t)nthreads * sizeof(void *) + 63) / 64 * 64;
+    size_t head = (sizeof(kvg_worker) + (size_t)nthreads * sizeof(void *) + 63) / 64 * 64;
+    size_t size = head + ((size_t)nthreads + 1) * WORKER_STATS_STRIDE;
     kvg_worker *w = aligned_alloc(64, size);
     if (!w) {
         kvg_router_spec_unref(spec);
@@ -448,18 +499,13 @@ int kvg_router_worker_new(worker_spec *spec, kvg_worker_source source, unsigned 
     atomic_init(&w->health, 0u);
     atomic_init(&w->inflight, 0u);
     atomic_init(&w->pending, 0u);
-    atomic_init(&w->retries, 0u);
     atomic_init(&w->eject_until_ns, 0u);
     atomic_init(&w->outlier_streaks, 0u);
     atomic_init(&w->eject_multiplier, 0u);
     atomic_init(&w->ejections, 0u);
-    for (size_t i = 0; i < WORKER_CODES; i++)
-        atomic_init(&w->codes[i], 0u);
-    kvg_prom_hist_init(&w->duration);
-    kvg_prom_hist_init(&w->ttfb);
-    kvg_prom_hist_init(&w->ttft);
-    kvg_prom_hist_init(&w->itl);
-    atomic_init(&w->output_tokens, 0u);
+    /* The stats stripes: zero bytes are zero counts (the memset above). */
+    w->nstripes = nthreads + 1;
+    w->stats = (char *)w + head;
     *out = w;
     return 0;
 }
@@ -529,6 +575,21 @@ size_t kvg_worker_model_count(const kvg_worker *w)
 const char *kvg_worker_model(const kvg_worker *w, size_t i)
 {
     return i < w->spec->nmodels ? w->spec->models[i] : NULL;
+}
+
+const char *kvg_worker_kv_events(const kvg_worker *w)
+{
+    return w->spec->kv_events;
+}
+
+const char *kvg_worker_kv_events_replay(const kvg_worker *w)
+{
+    return w->spec->kv_events_replay;
+}
+
+uint32_t kvg_worker_kv_events_stale_ms(const kvg_worker *w)
+{
+    return w->spec->kv_events_stale_ms;
 }
 
 bool kvg_worker_serves(const kvg_worker *w, const char *model)
@@ -658,11 +719,12 @@ uint32_t kvg_worker_pending(const kvg_worker *w)
 void kvg_worker_record(kvg_worker *w, int status, uint64_t duration_ns, uint64_t ttfb_ns)
 {
     /* The status comes from an upstream peer; one outside the table is not counted by code. */
+    worker_stats *st = worker_stripe(w);
     if (status >= 0 && status < WORKER_CODES)
-        atomic_fetch_add_explicit(&w->codes[status], 1, memory_order_relaxed);
-    kvg_prom_hist_observe(&w->duration, &kvg_router_latency_buckets, duration_ns);
+        atomic_fetch_add_explicit(&st->codes[status], 1, memory_order_relaxed);
+    kvg_prom_hist_observe(&st->duration, &kvg_router_latency_buckets, duration_ns);
     if (ttfb_ns)
-        kvg_prom_hist_observe(&w->ttfb, &kvg_router_latency_buckets, ttfb_ns);
+        kvg_prom_hist_observe(&st->ttfb, &kvg_router_latency_buckets, ttfb_ns);
 }
 
 static const char *const outcome_names[KVG_USAGE_OUTCOME_COUNT] = {
@@ -687,20 +749,21 @@ kvg_usage_outcome kvg_usage_outcome_of(uint64_t predicted_tokens, uint64_t cache
 void kvg_worker_record_usage(kvg_worker *w, uint64_t predicted_tokens, int64_t prompt_tokens,
                              int64_t cached_tokens)
 {
+    worker_stats *st = worker_stripe(w);
     if (prompt_tokens < 0 || cached_tokens < 0) {
-        atomic_fetch_add_explicit(&w->usage_unreported, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&st->usage_unreported, 1, memory_order_relaxed);
         return;
     }
-    atomic_fetch_add_explicit(&w->usage_predicted, predicted_tokens, memory_order_relaxed);
-    atomic_fetch_add_explicit(&w->usage_cached, (uint64_t)cached_tokens, memory_order_relaxed);
-    atomic_fetch_add_explicit(&w->usage_prompt, (uint64_t)prompt_tokens, memory_order_relaxed);
+    atomic_fetch_add_explicit(&st->usage_predicted, predicted_tokens, memory_order_relaxed);
+    atomic_fetch_add_explicit(&st->usage_cached, (uint64_t)cached_tokens, memory_order_relaxed);
+    atomic_fetch_add_explicit(&st->usage_prompt, (uint64_t)prompt_tokens, memory_order_relaxed);
     kvg_usage_outcome o = kvg_usage_outcome_of(predicted_tokens, (uint64_t)cached_tokens);
-    atomic_fetch_add_explicit(&w->usage_outcomes[o], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&st->usage_outcomes[o], 1, memory_order_relaxed);
 }
 
 void kvg_worker_record_retry(kvg_worker *w)
 {
-    atomic_fetch_add_explicit(&w->retries, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&worker_stripe(w)->retries, 1, memory_order_relaxed);
 }
 
 /* ---- passive outlier detection -------------------------------------------------------------- */

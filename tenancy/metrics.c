@@ -53,18 +53,6 @@ void kvg_tenant_record_output_tokens(kvg_tenant *t, int64_t tokens)
         atomic_fetch_add_explicit(&t->rt->output_tokens, (uint64_t)tokens, memory_order_relaxed);
 }
 
-/* dst += src, count by count (dst is the writer's own copy: relaxed is enough). */
-static void hist_add(kvg_prom_hist *dst, const kvg_prom_hist *src)
-{
-    kvg_prom_hist *s = (kvg_prom_hist *)src;
-    for (size_t i = 0; i < KVG_PROM_BUCKETS_MAX + 1; i++)
-        atomic_fetch_add_explicit(&dst->buckets[i],
-                                  atomic_load_explicit(&s->buckets[i], memory_order_relaxed),
-                                  memory_order_relaxed);
-    atomic_fetch_add_explicit(&dst->sum, atomic_load_explicit(&s->sum, memory_order_relaxed),
-                              memory_order_relaxed);
-}
-
 /* The counters of one label value: a tenant's, or the sum of the capped ones. */
 typedef struct tenant_counts {
     uint64_t codes[TENANT_CODE_SLOTS];
@@ -93,8 +81,8 @@ static void read_counts(const tenant_runtime *rt, tenant_counts *c)
     c->output_tokens = atomic_load_explicit(&r->output_tokens, memory_order_relaxed);
     kvg_prom_hist_init(&c->ttft);
     kvg_prom_hist_init(&c->itl);
-    hist_add(&c->ttft, &r->ttft);
-    hist_add(&c->itl, &r->itl);
+    kvg_prom_hist_add(&c->ttft, &r->ttft);
+    kvg_prom_hist_add(&c->itl, &r->itl);
 }
 
 static void add_counts(tenant_counts *sum, const tenant_counts *c)
@@ -109,8 +97,8 @@ static void add_counts(tenant_counts *sum, const tenant_counts *c)
     for (size_t i = 0; i < 3; i++)
         sum->usage[i] += c->usage[i];
     sum->output_tokens += c->output_tokens;
-    hist_add(&sum->ttft, &c->ttft);
-    hist_add(&sum->itl, &c->itl);
+    kvg_prom_hist_add(&sum->ttft, &c->ttft);
+    kvg_prom_hist_add(&sum->itl, &c->itl);
 }
 
 typedef enum family {

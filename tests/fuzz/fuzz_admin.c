@@ -12,6 +12,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static kvg_registry *reg;
 static kvg_tenants *tenants;
 static kvg_policy_state *policy;
+static kvg_model_registry *models;
 static kvg_admin *admin;
 
 /* Take the next '\n'-terminated field from the input. */
@@ -31,10 +32,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         kvg_registry_config rc = {.nthreads = 1};
         static const char *const tokens[] = {"fuzz-token-0123456789"};
         if (kvg_registry_new(&rc, &reg) < 0 || kvg_tenants_new(&tenants) < 0 ||
-            kvg_policy_state_new(&policy) < 0)
+            kvg_policy_state_new(&policy) < 0 || kvg_model_registry_new(&models) < 0)
             abort();
         kvg_admin_config ac = {
-            .tokens = tokens, .ntokens = 1, .tenants = tenants, .policy = policy};
+            .tokens = tokens, .ntokens = 1, .tenants = tenants, .policy = policy, .models = models};
         if (kvg_admin_new(&ac, reg, &admin) < 0)
             abort();
     }

@@ -127,6 +127,12 @@ WORKER_CASES = [
      "url: https is not supported; workers are reached over cleartext HTTP (http://host:port)"),
     ("url", "http://127.0.0.1", "http://127.0.0.1",
      "url: missing port (expected http://host:port)"),
+    ("kv_events", "tcp://10.0.0.11:5557", "tcp://10.0.0.11:5557", None),
+    ("kv_events_replay", "ipc:///run/vllm/replay", "ipc:///run/vllm/replay", None),
+    ("kv_events", "http://10.0.0.11:5557", "http://10.0.0.11:5557",
+     "kv_events: must be a ZeroMQ endpoint: tcp://host:port or ipc://path"),
+    ("kv_events_replay", "tcp://", "tcp://",
+     "kv_events_replay: must be a ZeroMQ endpoint: tcp://host:port or ipc://path"),
 ]
 
 
@@ -200,6 +206,98 @@ def test_worker_without_url_everywhere(tmp_path, gw):
         "admin": via_admin(gw, f"/admin/v1/workers/{W}", {}),
     }
     agree(results, "url", "url: required")
+
+
+# ---- models -----------------------------------------------------------------------------------
+
+M = "org/m"  # a model's name may hold a slash: percent-encoded in the admin path
+MODEL_PATH = "/admin/v1/models/org%2Fm"
+# The smallest tokenizer.json the model loader takes.
+TOKENIZER_JSON = {
+    "version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+    "normalizer": None,
+    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False},
+    "post_processor": None, "decoder": None,
+    "model": {"type": "BPE", "dropout": None, "unk_token": None,
+              "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": False,
+              "byte_fallback": False, "vocab": {"a": 0, "b": 1}, "merges": []},
+}
+
+# (field, JSON value, kvgate admin option text or None where it cannot say it, message or None)
+MODEL_CASES = [
+    ("block_size", 32, "32", None),
+    ("block_size", 4096, "4096", None),
+    ("hash_algo", "xxhash_cbor", "xxhash_cbor", None),
+    ("hash_seed", "12345", "12345", None),
+    ("token_cache_mib", 0, "0", None),
+    ("token_cache_mib", 65537, "65537", "token_cache_mib: must be an integer in 0..65536"),
+    ("block_size", 0, "0", "block_size: must be an integer in 1..4096"),
+    ("block_size", 4097, "4097", "block_size: must be an integer in 1..4096"),
+    ("block_size", 1.5, "1.5", "block_size: must be an integer in 1..4096"),
+    ("block_size", -1, "-1", "block_size: must be an integer in 1..4096"),
+    ("hash_algo", "sha256", "sha256",
+     "hash_algo: must be sha256_cbor or xxhash_cbor, not \"sha256\" (vLLM's sha256 and xxhash "
+     "hash Python pickle bytes, which nothing outside the engine can reproduce: start the "
+     "engine with --prefix-caching-hash-algo sha256_cbor)"),
+    ("tokenizer_config", "rel/tokenizer_config.json", "rel/tokenizer_config.json",
+     "tokenizer_config: must be an absolute path"),
+    ("chat_template", "t.jinja", "t.jinja", "chat_template: must be an absolute path"),
+    ("hash_seed", 0, None, "hash_seed: must be a string, not number"),
+    ("tokenizer", "tokenizer.json", "tokenizer.json", "tokenizer: must be an absolute path"),
+]
+
+
+@pytest.fixture
+def tokenizer_file(tmp_path):
+    f = tmp_path / "tokenizer.json"
+    f.write_text(json.dumps(TOKENIZER_JSON))
+    return str(f)
+
+
+@pytest.mark.parametrize("field,value,text,want", MODEL_CASES,
+                         ids=[f"{c[0]}={str(c[1])[:20]}" for c in MODEL_CASES])
+def test_model_field_everywhere(tmp_path, gw, tokenizer_file, field, value, text, want):
+    obj = {"tokenizer": tokenizer_file, "hash_seed": "0", field: value}
+    results = {
+        "config": via_config(tmp_path, {"models": [{"name": M, **obj}]}),
+        "admin": via_admin(gw, MODEL_PATH, obj),
+        "state": via_state(tmp_path, {"models": [{"name": M, **obj}]}),
+    }
+    if text is not None:
+        tok = text if field == "tokenizer" else tokenizer_file
+        args = ["models", "put", M, tok]
+        if field != "hash_seed":
+            args += ["--hash-seed", "0"]
+        if field != "tokenizer":
+            args += [f"--{field.replace('_', '-')}", text]
+        results["cli"] = via_cli(gw, *args)
+    agree(results, field, want)
+    if want is None:  # the same definition wherever it went in
+        m = gw.admin.get(MODEL_PATH).json()
+        assert m[field] == value, m
+
+
+def test_model_unknown_and_missing_fields_everywhere(tmp_path, gw, tokenizer_file):
+    base = {"tokenizer": tokenizer_file, "hash_seed": "0"}
+    results = {
+        "config": via_config(tmp_path, {"models": [{"name": M, **base, "gpu": 1}]}),
+        "state": via_state(tmp_path, {"models": [{"name": M, **base, "gpu": 1}]}),
+        "admin": via_admin(gw, MODEL_PATH, {**base, "gpu": 1}),
+    }
+    agree(results, "gpu", "gpu: unknown field")
+    results = {
+        "config": via_config(tmp_path, {"models": [{"name": M, "tokenizer": tokenizer_file}]}),
+        "state": via_state(tmp_path, {"models": [{"name": M, "tokenizer": tokenizer_file}]}),
+        "admin": via_admin(gw, MODEL_PATH, {"tokenizer": tokenizer_file}),
+        "cli": via_cli(gw, "models", "put", M, tokenizer_file),
+    }
+    agree(results, "hash_seed", "hash_seed: required")
+    results = {
+        "config": via_config(tmp_path, {"models": [{"name": M, "hash_seed": "0"}]}),
+        "state": via_state(tmp_path, {"models": [{"name": M, "hash_seed": "0"}]}),
+        "admin": via_admin(gw, MODEL_PATH, {"hash_seed": "0"}),
+    }
+    agree(results, "tokenizer", "tokenizer: required")
 
 
 # ---- tenants ----------------------------------------------------------------------------------

@@ -118,11 +118,12 @@ def test_workers_api_changes_routing_without_restart(simworker, kvgate):
     assert r.status_code == 201, r.text
     created = r.json()
     assert created == {"name": b.name, "url": b.url, "models": [], "kv_blocks": 128,
-                       "max_inflight": 1024, "cache_salt": True, "source": "admin", "health": "up",
-                       "draining": False, "inflight": 0,
+                       "max_inflight": 1024, "cache_salt": True, "kv_events_stale_ms": 5000,
+                       "source": "admin", "health": "up", "draining": False, "inflight": 0,
                        "outlier": {"ejected": False, "ejected_until": None, "remaining_ms": 0,
                                    "consecutive_5xx": 0, "consecutive_gateway_failures": 0,
-                                   "ejections": 0, "multiplier": 0}}
+                                   "ejections": 0, "multiplier": 0},
+                       "kv_events_status": {"state": "off", "index_source": "model"}}
     assert set(routed(gw)) == {a.name, b.name}
     listed = admin.get("/admin/v1/workers").json()["workers"]
     assert [(w["name"], w["source"]) for w in listed] == sorted(

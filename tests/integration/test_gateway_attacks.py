@@ -52,12 +52,15 @@ class Handshake:
     stop at any step: after part of the ClientHello, after all of it, before the Finished."""
 
     def __init__(self, port, alpn=("h2", "http/1.1")):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.started = time.monotonic()
+        # The ClientHello is made before the connection: building the first context in a
+        # process can take longer than a test's header timeout on a loaded machine, and a
+        # connection that waited for it would be cut as silent rather than mid-handshake.
         self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
         self.tls = tls_context(list(alpn)).wrap_bio(self.incoming, self.outgoing)
         self.done = self._step()
         self.hello = self.outgoing.read()
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.started = time.monotonic()
 
     def _step(self):
         try:

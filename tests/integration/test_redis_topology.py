@@ -6,8 +6,10 @@ URL refused), Sentinel (the primary found, a failover followed through +switch-m
 (the slot map, a migrated slot, a seed that is gone), unreachable servers, and kvg_redis_free
 while a server is stopped. redisprocs.py starts the servers."""
 import json
+import pathlib
 import queue
 import random
+import shutil
 import subprocess
 import threading
 import time
@@ -50,7 +52,28 @@ class TopologyDriver:
 
     def fail(self, what):
         raise AssertionError(f"{what}\nevents: {json.dumps(self.events[-8:], indent=1)}\n"
-                             f"driver log:\n{self.log()[-4000:]}")
+                             f"driver log:\n{self.log()[-4000:]}\n{self.stacks()}")
+
+    def stacks(self) -> str:
+        """Where each thread of a driver that is still running waits: the system call it is in
+        (/proc), and the threads' backtraces when gdb is installed. For hangs seen only in CI."""
+        if self.proc.poll() is not None:
+            return f"driver exited with {self.proc.returncode}"
+        out = []
+        for task in sorted(pathlib.Path(f"/proc/{self.proc.pid}/task").glob("*")):
+            def read(name):
+                try:
+                    return (task / name).read_text(errors="replace").strip()
+                except OSError as e:
+                    return f"({e.strerror})"
+            out.append(f"thread {task.name} {read('comm')}: wchan {read('wchan')}, "
+                       f"syscall {read('syscall')}\n{read('stack')}")
+        if shutil.which("gdb"):
+            r = subprocess.run(["gdb", "-batch", "-p", str(self.proc.pid), "-ex",
+                                "thread apply all bt"], capture_output=True, text=True,
+                               timeout=60)
+            out.append(r.stdout[-6000:])
+        return "driver threads:\n" + "\n".join(out)
 
     def wait_event(self, pred, timeout, what, since=0):
         """The first event from index since on that satisfies pred."""

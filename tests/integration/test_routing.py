@@ -193,9 +193,14 @@ def test_load_bound_spreads_a_hot_prefix(simworker, kvgate):
     send(gw, chat(ws[0].model, system, "warm"))
     got = Counter()
     lock = threading.Lock()
+    start = threading.Barrier(16)
 
+    # The bound is on requests in flight, so all 16 must overlap: each decodes 100 tokens at
+    # 20 ms (2 s), far longer than starting 16 threads takes on a slow, shared CI machine (with
+    # 8 tokens, 160 ms, a CI run once saw early answers finish first and free room: 9 on one).
     def one(i):
-        w, _ = send(gw, chat(ws[0].model, system, f"q{i}", max_tokens=8))
+        start.wait()
+        w, _ = send(gw, chat(ws[0].model, system, f"q{i}", max_tokens=100))
         with lock:
             got[w] += 1
 

@@ -24,6 +24,7 @@ void sim_config_defaults(sim_config *cfg)
     cfg->keep_alive_s = 5; /* uvicorn's keep-alive timeout, which vLLM keeps */
     cfg->max_body_bytes = 64u << 20;
     cfg->seed = 0;
+    cfg->kv_events_buffer = SIM_KVEV_BUFFER_DEFAULT;
 }
 
 uint64_t sim_rand(uint64_t seed, uint64_t stream, uint64_t n)

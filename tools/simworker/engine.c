@@ -61,6 +61,7 @@ struct sim_engine {
     const struct timeval *decode_tv; /* a common timeout when non-zero: O(1) re-arming */
     struct timeval decode_plain;
     bool closing;
+    sim_kvev_pub *events; /* borrowed; NULL = no events */
     sim_stats stats;
 };
 
@@ -167,6 +168,27 @@ static void admit(sim_engine *eng)
     refresh_stats(eng);
 }
 
+/* vLLM's BlockPool.cache_full_blocks: one BlockStored for the blocks a step makes full, its
+ * parent the hash of the block before them (None for a sequence's first block). */
+static void publish_stored(sim_engine *eng, const sim_seq *s, uint32_t from, uint32_t to)
+{
+    const sim_exact *ex = eng->cfg->exact;
+    uint32_t bt = eng->cfg->block_tokens;
+    uint64_t stack[64];
+    uint64_t *h = to - from <= KVG_ARRAY_LEN(stack) ? stack : malloc((to - from) * sizeof(*h));
+    if (!h) {
+        kvg_log_error("simworker: kv events: out of memory; BlockStored lost");
+        return;
+    }
+    for (uint32_t i = from; i < to; i++)
+        h[i - from] = sim_exact_key_u64(ex, &s->hashes[i]);
+    uint64_t parent = from ? sim_exact_key_u64(ex, &s->hashes[from - 1]) : 0;
+    sim_kvev_pub_stored(eng->events, h, to - from, from ? &parent : NULL,
+                        s->tokens + (size_t)from * bt, (size_t)(to - from) * bt, bt);
+    if (h != stack)
+        free(h);
+}
+
 /* Blocks whose KV has been computed become findable. A sequence has computed its prompt
  * after prefill and every generated token but the last (which is never fed back). */
 static void commit_computed(sim_engine *eng, sim_seq *s)
@@ -176,6 +198,8 @@ static void commit_computed(sim_engine *eng, sim_seq *s)
         computed = s->n_prompt + (s->generated ? s->generated - 1 : 0);
     uint32_t full = KVG_MIN(computed / eng->cfg->block_tokens, s->n_hashes);
     if (full > s->committed) {
+        if (eng->events)
+            publish_stored(eng, s, s->committed, full);
         sim_kvcache_commit(eng->kv, s->blocks, s->hashes, s->committed, full);
         s->committed = full;
     }
@@ -340,8 +364,13 @@ int sim_engine_submit(sim_engine *eng, const uint32_t *tokens, size_t n, uint32_
     /* Output is deterministic, so its block hashes are known up front; they are published
      * only as the tokens are computed. */
     for (uint32_t k = 1; k <= max_tokens; k++)
-        s->tokens[n + k - 1] = sim_output_token(k);
-    rc = sim_block_hashes(s->tokens, total, cfg->block_tokens, salt, salt_len, s->hashes);
+        s->tokens[n + k - 1] =
+            cfg->exact ? sim_exact_output_token(cfg->exact, k) : sim_output_token(k);
+    if (cfg->exact)
+        rc = sim_exact_block_keys(cfg->exact, s->tokens, total, cfg->block_tokens, salt, salt_len,
+                                  s->hashes);
+    else
+        rc = sim_block_hashes(s->tokens, total, cfg->block_tokens, salt, salt_len, s->hashes);
     if (rc < 0)
         goto fail_seq;
     event_assign(&s->timer, eng->base, -1, 0, on_timer, s);
@@ -381,6 +410,34 @@ uint32_t sim_seq_cached_tokens(const sim_seq *seq)
 uint32_t sim_seq_prompt_tokens(const sim_seq *seq)
 {
     return seq->n_prompt;
+}
+
+uint32_t sim_seq_prompt_keys(const sim_seq *seq, const sim_hash **keys)
+{
+    *keys = seq->hashes;
+    return KVG_MIN(seq->n_prompt / seq->eng->cfg->block_tokens, seq->n_hashes);
+}
+
+/* vLLM's BlockPool._maybe_evict_cached_block: one BlockRemoved per evicted block. */
+static void on_evict(void *arg, const sim_hash *hash)
+{
+    sim_engine *eng = arg;
+    sim_kvev_pub_removed(eng->events, sim_exact_key_u64(eng->cfg->exact, hash));
+}
+
+void sim_engine_set_events(sim_engine *eng, sim_kvev_pub *pub)
+{
+    eng->events = eng->cfg->exact ? pub : NULL;
+    sim_kvcache_set_evict_cb(eng->kv, eng->events ? on_evict : NULL, eng);
+}
+
+int sim_engine_reset_prefix_cache(sim_engine *eng)
+{
+    int rc = sim_kvcache_reset(eng->kv);
+    if (rc == 0 && eng->events)
+        sim_kvev_pub_cleared(eng->events);
+    refresh_stats(eng);
+    return rc;
 }
 
 uint32_t sim_engine_waiting_room(const sim_engine *eng)

@@ -27,6 +27,8 @@ struct sim_kvcache {
     uint32_t n_cached;
     uint32_t head, tail; /* LRU: head is evicted first */
     uint64_t evictions;
+    sim_kvcache_evict_cb evict_cb;
+    void *evict_arg;
 };
 
 int sim_kvcache_new(uint32_t num_blocks, sim_kvcache **out)
@@ -216,6 +218,8 @@ int sim_kvcache_acquire(sim_kvcache *kv, const sim_hash *hashes, uint32_t hit, u
         uint32_t id = kv->head;
         lru_unlink(kv, id);
         if (kv->blocks[id].cached) {
+            if (kv->evict_cb)
+                kv->evict_cb(kv->evict_arg, &kv->blocks[id].hash);
             table_remove(kv, id);
             kv->evictions++;
         }
@@ -244,4 +248,21 @@ void sim_kvcache_release(sim_kvcache *kv, const uint32_t *ids, uint32_t n)
         if (--kv->blocks[id].refs == 0)
             lru_append(kv, id);
     }
+}
+
+void sim_kvcache_set_evict_cb(sim_kvcache *kv, sim_kvcache_evict_cb cb, void *arg)
+{
+    kv->evict_cb = cb;
+    kv->evict_arg = arg;
+}
+
+int sim_kvcache_reset(sim_kvcache *kv)
+{
+    /* vLLM refuses too while a request holds blocks: their hashes would go stale under it. */
+    if (kv->n_free != kv->n)
+        return -EBUSY;
+    for (uint32_t id = 0; id < kv->n; id++)
+        if (kv->blocks[id].cached)
+            table_remove(kv, id);
+    return 0;
 }

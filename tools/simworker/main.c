@@ -43,6 +43,25 @@ static const char usage_text[] =
     "  --slow-headers-ms N           delay every response by N ms before its headers\n"
     "  --seed N                      seed of fault injection and response ids (default 0)\n"
     "  --log-level LEVEL             error, warn, info or debug (default info)\n"
+    "Token-exact mode (vLLM with --prefix-caching-hash-algo and a fixed PYTHONHASHSEED):\n"
+    "  --tokenizer FILE              the model's tokenizer.json: real token ids, vLLM's block "
+    "hash\n"
+    "  --tokenizer-config FILE       tokenizer_config.json (default: beside --tokenizer, if any)\n"
+    "  --chat-template FILE          chat template overriding the tokenizer config's\n"
+    "  --hash-algo ALGO              sha256_cbor or xxhash_cbor (default sha256_cbor)\n"
+    "  --hash-seed S                 the engine's PYTHONHASHSEED (required with --tokenizer)\n"
+    "KV-cache events in vLLM's format (token-exact mode; see docs/simworker.md):\n"
+    "  --kv-events-endpoint EP       ZeroMQ PUB bind address, tcp://HOST:PORT (port 0 = any)\n"
+    "  --kv-events-replay-endpoint EP  ROUTER bind address answering replay requests\n"
+    "  --kv-events-topic T           topic frame of every message (default empty)\n"
+    "  --kv-events-buffer N          batches kept for replay (default 10000)\n"
+    "  --kv-events-port-file PATH    after binding, write the bound endpoints, one a line\n"
+    "  --kv-events-drop-rate F       fraction of batches not sent on PUB (still replayable)\n"
+    "  --kv-events-delay-ms N        send each batch N ms late\n"
+    "  --kv-events-format F          events as array (vLLM before 2026-06) or map (default array)\n"
+    "  --kv-events-heartbeat-ms N    an empty batch after N ms without one, as vLLM with a\n"
+    "                                snapshot endpoint (1000); 0 = none, as released vLLM "
+    "(default)\n"
     "  --help                        print this help\n"
     "  --version                     print the version\n";
 
@@ -67,6 +86,20 @@ enum {
     OPT_SLOW_HEADERS,
     OPT_SEED,
     OPT_LOG_LEVEL,
+    OPT_TOKENIZER,
+    OPT_TOKENIZER_CONFIG,
+    OPT_CHAT_TEMPLATE,
+    OPT_HASH_ALGO,
+    OPT_HASH_SEED,
+    OPT_KV_EVENTS_ENDPOINT,
+    OPT_KV_EVENTS_REPLAY,
+    OPT_KV_EVENTS_TOPIC,
+    OPT_KV_EVENTS_BUFFER,
+    OPT_KV_EVENTS_PORT_FILE,
+    OPT_KV_EVENTS_DROP,
+    OPT_KV_EVENTS_DELAY,
+    OPT_KV_EVENTS_FORMAT,
+    OPT_KV_EVENTS_HEARTBEAT,
     OPT_HELP,
     OPT_VERSION,
 };
@@ -92,6 +125,20 @@ static const struct option long_opts[] = {
     {"slow-headers-ms", required_argument, NULL, OPT_SLOW_HEADERS},
     {"seed", required_argument, NULL, OPT_SEED},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {"tokenizer", required_argument, NULL, OPT_TOKENIZER},
+    {"tokenizer-config", required_argument, NULL, OPT_TOKENIZER_CONFIG},
+    {"chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE},
+    {"hash-algo", required_argument, NULL, OPT_HASH_ALGO},
+    {"hash-seed", required_argument, NULL, OPT_HASH_SEED},
+    {"kv-events-endpoint", required_argument, NULL, OPT_KV_EVENTS_ENDPOINT},
+    {"kv-events-replay-endpoint", required_argument, NULL, OPT_KV_EVENTS_REPLAY},
+    {"kv-events-topic", required_argument, NULL, OPT_KV_EVENTS_TOPIC},
+    {"kv-events-buffer", required_argument, NULL, OPT_KV_EVENTS_BUFFER},
+    {"kv-events-port-file", required_argument, NULL, OPT_KV_EVENTS_PORT_FILE},
+    {"kv-events-drop-rate", required_argument, NULL, OPT_KV_EVENTS_DROP},
+    {"kv-events-delay-ms", required_argument, NULL, OPT_KV_EVENTS_DELAY},
+    {"kv-events-format", required_argument, NULL, OPT_KV_EVENTS_FORMAT},
+    {"kv-events-heartbeat-ms", required_argument, NULL, OPT_KV_EVENTS_HEARTBEAT},
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -102,12 +149,26 @@ typedef struct cli {
     char host[256];
     bool model_given;
     bool max_model_len_given;
+    const char *exact_flag;  /* a token-exact flag given, for the error without --tokenizer */
+    const char *events_flag; /* a --kv-events-* flag given */
 } cli;
 
 static int bad_flag(const char *flag, const char *value, const char *why)
 {
     fprintf(stderr, "kvgate-simworker: --%s %s: %s\n", flag, value, why);
     return KVG_ECONFIG;
+}
+
+/* ZeroMQ endpoints the publisher binds: tcp://HOST:PORT (HOST may be *), ipc://, inproc://. */
+static int check_endpoint(const char *flag, const char *s)
+{
+    size_t n = strlen(s);
+    if (n > 200)
+        return bad_flag(flag, s, "longer than 200 characters");
+    if (strncmp(s, "tcp://", 6) != 0 && strncmp(s, "ipc://", 6) != 0 &&
+        strncmp(s, "inproc://", 9) != 0)
+        return bad_flag(flag, s, "expected tcp://HOST:PORT, ipc://PATH or inproc://NAME");
+    return 0;
 }
 
 static int parse_u64(const char *flag, const char *s, uint64_t min, uint64_t max, uint64_t *out)
@@ -252,6 +313,73 @@ static int parse_args(int argc, char **argv, cli *c)
                 kvg_log_set_level(lvl);
             break;
         }
+        case OPT_TOKENIZER:
+            cfg->tokenizer_path = optarg;
+            break;
+        case OPT_TOKENIZER_CONFIG:
+            cfg->tokenizer_config_path = optarg;
+            break;
+        case OPT_CHAT_TEMPLATE:
+            cfg->chat_template_path = optarg;
+            break;
+        case OPT_HASH_ALGO: {
+            sim_vllm_algo algo;
+            if (sim_vllm_algo_parse(optarg, &algo) < 0)
+                rc = bad_flag(name, optarg, "expected sha256_cbor or xxhash_cbor");
+            else
+                cfg->hash_algo = (int)algo;
+            c->exact_flag = "--hash-algo";
+            break;
+        }
+        case OPT_HASH_SEED:
+            cfg->hash_seed = optarg;
+            c->exact_flag = "--hash-seed";
+            break;
+        case OPT_KV_EVENTS_ENDPOINT:
+            rc = check_endpoint(name, optarg);
+            cfg->kv_events_endpoint = optarg;
+            c->events_flag = "--kv-events-endpoint";
+            break;
+        case OPT_KV_EVENTS_REPLAY:
+            rc = check_endpoint(name, optarg);
+            cfg->kv_events_replay_endpoint = optarg;
+            c->events_flag = "--kv-events-replay-endpoint";
+            break;
+        case OPT_KV_EVENTS_TOPIC:
+            if (strlen(optarg) > 256)
+                rc = bad_flag(name, optarg, "longer than 256 bytes");
+            cfg->kv_events_topic = optarg;
+            c->events_flag = "--kv-events-topic";
+            break;
+        case OPT_KV_EVENTS_BUFFER:
+            rc = parse_u32(name, optarg, 1, 1u << 22, &cfg->kv_events_buffer);
+            c->events_flag = "--kv-events-buffer";
+            break;
+        case OPT_KV_EVENTS_PORT_FILE:
+            cfg->kv_events_port_file = optarg;
+            c->events_flag = "--kv-events-port-file";
+            break;
+        case OPT_KV_EVENTS_DROP:
+            rc = parse_double(name, optarg, 0, 1, &cfg->kv_events_drop_rate);
+            c->events_flag = "--kv-events-drop-rate";
+            break;
+        case OPT_KV_EVENTS_DELAY:
+            rc = parse_u32(name, optarg, 0, 3600000, &cfg->kv_events_delay_ms);
+            c->events_flag = "--kv-events-delay-ms";
+            break;
+        case OPT_KV_EVENTS_FORMAT: {
+            sim_kvev_format f;
+            if (sim_kvev_format_parse(optarg, &f) < 0)
+                rc = bad_flag(name, optarg, "expected array or map");
+            else
+                cfg->kv_events_format = (int)f;
+            c->events_flag = "--kv-events-format";
+            break;
+        }
+        case OPT_KV_EVENTS_HEARTBEAT:
+            rc = parse_u32(name, optarg, 0, 3600000, &cfg->kv_events_heartbeat_ms);
+            c->events_flag = "--kv-events-heartbeat-ms";
+            break;
         case OPT_HELP:
             fputs(usage_text, stdout);
             return 1;
@@ -274,6 +402,33 @@ static int parse_args(int argc, char **argv, cli *c)
     }
     if (rc < 0)
         return rc;
+    if (!cfg->tokenizer_path && (cfg->tokenizer_config_path || cfg->chat_template_path)) {
+        fprintf(stderr, "kvgate-simworker: %s needs --tokenizer (token-exact mode)\n",
+                cfg->chat_template_path ? "--chat-template" : "--tokenizer-config");
+        return KVG_ECONFIG;
+    }
+    if (!cfg->tokenizer_path && c->exact_flag) {
+        fprintf(stderr, "kvgate-simworker: %s needs --tokenizer (token-exact mode)\n",
+                c->exact_flag);
+        return KVG_ECONFIG;
+    }
+    if (!cfg->tokenizer_path && c->events_flag) {
+        /* The events carry vLLM's block hashes, which only token-exact mode computes. */
+        fprintf(stderr, "kvgate-simworker: %s needs --tokenizer (token-exact mode)\n",
+                c->events_flag);
+        return KVG_ECONFIG;
+    }
+    if (c->events_flag && !cfg->kv_events_endpoint) {
+        fprintf(stderr, "kvgate-simworker: %s needs --kv-events-endpoint\n", c->events_flag);
+        return KVG_ECONFIG;
+    }
+    if (cfg->tokenizer_path && !cfg->hash_seed) {
+        fprintf(stderr,
+                "kvgate-simworker: --tokenizer %s needs --hash-seed S, the engine's "
+                "PYTHONHASHSEED (without a fixed seed vLLM's block hashes are random)\n",
+                cfg->tokenizer_path);
+        return KVG_ECONFIG;
+    }
     uint64_t capacity = (uint64_t)cfg->kv_blocks * cfg->block_tokens;
     if (!c->max_model_len_given)
         cfg->max_model_len = (uint32_t)KVG_MIN(capacity, (uint64_t)SIM_MAX_MODEL_LEN_DEFAULT);
@@ -323,6 +478,17 @@ int main(int argc, char **argv)
         return 0;
     if (rc < 0)
         return 2;
+    sim_exact *exact = NULL;
+    if (c.cfg.tokenizer_path) {
+        /* Start-up errors of the mode are command-line errors: status 2, naming the file. */
+        char err[1024];
+        rc = sim_exact_load(&c.cfg, &exact, err, sizeof(err));
+        if (rc < 0) {
+            fprintf(stderr, "kvgate-simworker: %s\n", err);
+            return 2;
+        }
+        c.cfg.exact = exact;
+    }
     const sim_config *cfg = &c.cfg;
 
     /* A client that vanishes mid-write must be an error return, not a fatal signal. */
@@ -333,6 +499,7 @@ int main(int argc, char **argv)
     int status = 1;
     sim_engine *eng = NULL;
     sim_server *srv = NULL;
+    sim_kvev_pub *events = NULL;
     /* The simulated engine's clock is its whole point: libevent's default timer rounds to the
      * kernel's coarse clock (4 ms ticks here), which made a 0.5 ms decode step take 4 ms. */
     struct event_config *ecfg = event_config_new();
@@ -343,6 +510,7 @@ int main(int argc, char **argv)
         event_config_free(ecfg);
     if (!base) {
         kvg_log_error("simworker: cannot create the event loop");
+        sim_exact_free(exact);
         return 1;
     }
     struct event *sigterm = evsignal_new(base, SIGTERM, on_signal, base);
@@ -356,12 +524,22 @@ int main(int argc, char **argv)
         kvg_log_error("simworker: cannot create the engine: %s", kvg_strerror(rc));
         goto fail_signals;
     }
+    if (cfg->kv_events_endpoint) {
+        /* Before the HTTP listener: once --port-file exists, so do the event endpoints. */
+        rc = sim_kvev_pub_new(base, cfg, &events);
+        if (rc < 0) {
+            kvg_log_error("simworker: cannot start kv events: %s", kvg_strerror(rc));
+            goto fail_engine;
+        }
+        sim_engine_set_events(eng, events);
+    }
     rc = sim_server_new(base, cfg, eng, &srv);
     if (rc < 0) {
         kvg_log_error("simworker: cannot listen on %s:%u: %s", cfg->listen_host,
                       (unsigned)cfg->listen_port, kvg_strerror(rc));
         goto fail_engine;
     }
+    sim_server_set_events(srv, events); /* POST /kv_events/pause and /resume */
     bool v6 = strchr(cfg->listen_host, ':') != NULL;
     kvg_log_info("kvgate-simworker %s: %s listening on http://%s%s%s:%u model=%s kv_blocks=%u "
                  "block_tokens=%u max_model_len=%u max_running=%u prefill_us=%g decode_us=%g "
@@ -370,6 +548,11 @@ int main(int argc, char **argv)
                  (unsigned)sim_server_port(srv), cfg->models[0], cfg->kv_blocks, cfg->block_tokens,
                  cfg->max_model_len, cfg->max_running, cfg->prefill_us_per_token,
                  cfg->decode_us_per_token, cfg->time_scale);
+    if (exact)
+        kvg_log_info("simworker: token-exact mode: tokenizer=%s hash_algo=%s hash_seed=%s "
+                     "chat_template=%s",
+                     cfg->tokenizer_path, sim_vllm_algo_str(sim_exact_algo(exact)), cfg->hash_seed,
+                     cfg->chat_template_path ? cfg->chat_template_path : "(tokenizer config)");
     if (event_base_dispatch(base) < 0)
         kvg_log_error("simworker: event loop failed");
     else
@@ -378,6 +561,7 @@ int main(int argc, char **argv)
     sim_server_free(srv);
 fail_engine:
     sim_engine_free(eng);
+    sim_kvev_pub_free(events);
 fail_signals:
     if (sigterm)
         event_free(sigterm);
@@ -385,5 +569,6 @@ fail_signals:
         event_free(sigint);
     event_base_free(base);
     libevent_global_shutdown();
+    sim_exact_free(exact);
     return status;
 }

@@ -164,8 +164,9 @@ void sim_metrics_render(const sim_config *cfg, const sim_stats *st, kvg_buf *out
     kvg_buf_printf(out,
                    "vllm:cache_config_info{block_size=\"%u\",cache_dtype=\"auto\","
                    "enable_prefix_caching=\"True\",engine=\"0\",num_gpu_blocks=\"%u\","
-                   "prefix_caching_hash_algo=\"sha256\"} 1\n",
-                   cfg->block_tokens, cfg->kv_blocks);
+                   "prefix_caching_hash_algo=\"%s\"} 1\n",
+                   cfg->block_tokens, cfg->kv_blocks,
+                   cfg->exact ? sim_vllm_algo_str(sim_exact_algo(cfg->exact)) : "sha256");
 
     /* The simulator's own view, for tests and debugging (not vLLM names). */
     gauge(out, lbl, "kvgate_simworker_cached_blocks",

@@ -105,9 +105,27 @@ static int add_prompt(sim_request *req, sim_tokens *t)
     return 0;
 }
 
-static int text_prompt(const sim_config *cfg, sim_request *req, const char *text, size_t len,
-                       sim_tokens *t)
+/* Token-exact mode: the ids as the model's tokenizer gives them, kept whole (check_length()
+ * refuses an oversized prompt). */
+static int exact_prompt(sim_request *req, uint32_t *ids, size_t n)
 {
+    sim_prompt *p = &req->prompts[req->n_prompts++];
+    p->tokens = ids;
+    p->n = n;
+    return 0;
+}
+
+static int text_prompt(const sim_config *cfg, sim_request *req, const char *text, size_t len,
+                       bool add_special, sim_tokens *t, sim_error *err)
+{
+    if (cfg->exact) {
+        uint32_t *ids = NULL;
+        size_t n = 0;
+        int rc = sim_exact_encode(cfg->exact, text, len, add_special, &ids, &n);
+        if (rc == KVG_EPARSE) /* the JSON parser already refuses invalid UTF-8 */
+            return bad(err, NULL, "The prompt is not valid UTF-8");
+        return rc < 0 ? rc : exact_prompt(req, ids, n);
+    }
     sim_tokens_init(t, cfg->max_model_len);
     if (sim_tokenize(text, len, t) < 0)
         return -ENOMEM;
@@ -117,6 +135,8 @@ static int text_prompt(const sim_config *cfg, sim_request *req, const char *text
 static int ids_prompt(const sim_config *cfg, sim_request *req, const kvg_json *arr,
                       const char *field, sim_tokens *t, sim_error *err)
 {
+    /* vLLM refuses ids past the tokenizer's largest; the approximation has Qwen2's vocabulary. */
+    uint32_t vocab = cfg->exact ? sim_exact_vocab_size(cfg->exact) : SIM_VOCAB_SIZE;
     sim_tokens_init(t, cfg->max_model_len);
     for (size_t i = 0; i < arr->u.arr.count; i++) {
         int64_t id;
@@ -124,9 +144,9 @@ static int ids_prompt(const sim_config *cfg, sim_request *req, const kvg_json *a
         if (!as_int(v, &id))
             return bad(err, field, "'%s' token ids must be integers, got %s", field,
                        kvg_json_type_str(v->type));
-        if (id < 0 || id >= SIM_VOCAB_SIZE)
+        if (id < 0 || id >= vocab)
             return bad(err, field, "Token id %lld in '%s' is out of vocabulary (size %u)",
-                       (long long)id, field, SIM_VOCAB_SIZE);
+                       (long long)id, field, vocab);
         if (sim_tokens_push(t, (uint32_t)id) < 0)
             return -ENOMEM;
     }
@@ -136,7 +156,7 @@ static int ids_prompt(const sim_config *cfg, sim_request *req, const kvg_json *a
 /* A prompt is a string, a list of strings, a list of token ids or a list of token-id lists
  * (the last two as for vLLM's completions and embeddings). Lists are batches. */
 static int parse_prompts(const sim_config *cfg, const kvg_json *v, const char *field, bool batch,
-                         sim_request *req, sim_error *err)
+                         bool add_special, sim_request *req, sim_error *err)
 {
     static const char shapes[] =
         "must be a string, a list of strings, a list of token ids or a list of token id lists";
@@ -167,7 +187,7 @@ static int parse_prompts(const sim_config *cfg, const kvg_json *v, const char *f
     if (!req->prompts)
         return -ENOMEM;
     if (v->type == KVG_JSON_STRING) {
-        rc = text_prompt(cfg, req, v->u.str.ptr, v->u.str.len, &t);
+        rc = text_prompt(cfg, req, v->u.str.ptr, v->u.str.len, add_special, &t, err);
     } else if (first->type == KVG_JSON_NUMBER) {
         rc = ids_prompt(cfg, req, v, field, &t, err);
     } else {
@@ -177,7 +197,7 @@ static int parse_prompts(const sim_config *cfg, const kvg_json *v, const char *f
                 rc = bad(err, field, "'%s' %s (item %zu is a %s)", field, shapes, i,
                          kvg_json_type_str(item->type));
             else if (item->type == KVG_JSON_STRING)
-                rc = text_prompt(cfg, req, item->u.str.ptr, item->u.str.len, &t);
+                rc = text_prompt(cfg, req, item->u.str.ptr, item->u.str.len, add_special, &t, err);
             else
                 rc = ids_prompt(cfg, req, item, field, &t, err);
         }
@@ -250,8 +270,24 @@ static int check_tools(const kvg_json *tools, sim_error *err)
     return 0;
 }
 
-static int chat_prompt(const sim_config *cfg, const kvg_json *body, sim_request *req,
-                       sim_error *err)
+/* Token-exact mode: vLLM's own preprocessing and the model's template (exact.c). A request
+ * that cannot be rendered gets vLLM's answer, a 400. */
+static int exact_chat_prompt(const sim_config *cfg, const kvg_json *body, bool add_special,
+                             sim_request *req, sim_error *err)
+{
+    uint32_t *ids = NULL;
+    size_t n = 0;
+    char why[sizeof(err->message)] = "";
+    int rc = sim_exact_chat(cfg->exact, body, add_special, &ids, &n, why, sizeof(why));
+    if (rc == KVG_EPARSE)
+        return bad(err, NULL, "%s", why[0] ? why : "the chat template cannot render this request");
+    if (rc < 0)
+        return rc;
+    return exact_prompt(req, ids, n);
+}
+
+static int chat_prompt(const sim_config *cfg, const kvg_json *body, bool add_special,
+                       sim_request *req, sim_error *err)
 {
     const kvg_json *messages = kvg_json_get(body, "messages");
     const kvg_json *tools = kvg_json_get(body, "tools");
@@ -266,13 +302,15 @@ static int chat_prompt(const sim_config *cfg, const kvg_json *body, sim_request 
     req->prompts = calloc(1, sizeof(*req->prompts));
     if (!req->prompts)
         return -ENOMEM;
+    if (cfg->exact)
+        return exact_chat_prompt(cfg, body, add_special, req, err);
     kvg_buf text;
     kvg_buf_init(&text);
     sim_tokens t;
     sim_tokens_init(&t, 0);
     rc = sim_chat_render(messages, tools, add_gen, &text);
     if (rc == 0)
-        rc = text_prompt(cfg, req, text.data ? text.data : "", text.len, &t);
+        rc = text_prompt(cfg, req, text.data ? text.data : "", text.len, false, &t, err);
     sim_tokens_done(&t);
     kvg_buf_done(&text);
     return rc;
@@ -451,15 +489,22 @@ int sim_request_parse(const sim_config *cfg, sim_endpoint ep, const char *body, 
             rc = bad(err, "model", "'model' must be a string, got %s",
                      kvg_json_type_str(model->type));
     }
+    bool chat =
+        ep == SIM_EP_CHAT || (ep == SIM_EP_TOKENIZE && !is_null(kvg_json_get(root, "messages")));
+    bool add_special = !chat;
+    /* vLLM's add_special_tokens: false for chat (the template holds BOS), true for prompts (the
+     * post-processor adds BOS where the tokenizer says). Only the real tokenizer has any. */
+    if (rc == 0 && cfg->exact)
+        rc = opt_bool(root, "add_special_tokens", add_special, &add_special, err);
     if (rc == 0) {
-        if (ep == SIM_EP_CHAT ||
-            (ep == SIM_EP_TOKENIZE && !is_null(kvg_json_get(root, "messages"))))
-            rc = chat_prompt(cfg, root, &req, err);
+        if (chat)
+            rc = chat_prompt(cfg, root, add_special, &req, err);
         else if (ep == SIM_EP_EMBEDDINGS)
-            rc = parse_prompts(cfg, kvg_json_get(root, "input"), "input", true, &req, err);
+            rc = parse_prompts(cfg, kvg_json_get(root, "input"), "input", true, add_special, &req,
+                               err);
         else
             rc = parse_prompts(cfg, kvg_json_get(root, "prompt"), "prompt",
-                               ep == SIM_EP_COMPLETIONS, &req, err);
+                               ep == SIM_EP_COMPLETIONS, add_special, &req, err);
     }
     if (rc == 0)
         rc = check_model(cfg, root, &req, err);

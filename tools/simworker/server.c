@@ -87,12 +87,14 @@ struct http_req {
     slot *slots;
     size_t n_slots;
     size_t n_done;
+    char *block_hashes; /* x-simworker-block-hashes (token-exact mode), heap, NULL when none */
 };
 
 struct sim_server {
     struct event_base *base;
     const sim_config *cfg;
     sim_engine *eng;
+    sim_kvev_pub *events; /* borrowed; NULL: no /kv_events routes */
     struct evhttp *http;
     struct evconnlistener *listener; /* owned by http once bound */
     struct event accept_retry;
@@ -162,6 +164,7 @@ static void req_free(http_req *r)
         r->next->prev = r->prev;
     if (r->parsed)
         sim_request_done(&r->req);
+    free(r->block_hashes);
     free(r->slots);
     free(r);
 }
@@ -188,6 +191,40 @@ static void add_headers(http_req *r, const char *content_type)
     if (content_type)
         evhttp_add_header(h, "Content-Type", content_type);
     evhttp_add_header(h, "x-simworker-name", r->srv->cfg->name);
+    if (r->block_hashes)
+        evhttp_add_header(h, "x-simworker-block-hashes", r->block_hashes);
+}
+
+/* Token-exact mode: the first prompt's block keys, in the 64-bit form of vLLM's KV events, go
+ * out in a header so that tests (and the gateway's KV-event work) can see the worker's names
+ * for its blocks. Best effort: without memory the header is left out. */
+static void set_block_hashes(http_req *r, const sim_hash *keys, size_t n)
+{
+    kvg_buf b;
+    kvg_buf_init(&b);
+    sim_exact_hash_header(r->srv->cfg->exact, keys, n, &b);
+    kvg_buf_putc(&b, '\0');
+    free(r->block_hashes);
+    r->block_hashes = b.failed ? NULL : kvg_buf_steal(&b, NULL);
+    kvg_buf_done(&b);
+}
+
+/* /tokenize runs no sequence: the keys are computed here, by the engine's own function. */
+static void tokenize_block_hashes(http_req *r)
+{
+    const sim_config *cfg = r->srv->cfg;
+    if (!cfg->exact || r->req.n_prompts == 0)
+        return;
+    const sim_prompt *p = &r->req.prompts[0];
+    size_t n = KVG_MIN(p->n / cfg->block_tokens, (size_t)SIM_BLOCK_HASH_HEADER_MAX);
+    if (n == 0)
+        return;
+    sim_hash *keys = malloc(n * sizeof(*keys));
+    if (keys &&
+        sim_exact_block_keys(cfg->exact, p->tokens, n * cfg->block_tokens, cfg->block_tokens,
+                             r->req.cache_salt, r->req.cache_salt_len, keys) == 0)
+        set_block_hashes(r, keys, n);
+    free(keys);
 }
 
 static void log_done(http_req *r, int code)
@@ -472,6 +509,7 @@ static void inference(http_req *r, sim_endpoint ep)
     }
     r->parsed = true;
     if (ep == SIM_EP_TOKENIZE) {
+        tokenize_block_hashes(r);
         kvg_buf b;
         kvg_buf_init(&b);
         sim_respond_tokenize(&b, cfg, &r->req);
@@ -517,6 +555,12 @@ static void inference(http_req *r, sim_endpoint ep)
                 reply_error(r, 500, "InternalServerError", kvg_strerror(rc));
             return;
         }
+        if (i == 0 && cfg->exact) {
+            const sim_hash *keys;
+            uint32_t nk = sim_seq_prompt_keys(s->seq, &keys);
+            if (nk)
+                set_block_hashes(r, keys, nk);
+        }
     }
     r->state = REQ_RUNNING;
     if (r->req.stream && ep != SIM_EP_EMBEDDINGS) {
@@ -540,6 +584,9 @@ typedef enum route_kind {
     ROUTE_METRICS,
     ROUTE_VERSION,
     ROUTE_INFER,
+    ROUTE_RESET,
+    ROUTE_KV_PAUSE,
+    ROUTE_KV_RESUME,
     ROUTE_KIND_COUNT,
 } route_kind;
 
@@ -558,6 +605,10 @@ static const struct route {
     {"/v1/chat/completions", ROUTE_INFER, SIM_EP_CHAT, true},
     {"/v1/embeddings", ROUTE_INFER, SIM_EP_EMBEDDINGS, true},
     {"/tokenize", ROUTE_INFER, SIM_EP_TOKENIZE, true},
+    {"/reset_prefix_cache", ROUTE_RESET, SIM_EP_COUNT, true},
+    /* Test controls, not vLLM's: the event stream stops and resumes, HTTP goes on. */
+    {"/kv_events/pause", ROUTE_KV_PAUSE, SIM_EP_COUNT, true},
+    {"/kv_events/resume", ROUTE_KV_RESUME, SIM_EP_COUNT, true},
 };
 
 static void dispatch(http_req *r)
@@ -601,6 +652,28 @@ static void dispatch(http_req *r)
         break;
     case ROUTE_INFER:
         inference(r, rt->ep);
+        break;
+    case ROUTE_RESET:
+        /* vLLM (VLLM_SERVER_DEV_MODE) answers an empty 200; it cannot reset while requests
+         * hold blocks, which we report rather than ignore. */
+        if (sim_engine_reset_prefix_cache(srv->eng) == 0)
+            reply(r, 200, NULL, NULL, 0);
+        else
+            reply_error(r, 409, "ConflictError",
+                        "cannot reset the prefix cache while requests hold KV blocks");
+        break;
+    case ROUTE_KV_PAUSE:
+    case ROUTE_KV_RESUME:
+        if (!srv->events) {
+            reply_detail(r, 404, "Not Found", NULL);
+            break;
+        }
+        sim_kvev_pub_pause(srv->events, rt->kind == ROUTE_KV_PAUSE);
+        uint64_t next = 0;
+        bool paused = sim_kvev_pub_paused(srv->events, &next);
+        kvg_buf_printf(&b, "{\"paused\":%s,\"next_sequence\":%llu}", paused ? "true" : "false",
+                       (unsigned long long)next);
+        reply_buf(r, 200, "application/json", &b);
         break;
     case ROUTE_KIND_COUNT:
         break;
@@ -783,6 +856,11 @@ fail_http:
 fail_srv:
     free(srv);
     return rc;
+}
+
+void sim_server_set_events(sim_server *srv, sim_kvev_pub *events)
+{
+    srv->events = events;
 }
 
 uint16_t sim_server_port(const sim_server *srv)

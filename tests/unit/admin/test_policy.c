@@ -25,7 +25,7 @@ static void test_policy(void **state)
         "\"max_blocks\":4096,\"cold_blocks\":4,\"load_factor\":2,\"load_slack\":4,"
         "\"prefill_cost_per_block\":200,\"queue_cost_per_request\":1000,"
         "\"waiting_cost_per_request\":5000,\"kv_usage_cost\":0,\"turnover_cost_per_block\":50,"
-        "\"pending_cost_per_block\":200,\"pending_hit_weight\":0}");
+        "\"pending_cost_per_block\":200,\"pending_hit_weight\":0,\"cpu_block_weight\":0.8}");
 
     r = call(f, "PUT", "/admin/v1/policy", AUTH, "{\"policy\":\"round_robin\"}");
     assert_int_equal(r.status, 200);
@@ -70,7 +70,7 @@ static void test_policy(void **state)
         "\"max_blocks\":4096,\"cold_blocks\":2,\"load_factor\":0.5,\"load_slack\":4,"
         "\"prefill_cost_per_block\":200,\"queue_cost_per_request\":1000,"
         "\"waiting_cost_per_request\":5000,\"kv_usage_cost\":0,\"turnover_cost_per_block\":50,"
-        "\"pending_cost_per_block\":200,\"pending_hit_weight\":0}");
+        "\"pending_cost_per_block\":200,\"pending_hit_weight\":0,\"cpu_block_weight\":0.8}");
 }
 
 const struct CMUnitTest policy_tests[] = {

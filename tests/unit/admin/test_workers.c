@@ -27,13 +27,15 @@ static void test_workers_crud(void **state)
              "{\"url\": \"http://127.0.0.1:8001\", \"models\": [\"llama\", \"q\\\"wen\"],"
              " \"kv_blocks\": 4096, \"max_inflight\": 64}");
     assert_int_equal(r.status, 201);
-    assert_string_equal(r.body, "{\"name\":\"gpu-1\",\"url\":\"http://127.0.0.1:8001\",\"models\":"
-                                "[\"llama\",\"q\\\"wen\"],\"kv_blocks\":4096,\"max_inflight\":64,"
-                                "\"cache_salt\":true,\"source\":\"admin\",\"health\":\"up\","
-                                "\"draining\":false,\"inflight\":0,\"outlier\":{\"ejected\":false,"
-                                "\"ejected_until\":null,\"remaining_ms\":0,\"consecutive_5xx\":0,"
-                                "\"consecutive_gateway_failures\":0,\"ejections\":0,"
-                                "\"multiplier\":0}}");
+    assert_string_equal(r.body,
+                        "{\"name\":\"gpu-1\",\"url\":\"http://127.0.0.1:8001\",\"models\":"
+                        "[\"llama\",\"q\\\"wen\"],\"kv_blocks\":4096,\"max_inflight\":64,"
+                        "\"cache_salt\":true,\"kv_events_stale_ms\":5000,\"source\":\"admin\","
+                        "\"health\":\"up\","
+                        "\"draining\":false,\"inflight\":0,\"outlier\":{\"ejected\":false,"
+                        "\"ejected_until\":null,\"remaining_ms\":0,\"consecutive_5xx\":0,"
+                        "\"consecutive_gateway_failures\":0,\"ejections\":0,"
+                        "\"multiplier\":0}}");
     assert_null(r.cache_control);
     /* the same again: 200, the worker object (and its state) kept */
     kvg_worker_set *s = kvg_registry_acquire(f->reg);
@@ -249,10 +251,39 @@ static void test_worker_cache_salt(void **state)
     }
 }
 
+/* ---- workers: what another module adds (the KV-event consumer's kv_events_status) ---------- */
+
+static void put_extra(kvg_buf *out, const kvg_worker *w, void *ud)
+{
+    kvg_buf_printf(out, ",\"extra\":{\"of\":\"%s\",\"ud\":%d}", kvg_worker_name(w), *(int *)ud);
+}
+
+static void test_worker_extra(void **state)
+{
+    fixture *f = *state;
+    reply r = call(f, "PUT", "/admin/v1/workers/w1", AUTH, "{\"url\":\"http://h:1\"}");
+    assert_int_equal(r.status, 201);
+    assert_null(strstr(r.body, "\"extra\""));
+    static int ud = 7;
+    kvg_admin_set_worker_extra(f->admin, put_extra, &ud);
+    r = call(f, "GET", "/admin/v1/workers/w1", AUTH, NULL);
+    assert_int_equal(r.status, 200);
+    size_t n = strlen(r.body);
+    assert_true(n > 27);
+    /* the last member of the object, after everything the admin writes itself */
+    assert_string_equal(r.body + n - 27, "\"extra\":{\"of\":\"w1\",\"ud\":7}}");
+    r = call(f, "GET", "/admin/v1/workers", AUTH, NULL);
+    assert_non_null(strstr(r.body, "\"extra\":{\"of\":\"w1\",\"ud\":7}}]}"));
+    kvg_admin_set_worker_extra(f->admin, NULL, NULL);
+    r = call(f, "GET", "/admin/v1/workers/w1", AUTH, NULL);
+    assert_null(strstr(r.body, "\"extra\""));
+}
+
 const struct CMUnitTest workers_tests[] = {
     cmocka_unit_test_setup_teardown(test_workers_crud, setup, teardown),
     cmocka_unit_test_setup_teardown(test_put_validation, setup, teardown),
     cmocka_unit_test_setup_teardown(test_worker_limit_conflict, setup, teardown),
     cmocka_unit_test_setup_teardown(test_worker_cache_salt, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_worker_extra, setup, teardown),
 };
 const size_t workers_tests_count = KVG_ARRAY_LEN(workers_tests);

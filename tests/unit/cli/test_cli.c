@@ -351,7 +351,8 @@ static void test_help(void **state)
     fclose(f);
     static const char *const want[] = {
         ("  workers put NAME URL [--model MODEL]... [--kv-blocks N] [--max-inflight N]\n"
-         "      [--cache-salt|--no-cache-salt]\n"),
+         "      [--cache-salt|--no-cache-salt] [--kv-events KV_EVENTS]\n"
+         "      [--kv-events-replay KV_EVENTS_REPLAY] [--kv-events-stale-ms N]\n"),
         "PUT /admin/v1/workers/NAME\n",
         "  keys delete TENANT KEYID          DELETE /admin/v1/tenants/TENANT/keys/KEYID\n",
         "[--rps X]",

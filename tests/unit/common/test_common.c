@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "common_parts.h"
@@ -193,8 +195,80 @@ static void test_hostport(void **state)
     assert_int_equal(kvg_parse_u64("18446744073709551616", 20, &u), KVG_EPARSE);
     assert_true(kvg_consttime_eq("abc", "abc", 3));
     assert_false(kvg_consttime_eq("abc", "abd", 3));
+    /* Every length through the word and byte paths, a difference at every position and bit. */
+    unsigned char ca[40], cb[40];
+    for (size_t n = 0; n <= sizeof(ca); n++) {
+        for (size_t i = 0; i < n; i++)
+            ca[i] = cb[i] = (unsigned char)(i * 37 + n);
+        assert_true(kvg_consttime_eq(ca, cb, n));
+        for (size_t i = 0; i < n; i++)
+            for (int bit = 0; bit < 8; bit++) {
+                cb[i] ^= (unsigned char)(1u << bit);
+                assert_false(kvg_consttime_eq(ca, cb, n));
+                cb[i] ^= (unsigned char)(1u << bit);
+            }
+    }
+    /* kvg_copy_lower: every byte value at every position of the word and byte paths. */
+    for (size_t n = 1; n <= 19; n++)
+        for (size_t at = 0; at < n; at++)
+            for (unsigned c = 0; c < 256; c++) {
+                char src[19], dst[19];
+                for (size_t i = 0; i < n; i++)
+                    src[i] = (char)("Content-TYPE-x@[`{Z"[i]);
+                src[at] = (char)c;
+                kvg_copy_lower(dst, src, n);
+                for (size_t i = 0; i < n; i++) {
+                    unsigned char b = (unsigned char)src[i];
+                    unsigned char want = b >= 'A' && b <= 'Z' ? (unsigned char)(b + 32) : b;
+                    assert_int_equal((unsigned char)dst[i], want);
+                }
+            }
     assert_string_equal(kvg_strerror(KVG_ELIMIT), "limit exceeded");
     assert_string_equal(kvg_strerror(-ENOMEM), strerror(ENOMEM));
+}
+
+/* kvg_read_file: whole files, the bound, what is not a regular file, a missing one. */
+static void test_read_file(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/kvg-read-file-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[128];
+    snprintf(path, sizeof(path), "%s/f", dir);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    char big[10000];
+    for (size_t i = 0; i < sizeof(big); i++)
+        big[i] = (char)('a' + i % 26);
+    big[5000] = '\0'; /* NUL bytes are data */
+    assert_int_equal(fwrite(big, 1, sizeof(big), f), sizeof(big));
+    fclose(f);
+    char *data = NULL;
+    size_t len = 0;
+    assert_int_equal(kvg_read_file(path, sizeof(big), &data, &len), 0);
+    assert_int_equal(len, sizeof(big));
+    assert_memory_equal(data, big, sizeof(big));
+    assert_int_equal(data[len], '\0');
+    free(data);
+    assert_int_equal(kvg_read_file(path, sizeof(big) - 1, &data, &len), KVG_ELIMIT);
+    assert_null(data);
+    assert_int_equal(kvg_read_file(dir, 100, &data, &len), -EISDIR);
+    assert_int_equal(kvg_read_file("/dev/null", 100, &data, &len), -EISDIR);
+    char fifo[128];
+    snprintf(fifo, sizeof(fifo), "%s/fifo", dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    assert_int_equal(kvg_read_file(fifo, 100, &data, &len), -EISDIR); /* at once: no writer */
+    unlink(fifo);
+    unlink(path);
+    assert_int_equal(kvg_read_file(path, 100, &data, &len), -ENOENT);
+    f = fopen(path, "wb");
+    fclose(f);
+    assert_int_equal(kvg_read_file(path, 0, &data, &len), 0);
+    assert_int_equal(len, 0);
+    assert_int_equal(data[0], '\0');
+    free(data);
+    unlink(path);
+    rmdir(dir);
 }
 
 static void test_fmt_and_arena_reset(void **state)
@@ -209,6 +283,29 @@ static void test_fmt_and_arena_reset(void **state)
     assert_memory_equal(buf, "18446744073709551615", 20);
     kvg_fmt_hex64(buf, 0x0123456789abcdefULL);
     assert_memory_equal(buf, "0123456789abcdef", 16);
+    /* Against snprintf: every power of ten and its neighbours, and pseudo-random values. */
+    uint64_t x = 0x9e3779b97f4a7c15ULL;
+    for (int i = 0; i < 2000; i++) {
+        uint64_t v;
+        if (i < 60) {
+            v = 1;
+            for (int k = 0; k < i / 3; k++)
+                v *= 10;
+            v += (uint64_t)(i % 3) - 1; /* 10^k - 1, 10^k, 10^k + 1 */
+        } else {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            v = x >> (i % 64);
+        }
+        char want[32];
+        int wn = snprintf(want, sizeof(want), "%llu", (unsigned long long)v);
+        memset(buf, 'x', sizeof(buf));
+        assert_int_equal(kvg_fmt_u64(buf, v), (size_t)wn);
+        assert_memory_equal(buf, want, (size_t)wn);
+        assert_int_equal(buf[wn], 'x');
+        snprintf(want, sizeof(want), "%016llx", (unsigned long long)v);
+        kvg_fmt_hex64(buf, v);
+        assert_memory_equal(buf, want, 16);
+    }
     static const uint8_t bytes[] = {0x00, 0x0f, 0xa5, 0xff};
     memset(buf, 'x', sizeof(buf));
     kvg_hex_encode(bytes, sizeof(bytes), buf);
@@ -671,6 +768,7 @@ int main(void)
         cmocka_unit_test(test_buf_json_string),
         cmocka_unit_test(test_hostport),
         cmocka_unit_test(test_fmt_and_arena_reset),
+        cmocka_unit_test(test_read_file),
         cmocka_unit_test(test_base64url),
         cmocka_unit_test(test_copy),
         cmocka_unit_test(test_http_fields),

@@ -289,6 +289,46 @@ static void test_cost_hit_vs_cold(void **state)
     }
 }
 
+/* Blocks held only on a CPU tier cost (1 - cpu_block_weight) of a prefill each. A holds 10 of
+ * 20 blocks on its GPU; B holds 12, all only on its CPU. At 0.8 (llm-d's weight): A's prefill
+ * 200 x 10 = 2000, B's 200 x (8 + 0.2 x 12) = 2080: A. At 1 a CPU block is as good as a GPU one
+ * (B: 1600), at 0 worth nothing (B: 4000). Worked out by hand. */
+static void test_cost_cpu_tier(void **state)
+{
+    (void)state;
+    kvg_policy_config cfg = cfg_of(KVG_POLICY_COST);
+    kvg_policy_request req = {.blocks = 20, .cold_key = 7};
+    const struct {
+        double weight;
+        uint32_t best;
+        double a_cost, b_cost;
+    } cases[] = {
+        {0.8, 0, 2000, 2080}, {1, 1, 2000, 1600}, {0, 0, 2000, 4000}, {0.5, 0, 2000, 2800}};
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        cfg.cpu_block_weight = cases[k].weight;
+        kvg_policy_candidate c[2] = {
+            {.index = 0, .matched = 10, .id_hash = 11},
+            {.index = 1, .matched = 12, .matched_cpu = 12, .id_hash = 12},
+        };
+        kvg_policy_terms t[2];
+        kvg_policy_reason why;
+        kvg_policy_choose(&cfg, &req, c, 2, 0, t, &why);
+        assert_int_equal(c[0].index, cases[k].best);
+        assert_int_equal(why, KVG_POLICY_REASON_HIT);
+        const kvg_policy_terms *ta = t[0].index == 0 ? &t[0] : &t[1];
+        const kvg_policy_terms *tb = t[0].index == 1 ? &t[0] : &t[1];
+        assert_true(fabs(ta->prefill_cost - cases[k].a_cost) < 1e-6);
+        assert_true(fabs(tb->prefill_cost - cases[k].b_cost) < 1e-6);
+    }
+    /* matched_cpu beyond what counts (the request's blocks) counts no further */
+    cfg.cpu_block_weight = 0.5;
+    req.blocks = 4;
+    kvg_policy_candidate d[1] = {{.index = 0, .matched = 12, .matched_cpu = 12, .id_hash = 1}};
+    kvg_policy_terms t1;
+    kvg_policy_choose(&cfg, &req, d, 1, 0, &t1, NULL);
+    assert_true(fabs(t1.prefill_cost - 200 * 0.5 * 4) < 1e-6);
+}
+
 /* The holder is much busier: an idle-ish cold worker is cheaper, and the reason is cold. */
 static void test_cost_busy_holder_loses(void **state)
 {
@@ -998,7 +1038,8 @@ static int apply(kvg_policy_config *cfg, const char *text, char *msg, size_t msg
     "{\"policy\":\"cost\",\"block_bytes\":64,\"block_tokens\":16,\"max_blocks\":4096,"             \
     "\"cold_blocks\":4,\"load_factor\":2,\"load_slack\":4,\"prefill_cost_per_block\":200,"         \
     "\"queue_cost_per_request\":1000,\"waiting_cost_per_request\":5000,\"kv_usage_cost\":0,"       \
-    "\"turnover_cost_per_block\":50,\"pending_cost_per_block\":200,\"pending_hit_weight\":0}"
+    "\"turnover_cost_per_block\":50,\"pending_cost_per_block\":200,\"pending_hit_weight\":0,"      \
+    "\"cpu_block_weight\":0.8}"
 
 /* Field by field: the struct has padding that memcmp would compare. */
 static void assert_config_equal(const kvg_policy_config *a, const kvg_policy_config *b)
@@ -1017,6 +1058,7 @@ static void assert_config_equal(const kvg_policy_config *a, const kvg_policy_con
     assert_true(a->turnover_cost_per_block == b->turnover_cost_per_block);
     assert_true(a->pending_cost_per_block == b->pending_cost_per_block);
     assert_true(a->pending_hit_weight == b->pending_hit_weight);
+    assert_true(a->cpu_block_weight == b->cpu_block_weight);
 }
 
 static void test_config(void **state)
@@ -1041,6 +1083,7 @@ static void test_config(void **state)
     assert_true(cfg.turnover_cost_per_block == 50);
     assert_true(cfg.pending_cost_per_block == 200);
     assert_true(cfg.pending_hit_weight == 0);
+    assert_true(cfg.cpu_block_weight == 0.8);
     kvg_policy_config_to_json(&cfg, &b);
     assert_string_equal(b.data, DEFAULT_JSON);
     /* what to_json writes, apply_json reads back to the same settings */
@@ -1068,7 +1111,8 @@ static void test_config(void **state)
         "\"max_blocks\":1048576,\"cold_blocks\":1024,\"load_factor\":0,\"load_slack\":1048576,"
         "\"prefill_cost_per_block\":0.1,\"queue_cost_per_request\":1000000000000,"
         "\"waiting_cost_per_request\":1.5e-7,\"kv_usage_cost\":12345.678,\"turnover_"
-        "cost_per_block\":0,\"pending_cost_per_block\":1e12,\"pending_hit_weight\":1}";
+        "cost_per_block\":0,\"pending_cost_per_block\":1e12,\"pending_hit_weight\":1,"
+        "\"cpu_block_weight\":0}";
     assert_int_equal(apply(&cfg, full, msg, sizeof(msg)), 0);
     assert_int_equal(cfg.kind, KVG_POLICY_ROUND_ROBIN);
     assert_int_equal(cfg.block_bytes, 16);
@@ -1083,6 +1127,7 @@ static void test_config(void **state)
     assert_true(cfg.kv_usage_cost == 12345.678);
     assert_true(cfg.pending_cost_per_block == 1e12);
     assert_true(cfg.pending_hit_weight == 1);
+    assert_true(cfg.cpu_block_weight == 0);
     kvg_buf_reset(&b);
     kvg_policy_config_to_json(&cfg, &b);
     assert_string_equal(b.data,
@@ -1092,7 +1137,7 @@ static void test_config(void **state)
                         "request\":1000000000000,"
                         "\"waiting_cost_per_request\":1.5e-07,\"kv_usage_cost\":12345.678,"
                         "\"turnover_cost_per_block\":0,\"pending_cost_per_block\":1000000000000,"
-                        "\"pending_hit_weight\":1}");
+                        "\"pending_hit_weight\":1,\"cpu_block_weight\":0}");
     kvg_policy_config_init(&again);
     assert_int_equal(apply(&again, b.data, msg, sizeof(msg)), 0);
     assert_config_equal(&again, &cfg);
@@ -1166,6 +1211,8 @@ static void test_config(void **state)
         {"{\"load_slack\":1.5}", "load_slack: must be an integer in 0..1048576"},
         {"{\"pending_cost_per_block\":-1}", "pending_cost_per_block: must be a number in 0..1e12"},
         {"{\"pending_hit_weight\":1.01}", "pending_hit_weight: must be a number in 0..1"},
+        {"{\"cpu_block_weight\":-0.1}", "cpu_block_weight: must be a number in 0..1"},
+        {"{\"cpu_block_weight\":1.5}", "cpu_block_weight: must be a number in 0..1"},
         {"{\"pending_hit_weight\":-0.5}", "pending_hit_weight: must be a number in 0..1"},
         /* a good member before a bad one is not applied either */
         {"{\"block_bytes\":128,\"cold_blocks\":0}", "cold_blocks: must be an integer in 1..1024"},
@@ -1391,6 +1438,7 @@ int main(void)
         cmocka_unit_test(test_random_permutation),
         cmocka_unit_test(test_rendezvous),
         cmocka_unit_test(test_cost_hit_vs_cold),
+        cmocka_unit_test(test_cost_cpu_tier),
         cmocka_unit_test(test_cost_busy_holder_loses),
         cmocka_unit_test(test_cost_bound),
         cmocka_unit_test(test_cold_stable),

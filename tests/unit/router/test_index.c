@@ -696,7 +696,11 @@ typedef struct model_worker {
     uint32_t cap;
     size_t n;
     uint64_t keys[MODEL_CAP]; /* keys[0] most recent */
+    uint8_t tiers[MODEL_CAP]; /* of keys[i]: MT_GPU, MT_CPU or both */
 } model_worker;
+
+#define MT_GPU 1u
+#define MT_CPU 2u
 
 typedef struct model {
     model_worker w[MODEL_WORKERS];
@@ -720,7 +724,12 @@ static void model_evict(model *m, model_worker *w)
     m->evictions++;
 }
 
-static int model_record(model *m, uint64_t id, const uint64_t *keys, size_t n)
+/* Keys model_record found or added (those it did not give up on for want of room). */
+static uint64_t model_touched;
+
+/* Stored on a tier: a GPU store (or a record) moves a held key to the front, a CPU store only
+ * adds its tier; a new key goes to the front either way. */
+static int model_store(model *m, uint64_t id, const uint64_t *keys, size_t n, uint8_t tier)
 {
     model_worker *w = model_find(m, id);
     if (!w)
@@ -730,8 +739,16 @@ static int model_record(model *m, uint64_t id, const uint64_t *keys, size_t n)
         while (j < w->n && w->keys[j] != keys[i])
             j++;
         if (j < w->n) {
+            uint8_t t = w->tiers[j] | tier;
+            model_touched++;
+            if (tier == MT_CPU) {
+                w->tiers[j] = t;
+                continue;
+            }
             memmove(&w->keys[1], &w->keys[0], j * sizeof(uint64_t));
+            memmove(&w->tiers[1], &w->tiers[0], j);
             w->keys[0] = keys[i];
+            w->tiers[0] = t;
             continue;
         }
         if (w->n >= w->cap)
@@ -742,12 +759,20 @@ static int model_record(model *m, uint64_t id, const uint64_t *keys, size_t n)
             model_evict(m, w);
         }
         memmove(&w->keys[1], &w->keys[0], w->n * sizeof(uint64_t));
+        memmove(&w->tiers[1], &w->tiers[0], w->n);
         w->keys[0] = keys[i];
+        w->tiers[0] = tier;
         w->n++;
         m->total++;
         m->inserts++;
+        model_touched++;
     }
     return 0;
+}
+
+static int model_record(model *m, uint64_t id, const uint64_t *keys, size_t n)
+{
+    return model_store(m, id, keys, n, MT_GPU);
 }
 
 static uint32_t model_match(model *m, uint64_t id, const uint64_t *keys, size_t n)
@@ -950,6 +975,20 @@ static void *th_main(void *p)
         int rc = kvg_index_record(a->sh->idx, 1 + th_rnd(&s) % TH_WORKERS, keys, nk);
         if (rc != 0 && rc != KVG_ENOTFOUND)
             a->failures++;
+        if (n % 3 == 0) {
+            /* engine events beside the recording: stored, half removed, sometimes cleared */
+            kvg_kv_event evs[3] = {
+                {.kind = KVG_KV_BLOCK_STORED, .hashes = keys, .nhashes = (uint32_t)nk},
+                {.kind = KVG_KV_BLOCK_REMOVED,
+                 .hashes = keys + nk / 2,
+                 .nhashes = (uint32_t)(nk - nk / 2)},
+                {.kind = KVG_KV_ALL_BLOCKS_CLEARED},
+            };
+            kvg_kv_batch b = {.events = evs, .nevents = n % 60 == 0 ? 3 : 2};
+            rc = kvg_index_apply_events(a->sh->idx, 1 + th_rnd(&s) % TH_WORKERS, &b, NULL);
+            if (rc != 0 && rc != KVG_ENOTFOUND)
+                a->failures++;
+        }
         if (n % 128 == 0) {
             kvg_index_stats st;
             kvg_index_stats_get(a->sh->idx, &st);
@@ -1104,18 +1143,411 @@ static void test_many_holders(void **state)
     kvg_index_free(idx);
 }
 
+/* ---- engine events: removal, clearing, applying a decoded batch ------------------------------ */
+
+static bool holds(kvg_prefix_index *idx, uint64_t id, uint64_t key)
+{
+    return match1(idx, id, &key, 1) == 1;
+}
+/* Whether the index has the worker's key on the GPU. */
+static bool holds_gpu(kvg_prefix_index *idx, uint64_t id, uint64_t key)
+{
+    uint32_t any = 0, gpu = 0;
+    if (!kvg_index_match_tiers(idx, &key, 1, &id, 1, &any, &gpu))
+        gpu = any;
+    assert_true(gpu <= any);
+    return gpu == 1;
+}
+
+static void test_remove(void **state)
+{
+    (void)state;
+    kvg_prefix_index *idx = new_index(0, 0);
+    kvg_index_worker ws[] = {{.id = 1, .name = "a", .capacity = 100},
+                             {.id = 2, .name = "b", .capacity = 100}};
+    assert_int_equal(kvg_index_set_workers(idx, ws, 2), 0);
+    uint64_t chain[6] = {11, 12, 13, 14, 15, 16};
+    assert_int_equal(kvg_index_record(idx, 1, chain, 6), 0);
+    assert_int_equal(kvg_index_record(idx, 2, chain, 3), 0);
+
+    /* the tail of worker 1's chain, a key it does not hold, a key only worker 2 holds */
+    uint64_t gone[] = {16, 15, 99, 14};
+    uint64_t removed = 77;
+    assert_int_equal(kvg_index_remove(idx, 1, gone, 4, &removed), 0);
+    assert_int_equal(removed, 3);
+    check(idx);
+    assert_int_equal(match1(idx, 1, chain, 6), 3);
+    assert_int_equal(match1(idx, 2, chain, 6), 3);
+    assert_int_equal(kvg_index_worker_entries(idx, 1), 3);
+    kvg_index_stats st = stats(idx);
+    assert_int_equal(st.entries, 6);
+    assert_int_equal(st.evictions, 0); /* the engine's removals are not the model's evictions */
+
+    /* again: nothing left to remove; NULL removed is allowed */
+    assert_int_equal(kvg_index_remove(idx, 1, gone, 4, &removed), 0);
+    assert_int_equal(removed, 0);
+    assert_int_equal(kvg_index_remove(idx, 1, gone, 4, NULL), 0);
+    assert_int_equal(kvg_index_remove(idx, 1, NULL, 0, &removed), 0);
+    assert_int_equal(kvg_index_remove(idx, 1, NULL, 1, &removed), -EINVAL);
+    assert_int_equal(kvg_index_remove(idx, 9, chain, 1, &removed), KVG_ENOTFOUND);
+
+    /* a hole in the middle: the key is gone for that worker only */
+    uint64_t mid = 12;
+    assert_int_equal(kvg_index_remove(idx, 2, &mid, 1, &removed), 0);
+    assert_int_equal(removed, 1);
+    assert_false(holds(idx, 2, 12));
+    assert_true(holds(idx, 1, 12));
+    assert_true(holds(idx, 2, 13));
+    check(idx);
+
+    /* the LRU goes on working after removals: capacity 3, the least recent goes first */
+    kvg_index_worker w3 = {.id = 3, .name = "c", .capacity = 3};
+    assert_int_equal(kvg_index_set_workers(idx, &w3, 1), 0);
+    uint64_t a[] = {1, 2, 3};
+    assert_int_equal(kvg_index_record(idx, 3, a, 3), 0);
+    uint64_t two = 2;
+    assert_int_equal(kvg_index_remove(idx, 3, &two, 1, &removed), 0);
+    uint64_t b[] = {4, 5};
+    assert_int_equal(kvg_index_record(idx, 3, b, 2), 0); /* 4 fits, 5 evicts 3 (least recent) */
+    assert_true(holds(idx, 3, 1));
+    assert_false(holds(idx, 3, 3));
+    assert_true(holds(idx, 3, 4));
+    assert_true(holds(idx, 3, 5));
+    check(idx);
+    kvg_index_free(idx);
+}
+
+static void test_clear_worker(void **state)
+{
+    (void)state;
+    kvg_prefix_index *idx = new_index(0, 0);
+    kvg_index_worker ws[] = {{.id = 1, .name = "a", .capacity = 5000},
+                             {.id = 2, .name = "b", .capacity = 5000}};
+    assert_int_equal(kvg_index_set_workers(idx, ws, 2), 0);
+    static uint64_t chain[3000];
+    for (size_t i = 0; i < 3000; i++)
+        chain[i] = 0x77000 + i;
+    assert_int_equal(kvg_index_record(idx, 1, chain, 3000), 0);
+    assert_int_equal(kvg_index_record(idx, 2, chain, 2000), 0);
+    assert_int_equal(kvg_index_clear_worker(idx, 1), 0);
+    check(idx);
+    assert_int_equal(kvg_index_worker_entries(idx, 1), 0);
+    assert_int_equal(match1(idx, 1, chain, 3000), 0);
+    assert_int_equal(match1(idx, 2, chain, 3000), 2000);
+    kvg_index_stats st = stats(idx);
+    assert_int_equal(st.entries, 2000);
+    assert_int_equal(st.evictions, 0);
+    assert_int_equal(st.workers, 2);
+    /* the worker stays, with its capacity: it records again, and clears again */
+    assert_int_equal(kvg_index_record(idx, 1, chain, 10), 0);
+    assert_int_equal(match1(idx, 1, chain, 3000), 10);
+    assert_int_equal(kvg_index_clear_worker(idx, 1), 0);
+    assert_int_equal(kvg_index_clear_worker(idx, 1), 0);
+    assert_int_equal(kvg_index_clear_worker(idx, 3), KVG_ENOTFOUND);
+    check(idx);
+    /* the freed nodes are reused: recording as much again does not grow the index */
+    assert_int_equal(kvg_index_record(idx, 1, chain, 3000), 0);
+    check(idx);
+    assert_int_equal(stats(idx).entries, 5000);
+    kvg_index_free(idx);
+}
+
+static void test_apply_events(void **state)
+{
+    (void)state;
+    kvg_prefix_index *idx = new_index(0, 0);
+    kvg_index_worker ws[] = {{.id = 1, .name = "a", .capacity = 100},
+                             {.id = 2, .name = "b", .capacity = 4}};
+    assert_int_equal(kvg_index_set_workers(idx, ws, 2), 0);
+    uint64_t chain[] = {0xa1, 0xa2, 0xa3, 0xa4, 0xa5};
+    uint64_t more[] = {0xa6, 0xa7};
+    uint64_t cpu[] = {0xc1, 0xc2};
+    kvg_kv_event evs[] = {
+        {.kind = KVG_KV_BLOCK_STORED, .medium = KVG_KV_MEDIUM_GPU, .hashes = chain, .nhashes = 5},
+        {.kind = KVG_KV_BLOCK_STORED,
+         .has_parent = true,
+         .parent = 0xa5,
+         .hashes = more,
+         .nhashes = 2},
+        {.kind = KVG_KV_BLOCK_STORED, .medium = KVG_KV_MEDIUM_CPU, .hashes = cpu, .nhashes = 2},
+        {.kind = KVG_KV_BLOCK_REMOVED,
+         .medium = KVG_KV_MEDIUM_GPU,
+         .hashes = more + 1,
+         .nhashes = 1},
+        {.kind = KVG_KV_BLOCK_REMOVED,
+         .medium = KVG_KV_MEDIUM_OTHER,
+         .hashes = chain,
+         .nhashes = 5},
+    };
+    kvg_kv_batch b = {.events = evs, .nevents = 5};
+    kvg_index_apply_stats st;
+    assert_int_equal(kvg_index_apply_events(idx, 1, &b, &st), 0);
+    assert_int_equal(st.stored, 9);  /* the CPU tier's two as well */
+    assert_int_equal(st.removed, 1); /* the "other" tier (as CPU) held none of chain */
+    assert_int_equal(st.cleared, 0);
+    assert_int_equal(st.skipped, 0);
+    check(idx);
+    uint64_t whole[] = {0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6, 0xa7};
+    assert_int_equal(match1(idx, 1, whole, 7), 6);
+    assert_true(holds(idx, 1, 0xc1));
+    assert_false(holds_gpu(idx, 1, 0xc1));
+    assert_true(holds_gpu(idx, 1, 0xa1));
+    assert_int_equal(kvg_index_worker_entries(idx, 1), 8);
+
+    /* capacity 4: a stored event of 5 keeps its first 4 (recorded last to first) */
+    kvg_kv_batch b1 = {.events = evs, .nevents = 1};
+    assert_int_equal(kvg_index_apply_events(idx, 2, &b1, NULL), 0);
+    assert_int_equal(match1(idx, 2, chain, 5), 4);
+    assert_int_equal(stats(idx).evictions, 1);
+
+    /* cleared, then stored again in the same batch: the order of the events holds */
+    kvg_kv_event again[] = {
+        {.kind = KVG_KV_ALL_BLOCKS_CLEARED},
+        {.kind = KVG_KV_BLOCK_STORED, .hashes = chain, .nhashes = 2},
+    };
+    kvg_kv_batch b2 = {.events = again, .nevents = 2};
+    assert_int_equal(kvg_index_apply_events(idx, 1, &b2, &st), 0);
+    assert_int_equal(st.cleared, 1);
+    assert_int_equal(st.stored, 2);
+    assert_int_equal(match1(idx, 1, whole, 7), 2);
+    assert_int_equal(kvg_index_worker_entries(idx, 1), 2);
+    assert_int_equal(stats(idx).cpu_entries, 0);
+    check(idx);
+
+    /* unknown worker; an empty batch; bad arguments */
+    assert_int_equal(kvg_index_apply_events(idx, 9, &b, &st), KVG_ENOTFOUND);
+    kvg_kv_batch empty = {0};
+    assert_int_equal(kvg_index_apply_events(idx, 1, &empty, &st), 0);
+    assert_int_equal(st.stored + st.removed + st.cleared + st.skipped, 0);
+    assert_int_equal(kvg_index_apply_events(idx, 1, NULL, &st), -EINVAL);
+    kvg_kv_batch bad = {.nevents = 1};
+    assert_int_equal(kvg_index_apply_events(idx, 1, &bad, &st), -EINVAL);
+    kvg_index_free(idx);
+}
+
+/* Events longer than one hold of the write lock: the same result as one hold. */
+static void test_apply_long_events(void **state)
+{
+    (void)state;
+    enum { N = 1500 };
+    static uint64_t keys[N];
+    for (size_t i = 0; i < N; i++)
+        keys[i] = 0xbee000 + i * 31;
+    kvg_prefix_index *idx = new_index(0, 0);
+    set1(idx, 1, 1000);
+    kvg_kv_event evs[] = {
+        {.kind = KVG_KV_BLOCK_STORED, .hashes = keys, .nhashes = N},
+        {.kind = KVG_KV_BLOCK_REMOVED, .hashes = keys + 600, .nhashes = 700},
+    };
+    kvg_kv_batch b = {.events = evs, .nevents = 1};
+    kvg_index_apply_stats st;
+    assert_int_equal(kvg_index_apply_events(idx, 1, &b, &st), 0);
+    assert_int_equal(st.stored, N);
+    assert_int_equal(match1(idx, 1, keys, N), 1000); /* the head, as kvg_index_record keeps */
+    b.events = evs + 1;
+    assert_int_equal(kvg_index_apply_events(idx, 1, &b, &st), 0);
+    assert_int_equal(st.removed, 400);
+    assert_int_equal(match1(idx, 1, keys, N), 600);
+    assert_int_equal(kvg_index_worker_entries(idx, 1), 600);
+    check(idx);
+    kvg_index_free(idx);
+}
+
+static void test_apply_alloc_failures(void **state)
+{
+    (void)state;
+    enum { N = 3000 };
+    static uint64_t keys[N];
+    for (size_t i = 0; i < N; i++)
+        keys[i] = 0xfa11000 + i;
+    kvg_kv_event ev = {.kind = KVG_KV_BLOCK_STORED, .hashes = keys, .nhashes = N};
+    kvg_kv_batch b = {.events = &ev, .nevents = 1};
+    for (long n = 0;; n++) {
+        kvg_prefix_index *idx = new_index(0, 0);
+        set1(idx, 1, N);
+        fail_alloc_nth(n);
+        int rc = kvg_index_apply_events(idx, 1, &b, NULL);
+        bool injected = fail_alloc_off();
+        check(idx);
+        if (!injected) {
+            assert_int_equal(rc, 0);
+            assert_int_equal(match1(idx, 1, keys, N), N);
+            kvg_index_free(idx);
+            break;
+        }
+        assert_int_equal(rc, -ENOMEM);
+        /* what was recorded is the chain's tail; removing and clearing need no memory */
+        assert_int_equal(match1(idx, 1, keys, N), 0);
+        fail_alloc_nth(0);
+        assert_int_equal(kvg_index_remove(idx, 1, keys, N, NULL), 0);
+        assert_int_equal(kvg_index_clear_worker(idx, 1), 0);
+        assert_false(fail_alloc_off());
+        check(idx);
+        kvg_index_free(idx);
+    }
+}
+
+/* The reference model with engine events: random batches of stored, removed and cleared events
+ * on the GPU and CPU tiers, next to kvg_index_record, compared key by key (removals leave holes, so
+ * chains are compared one key at a time rather than by their matched depth). */
+static void model_remove(model *m, uint64_t id, const uint64_t *keys, size_t n, uint8_t tier,
+                         uint64_t *removed)
+{
+    model_worker *w = model_find(m, id);
+    for (size_t i = 0; w && i < n; i++) {
+        for (size_t j = 0; j < w->n; j++) {
+            if (w->keys[j] != keys[i])
+                continue;
+            if (w->tiers[j] & tier)
+                (*removed)++;
+            w->tiers[j] &= (uint8_t)~tier;
+            if (!w->tiers[j]) {
+                memmove(&w->keys[j], &w->keys[j + 1], (w->n - j - 1) * sizeof(uint64_t));
+                memmove(&w->tiers[j], &w->tiers[j + 1], w->n - j - 1);
+                w->n--;
+                m->total--;
+            }
+            break;
+        }
+    }
+}
+
+static void run_events_model(uint64_t seed, uint64_t max_entries, int ops)
+{
+    rnd_state = seed;
+    const uint64_t pool[MODEL_WORKERS] = {1, 2, 3, 0, 77, UINT64_MAX, 1ull << 40, 12345};
+    kvg_prefix_index *idx = new_index(max_entries, 20);
+    model m = {.max_entries = max_entries ? max_entries : UINT64_C(1) << 24,
+               .default_capacity = 20};
+    kvg_index_worker ws[MODEL_WORKERS];
+    for (int i = 0; i < MODEL_WORKERS; i++) {
+        m.w[i].id = pool[i];
+        ws[i] = (kvg_index_worker){
+            .id = pool[i], .name = "w", .capacity = (uint32_t)(1 + rnd() % MODEL_CAP)};
+    }
+    assert_int_equal(kvg_index_set_workers(idx, ws, MODEL_WORKERS), 0);
+    model_set(&m, ws, MODEL_WORKERS, pool);
+
+    for (int op = 0; op < ops; op++) {
+        uint64_t keys[8][40];
+        kvg_kv_event evs[8];
+        size_t nev = (size_t)(rnd() % 8);
+        uint64_t id = rnd() % 16 == 0 ? 999 : pool[rnd() % MODEL_WORKERS];
+        model_worker *w = model_find(&m, id);
+        kvg_index_apply_stats want = {0};
+        for (size_t e = 0; e < nev; e++) {
+            unsigned r = (unsigned)(rnd() % 100);
+            kvg_kv_event *ev = &evs[e];
+            *ev = (kvg_kv_event){.hashes = keys[e]};
+            ev->medium = r % 10 == 0 ? KVG_KV_MEDIUM_CPU
+                         : r % 2     ? KVG_KV_MEDIUM_GPU
+                                     : KVG_KV_MEDIUM_ABSENT;
+            if (r < 55) {
+                ev->kind = KVG_KV_BLOCK_STORED;
+                ev->nhashes = (uint32_t)random_chain(keys[e], 40);
+            } else if (r < 95) {
+                ev->kind = KVG_KV_BLOCK_REMOVED;
+                /* keys the worker holds, most of the time, and some it does not */
+                ev->nhashes = (uint32_t)(rnd() % 12);
+                for (uint32_t i = 0; i < ev->nhashes; i++)
+                    keys[e][i] = w && w->n && rnd() % 4 ? w->keys[rnd() % w->n] : rnd() % 50;
+            } else {
+                ev->kind = KVG_KV_ALL_BLOCKS_CLEARED;
+            }
+            if (!w)
+                continue;
+            uint8_t tier = ev->medium == KVG_KV_MEDIUM_CPU ? MT_CPU : MT_GPU;
+            if (ev->kind == KVG_KV_BLOCK_STORED) {
+                model_touched = 0;
+                model_store(&m, id, ev->hashes, ev->nhashes, tier);
+                want.stored += model_touched;
+            } else if (ev->kind == KVG_KV_BLOCK_REMOVED) {
+                model_remove(&m, id, ev->hashes, ev->nhashes, tier, &want.removed);
+            } else {
+                m.total -= w->n;
+                w->n = 0;
+                want.cleared++;
+            }
+        }
+        kvg_kv_batch b = {.events = evs, .nevents = nev};
+        kvg_index_apply_stats got;
+        int rc = kvg_index_apply_events(idx, id, &b, &got);
+        if (rc != (w ? 0 : KVG_ENOTFOUND))
+            fail_msg("seed %llu op %d: apply returned %d", (unsigned long long)seed, op, rc);
+        if (w && (got.stored != want.stored || got.removed != want.removed ||
+                  got.cleared != want.cleared || got.skipped != want.skipped))
+            fail_msg(
+                "seed %llu op %d: apply counted %llu/%llu/%llu/%llu, model %llu/%llu/%llu/%llu",
+                (unsigned long long)seed, op, (unsigned long long)got.stored,
+                (unsigned long long)got.removed, (unsigned long long)got.cleared,
+                (unsigned long long)got.skipped, (unsigned long long)want.stored,
+                (unsigned long long)want.removed, (unsigned long long)want.cleared,
+                (unsigned long long)want.skipped);
+        kvg_index_stats st = stats(idx);
+        if (st.entries != m.total || st.inserts != m.inserts || st.evictions != m.evictions)
+            fail_msg("seed %llu op %d: stats %llu/%llu/%llu, model %llu/%llu/%llu",
+                     (unsigned long long)seed, op, (unsigned long long)st.entries,
+                     (unsigned long long)st.inserts, (unsigned long long)st.evictions,
+                     (unsigned long long)m.total, (unsigned long long)m.inserts,
+                     (unsigned long long)m.evictions);
+        /* every key of the worker, and the keys of this batch, one at a time */
+        if (w) {
+            for (size_t j = 0; j < w->n; j++) {
+                if (!holds(idx, id, w->keys[j]))
+                    fail_msg("seed %llu op %d: key lost", (unsigned long long)seed, op);
+                if (holds_gpu(idx, id, w->keys[j]) != ((w->tiers[j] & MT_GPU) != 0))
+                    fail_msg("seed %llu op %d: GPU tier wrong", (unsigned long long)seed, op);
+            }
+            for (size_t e = 0; e < nev; e++)
+                for (uint32_t i = 0; i < evs[e].nhashes; i++)
+                    assert_int_equal(holds(idx, id, evs[e].hashes[i]),
+                                     model_match(&m, id, &evs[e].hashes[i], 1));
+        }
+        for (int i = 0; i < MODEL_WORKERS; i++)
+            assert_int_equal(kvg_index_worker_entries(idx, pool[i]), m.w[i].n);
+        if (op % 97 == 0)
+            check(idx);
+    }
+    check(idx);
+    kvg_index_free(idx);
+}
+
+static void test_events_model(void **state)
+{
+    (void)state;
+    for (uint64_t seed = 31; seed <= 34; seed++)
+        run_events_model(seed, 0, 3000);
+    for (uint64_t seed = 41; seed <= 43; seed++)
+        run_events_model(seed, 60, 3000);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_long_chains),  cmocka_unit_test(test_empty),
-        cmocka_unit_test(test_one_chain),    cmocka_unit_test(test_gap),
-        cmocka_unit_test(test_many_holders), cmocka_unit_test(test_several_workers),
-        cmocka_unit_test(test_lru),          cmocka_unit_test(test_lru_refresh),
-        cmocka_unit_test(test_turnover),     cmocka_unit_test(test_set_workers),
-        cmocka_unit_test(test_max_entries),  cmocka_unit_test(test_zero_and_repeated_keys),
-        cmocka_unit_test(test_growth),       cmocka_unit_test(test_many_workers),
-        cmocka_unit_test(test_metrics),      cmocka_unit_test(test_alloc_failures),
-        cmocka_unit_test(test_model),        cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_long_chains),
+        cmocka_unit_test(test_empty),
+        cmocka_unit_test(test_one_chain),
+        cmocka_unit_test(test_gap),
+        cmocka_unit_test(test_many_holders),
+        cmocka_unit_test(test_several_workers),
+        cmocka_unit_test(test_lru),
+        cmocka_unit_test(test_lru_refresh),
+        cmocka_unit_test(test_turnover),
+        cmocka_unit_test(test_set_workers),
+        cmocka_unit_test(test_max_entries),
+        cmocka_unit_test(test_zero_and_repeated_keys),
+        cmocka_unit_test(test_growth),
+        cmocka_unit_test(test_many_workers),
+        cmocka_unit_test(test_metrics),
+        cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_model),
+        cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_remove),
+        cmocka_unit_test(test_clear_worker),
+        cmocka_unit_test(test_apply_events),
+        cmocka_unit_test(test_apply_long_events),
+        cmocka_unit_test(test_apply_alloc_failures),
+        cmocka_unit_test(test_events_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,10 +7,12 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "prom.h"
 #include "router.h"
 #include "router_helpers.h"
 
@@ -294,7 +296,80 @@ static void test_metrics_format(void **state)
     kvg_registry_free(reg);
 }
 
+/* Threads adding to one worker through their own stripes (and two of them through the shared
+ * stripe 0, one because its stripe is beyond the worker's): nothing lost, all of it read. */
+typedef struct striped_adder {
+    kvg_worker *w;
+    unsigned stripe;
+} striped_adder;
+
+#define STRIPED_ADDS 20000
+
+static void expect_sample(const char *text, const char *series, unsigned long v)
+{
+    char line[200];
+    snprintf(line, sizeof(line), "%s %lu\n", series, v);
+    if (!strstr(text, line))
+        fail_msg("missing line %s in:\n%s", line, text);
+}
+
+static void *add_striped(void *arg)
+{
+    striped_adder *a = arg;
+    kvg_prom_stripe_set(a->stripe);
+    for (int i = 0; i < STRIPED_ADDS; i++) {
+        kvg_worker_record(a->w, 200, 3000000, 1000000);
+        kvg_worker_record_usage(a->w, 2, 10, 4);
+        kvg_worker_record_ttft(a->w, 80000000);
+        kvg_worker_record_output_tokens(a->w, 3);
+    }
+    kvg_worker_record_retry(a->w);
+    return NULL;
+}
+
+static void test_metrics_sum_stripes(void **state)
+{
+    (void)state;
+    kvg_registry *reg = new_registry(3); /* three event loops: stripes 0 (shared) to 3 */
+    assert_int_equal(put(reg, "w1", "http://h:1", KVG_WORKER_SOURCE_ADMIN), 0);
+    kvg_worker_set *s = kvg_registry_acquire(reg);
+    kvg_worker *w = kvg_worker_set_find(s, "w1");
+    striped_adder adders[] = {{w, 0}, {w, 1}, {w, 3}, {w, 9}, {w, 2}};
+    pthread_t tids[KVG_ARRAY_LEN(adders)];
+    for (size_t i = 0; i < KVG_ARRAY_LEN(adders); i++)
+        assert_int_equal(pthread_create(&tids[i], NULL, add_striped, &adders[i]), 0);
+    for (size_t i = 0; i < KVG_ARRAY_LEN(adders); i++)
+        assert_int_equal(pthread_join(tids[i], NULL), 0);
+    kvg_buf out;
+    kvg_buf_init(&out);
+    kvg_registry_write_metrics(reg, &out);
+    assert_false(out.failed);
+    const unsigned long n = STRIPED_ADDS * KVG_ARRAY_LEN(adders);
+    static const char *const series[] = {
+        "kvgate_worker_requests_total{worker=\"w1\",code=\"200\"}",
+        "kvgate_worker_request_duration_seconds_count{worker=\"w1\"}",
+        "kvgate_worker_ttfb_seconds_count{worker=\"w1\"}",
+        "kvgate_worker_ttft_seconds_count{worker=\"w1\"}",
+        "kvgate_prefix_predictions_total{worker=\"w1\",outcome=\"hit_predicted\"}",
+    };
+    for (size_t i = 0; i < KVG_ARRAY_LEN(series); i++)
+        expect_sample(out.data, series[i], n);
+    expect_sample(out.data, "kvgate_prefix_prompt_tokens_total{worker=\"w1\"}", n * 10);
+    expect_sample(out.data, "kvgate_worker_output_tokens_total{worker=\"w1\"}", n * 3);
+    expect_sample(out.data, "kvgate_worker_retries_total{worker=\"w1\"}", KVG_ARRAY_LEN(adders));
+    /* the sum of 3 ms observations, in the histogram's resolution */
+    char line[160];
+    snprintf(line, sizeof(line), "kvgate_worker_request_duration_seconds_sum{worker=\"w1\"} %lu.",
+             n * 3 / 1000);
+    assert_non_null(strstr(out.data, line));
+    kvg_prom_stripe_set(0);
+    kvg_worker_set_unref(s);
+    kvg_buf_done(&out);
+    kvg_registry_free(reg);
+}
+
 const struct CMUnitTest metrics_tests[] = {
     cmocka_unit_test(test_metrics_format),
+    cmocka_unit_test(test_metrics_sum_stripes),
 };
 const size_t metrics_tests_count = KVG_ARRAY_LEN(metrics_tests);

@@ -539,11 +539,13 @@ static void test_admin_json_round_trip(void **state)
 
     /* only the admin layer, sorted, every field, max_inflight as defined */
     char *text = admin_json(reg);
-    assert_string_equal(text, "[\n{\"name\":\"a1\",\"url\":\"http://[::1]:8001/\",\"models\":"
-                              "[\"llama \\\"3\\\"\",\"m\\\\2\"],\"kv_blocks\":4294967295,"
-                              "\"max_inflight\":7,\"cache_salt\":false},\n"
-                              "{\"name\":\"shadow\",\"url\":\"http://admin:2\",\"models\":[],"
-                              "\"kv_blocks\":0,\"max_inflight\":0,\"cache_salt\":true}\n]");
+    assert_string_equal(
+        text,
+        "[\n{\"name\":\"a1\",\"url\":\"http://[::1]:8001/\",\"models\":"
+        "[\"llama \\\"3\\\"\",\"m\\\\2\"],\"kv_blocks\":4294967295,"
+        "\"max_inflight\":7,\"cache_salt\":false,\"kv_events_stale_ms\":0},\n"
+        "{\"name\":\"shadow\",\"url\":\"http://admin:2\",\"models\":[],"
+        "\"kv_blocks\":0,\"max_inflight\":0,\"cache_salt\":true,\"kv_events_stale_ms\":0}\n]");
 
     /* into a fresh registry with the same config: the same workers, the same JSON */
     kvg_registry *reg2 = new_registry(1);

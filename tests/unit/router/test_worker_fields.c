@@ -24,7 +24,8 @@ static void test_state_form_round_trip(void **state)
     fix f;
     fix_init(&f, KVG_SET_STATE);
     const char *text = "{\"name\":\"w1\",\"url\":\"http://h:1\",\"models\":[\"a\",\"b\"],"
-                       "\"kv_blocks\":4096,\"max_inflight\":0,\"cache_salt\":false}";
+                       "\"kv_blocks\":4096,\"max_inflight\":0,\"cache_salt\":false,"
+                       "\"kv_events_stale_ms\":5000}";
     kvg_worker_def def;
     assert_int_equal(decode(&f, &def, text), 0);
     assert_string_equal(def.name, "w1");

@@ -413,7 +413,7 @@ static void test_load_10k(void **state)
     kvg_buf_init(&out);
     kvg_tenants_to_json(ts, &out);
     clock_gettime(CLOCK_MONOTONIC, &t4);
-    print_message("10k tenants (%zu bytes of JSON): parse %.1f ms, from_json %.1f ms, one put "
+    print_message("# 10k tenants (%zu bytes of JSON): parse %.1f ms, from_json %.1f ms, one put "
                   "%.2f ms, to_json %.1f ms\n",
                   text.len, elapsed_ms(&t0, &t1), elapsed_ms(&t1, &t2), elapsed_ms(&t2, &t3),
                   elapsed_ms(&t3, &t4));

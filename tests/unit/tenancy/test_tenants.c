@@ -437,7 +437,7 @@ static void test_concurrent_stress(void **state)
         auth += args[i].authenticated;
         admitted += args[i].admitted;
     }
-    print_message("stress: %lu tenant lookups, %lu admitted\n", auth, admitted);
+    print_message("# stress: %lu tenant lookups, %lu admitted\n", auth, admitted);
     assert_true(admitted > 0);
     kvg_tenant_set *s = kvg_tenants_acquire(st.ts);
     for (size_t i = 0; i < kvg_tenant_set_count(s); i++)

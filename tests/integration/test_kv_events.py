@@ -1,0 +1,177 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The engines' KV events feed the gateway's index (issue 17, the consumer's first slice):
+workers in token-exact mode publish vLLM-format events (kvgate-simworker, docs/simworker.md),
+the gateway subscribes to the worker's kv_events endpoint, and what the engine says it stored,
+removed and cleared is what the index holds - even for requests the gateway never routed."""
+import time
+
+import httpx
+from test_simworker_events import SEED
+from test_simworker_events import start as events_worker
+from test_token_exact import explain, models_config
+
+
+def gateway(kvgate, workers, tmp_path, **extra):
+    cfg = models_config()
+    cfg["models"][0]["hash_seed"] = SEED
+    cfg["workers"] = []
+    for w in workers:
+        d = {"name": w.name, "url": w.url, "models": ["m"]}
+        if getattr(w, "events_ep", None):
+            d["kv_events"] = w.events_ep
+            if w.replay_ep:
+                d["kv_events_replay"] = w.replay_ep
+        cfg["workers"].append(d)
+    cfg.update(extra)
+    return kvgate(config=cfg)
+
+
+def matched_on(gw, body, worker):
+    got = explain(gw, body)
+    assert got["mode"] == "token_exact", got
+    return {c["worker"]: c["matched_blocks"] for c in got["candidates"]}.get(worker, 0), got
+
+
+def wait_matched(gw, body, worker, want, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        n, got = matched_on(gw, body, worker)
+        if n == want or time.monotonic() > deadline:
+            return n, got
+        time.sleep(0.05)
+
+
+def prompt(i, words=120):
+    return {"model": "m", "prompt": f"Document {i}: " + " ".join(f"w{i}x{k}" for k in
+                                                                 range(words)), "max_tokens": 1}
+
+
+def test_events_feed_the_index(simworker, kvgate, tmp_path):
+    """A prompt sent to a worker directly (not through the gateway) is known to the gateway by
+    the worker's BlockStored events: explain predicts exactly the blocks the worker then reports
+    cached; a reset of the worker's cache (AllBlocksCleared) empties it again."""
+    ev = events_worker(simworker, tmp_path, model="m")
+    plain = simworker(time_scale=0, model="m")
+    gw = gateway(kvgate, [ev, plain], tmp_path)
+    body = prompt(1)
+    n, got = matched_on(gw, body, ev.name)
+    assert n == 0
+    blocks = got["prefix"]["blocks"]
+    assert blocks > 10
+    # The gateway is not told: the engine is. The salt is the gateway's global scope's, as the
+    # gateway would inject it (explain keys with it).
+    from gwhelpers import salt_of
+    with httpx.Client(timeout=10) as c:
+        r = c.post(ev.url + "/v1/completions", json=dict(body, cache_salt=salt_of("global")))
+        assert r.status_code == 200, r.text
+    n, got = wait_matched(gw, body, ev.name, blocks)
+    assert n == blocks, got
+    assert got["chosen"] == ev.name
+    # The gateway routes it there and the engine reports it cached.
+    with httpx.Client(base_url=gw.url, timeout=10) as c:
+        r = c.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-simworker-name"] == ev.name
+        assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == blocks * 16
+    m = gw.scrape()
+    assert gw.metric("kvgate_kv_events_subscriptions", m) == 1
+    assert gw.metric("kvgate_kv_events_total", m, outcome="stored") >= blocks
+    assert gw.metric("kvgate_kv_events_total", m, outcome="invalid") == 0
+    # The engine's cache cleared: the gateway forgets it (its own record of the request too).
+    with httpx.Client(timeout=10) as c:
+        assert c.post(ev.url + "/reset_prefix_cache").status_code == 200
+    n, got = wait_matched(gw, body, ev.name, 0)
+    assert n == 0, got
+    assert gw.metric("kvgate_kv_events_total", outcome="cleared") >= 1
+
+
+def test_gaps_are_replayed(simworker, kvgate, tmp_path):
+    """Half the batches dropped on the way: the gateway sees the gaps, asks the worker's replay
+    socket, and ends up knowing every prompt the worker stored (once a later batch shows the
+    gap)."""
+    ev = events_worker(simworker, tmp_path, model="m", kv_events_drop_rate=0.5, seed=3)
+    gw = gateway(kvgate, [ev], tmp_path)
+    from gwhelpers import salt_of
+    bodies = [prompt(i, 60) for i in range(12)]
+    with httpx.Client(timeout=10) as c:
+        for b in bodies:
+            r = c.post(ev.url + "/v1/completions", json=dict(b, cache_salt=salt_of("global")))
+            assert r.status_code == 200, r.text
+            time.sleep(0.02)  # batches one by one
+        # A dropped last batch shows as a gap only when a later one comes (vLLM with a snapshot
+        # endpoint sends an empty batch each idle second for that; the simulated worker only with
+        # --kv-events-heartbeat-ms, not given here): one more.
+        for i in range(100, 103):
+            c.post(ev.url + "/v1/completions", json=prompt(i, 20))
+    for i, b in enumerate(bodies):
+        blocks = explain(gw, b)["prefix"]["blocks"]
+        n, got = wait_matched(gw, b, ev.name, blocks)
+        m = gw.scrape()
+        assert n == blocks, (i, {k: v for k, v in m.items() if "kv_events" in k})
+    m = gw.scrape()
+    assert gw.metric("kvgate_kv_events_total", m, outcome="gaps") >= 1
+    assert gw.metric("kvgate_kv_events_total", m, outcome="replayed") >= 1
+    assert gw.metric("kvgate_kv_events_total", m, outcome="lost") == 0
+    # The live copies of batches a replay applied (read after its end) are duplicates, never an
+    # engine restart that would clear the worker's entries.
+    assert gw.metric("kvgate_kv_events_total", m, outcome="restarts") == 0
+
+
+def test_an_engine_restart_clears_its_entries(simworker, kvgate, tmp_path):
+    """The worker restarted (same addresses): its sequence starts at 0 again, which the
+    gateway reads as a new, empty cache - what the old engine held is forgotten, what the new
+    one stores is learned."""
+    from gwhelpers import salt_of
+    from test_simworker_events import free_port
+    port, evp, rep = free_port(), free_port(), free_port()
+    flags = dict(model="m", name="eng", listen=f"127.0.0.1:{port}",
+                 endpoint=f"tcp://127.0.0.1:{evp}",
+                 kv_events_replay_endpoint=f"tcp://127.0.0.1:{rep}")
+    ev = events_worker(simworker, tmp_path, **flags)
+    gw = gateway(kvgate, [ev], tmp_path)
+    a, b = prompt(1), prompt(2)
+    with httpx.Client(timeout=10) as c:
+        assert c.post(ev.url + "/v1/completions",
+                      json=dict(a, cache_salt=salt_of("global"))).status_code == 200
+        blocks_a = explain(gw, a)["prefix"]["blocks"]
+        assert wait_matched(gw, a, ev.name, blocks_a)[0] == blocks_a
+        assert ev.stop() == 0
+        ev2 = events_worker(simworker, tmp_path, **flags)
+        assert ev2.url == ev.url
+        # The publisher's connection coming back tells the gateway (its first batches may be
+        # sent before the subscription reaches it, so the numbers alone could not).
+        deadline = time.monotonic() + 5
+        while gw.metric("kvgate_kv_events_total", outcome="restarts") < 1:
+            assert time.monotonic() < deadline, "no restart seen"
+            time.sleep(0.05)
+        assert matched_on(gw, a, ev.name)[0] == 0
+        assert c.post(ev2.url + "/v1/completions",
+                      json=dict(b, cache_salt=salt_of("global"))).status_code == 200
+    blocks_b = explain(gw, b)["prefix"]["blocks"]
+    assert wait_matched(gw, b, ev.name, blocks_b)[0] == blocks_b
+    assert matched_on(gw, a, ev.name)[0] == 0
+
+
+def test_replayed_batches_seen_live_are_not_restarts(simworker, kvgate, tmp_path):
+    """Batches published while a replay is under way come back twice: in the replay's answer and
+    live on the SUB socket, which the consumer may read after the replay's end. The live copy is
+    a duplicate (counted and skipped); taken for an engine restart it would clear the worker's
+    entries for nothing."""
+    import concurrent.futures
+    from gwhelpers import salt_of
+    ev = events_worker(simworker, tmp_path, model="m", kv_events_drop_rate=0.3, seed=5)
+    gw = gateway(kvgate, [ev], tmp_path)
+
+    def send(i):
+        with httpx.Client(timeout=10) as c:
+            r = c.post(ev.url + "/v1/completions",
+                       json=dict(prompt(i, 30), cache_salt=salt_of("global")))
+            assert r.status_code == 200, r.text
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(send, range(400)))
+    time.sleep(1.5)  # the last replays end
+    m = gw.scrape()
+    assert gw.metric("kvgate_kv_events_total", m, outcome="gaps") >= 5
+    assert gw.metric("kvgate_kv_events_total", m, outcome="restarts") == 0
+    assert gw.metric("kvgate_kv_events_total", m, outcome="lost") == 0
