@@ -419,9 +419,14 @@ static void on_replay(kvg_kv_consumer *c, sub *s, int64_t seq, const void *data,
     apply(c, s, seq, data, len, true);
 }
 
-/* The SUB socket's connection events: the publisher connected again after a disconnect is
- * taken as an engine restart (a network blip costs the worker's entries too: the index then
- * knows less than the engine, never more). */
+/* The SUB socket's connection events. A disconnect clears the worker's entries at once: the
+ * engine's process may be gone with its cache, and a restarted engine can be back in rotation
+ * (its health check passing) before libzmq's next reconnect tells us, so waiting for the
+ * reconnect would route requests to blocks it no longer has (bench/acceptance --restart-worker
+ * saw 4 such answers once). The publisher connected again after a disconnect is taken as an
+ * engine restart: cleared again (what was recorded meanwhile was a guess about a dead
+ * process) and its numbering starts afresh. A network blip costs the worker's entries too: the
+ * index then knows less than the engine, never more. */
 static void read_monitor(kvg_kv_consumer *c, sub *s)
 {
     for (;;) {
@@ -444,6 +449,8 @@ static void read_monitor(kvg_kv_consumer *c, sub *s)
         if (what == ZMQ_EVENT_DISCONNECTED) {
             s->connected = false;
             s->down_since_ns = kvg_now_ns();
+            clear_worker(c, s);
+            kvg_log_info("KV events of worker %s: publisher gone; its entries cleared", s->name);
             continue;
         }
         if (what != ZMQ_EVENT_CONNECTED)

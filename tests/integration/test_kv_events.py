@@ -175,3 +175,28 @@ def test_replayed_batches_seen_live_are_not_restarts(simworker, kvgate, tmp_path
     assert gw.metric("kvgate_kv_events_total", m, outcome="gaps") >= 5
     assert gw.metric("kvgate_kv_events_total", m, outcome="restarts") == 0
     assert gw.metric("kvgate_kv_events_total", m, outcome="lost") == 0
+
+
+def test_a_publisher_gone_clears_its_entries_at_once(simworker, kvgate, tmp_path):
+    """The engine's process died: its publisher's connection drops and the gateway forgets
+    what it held then, not when (or if) a restarted engine's publisher connects again - a
+    restarted worker's health check can pass before libzmq's next reconnect."""
+    from gwhelpers import salt_of
+    ev = events_worker(simworker, tmp_path, model="m", name="eng")
+    gw = gateway(kvgate, [ev], tmp_path)
+    a = prompt(3)
+    with httpx.Client(timeout=10) as c:
+        assert c.post(ev.url + "/v1/completions",
+                      json=dict(a, cache_salt=salt_of("global"))).status_code == 200
+    blocks = explain(gw, a)["prefix"]["blocks"]
+    assert blocks > 0
+    assert wait_matched(gw, a, ev.name, blocks)[0] == blocks
+    assert gw.metric("kvgate_index_worker_entries", worker=ev.name) >= blocks
+    assert ev.stop() == 0
+    # Never restarted: without the clear at the disconnect the entries would stay (turned into
+    # model entries once the worker is stale) and keep drawing its prefixes to it. Read from
+    # the index itself: explain leaves out a worker its health checks have marked down.
+    deadline = time.monotonic() + 2.0
+    while gw.metric("kvgate_index_worker_entries", worker=ev.name) > 0:
+        assert time.monotonic() < deadline, "the dead publisher's entries are still indexed"
+        time.sleep(0.05)
