@@ -675,7 +675,8 @@ static void try_next(proxy_req *r)
         r->worker = w;
         r->inflight_held = true;
         r->attempt_matched = r->route.cands[r->next - 1].matched;
-        r->pending_held = r->route.nkeys - KVG_MIN(r->attempt_matched, r->route.nkeys);
+        r->pending_held = kvg_route_pending_units(
+            &r->route, r->route.nkeys - KVG_MIN(r->attempt_matched, r->route.nkeys));
         kvg_worker_pending_add(w, r->pending_held);
         x->worker_name = kvg_arena_strdup(&x->arena, kvg_worker_name(w));
         int rc = 0;

@@ -61,6 +61,7 @@ typedef struct choice {
     bool any_holder; /* some candidate holds at least one block */
     bool by_cost;    /* cost ranks by total cost: some holder, or turnover or pending priced */
     double pending_weight; /* us per pending block in this decision (pending_cost()) */
+    double block_weight;   /* the request's block_weight, 1 when unset */
 } choice;
 
 /* The bound B = max(ceil((1 + load_factor) x (sum of inflight + 1) / n), least + load_slack):
@@ -130,7 +131,7 @@ static inline double prefill_cost(const choice *ch, const kvg_policy_candidate *
 {
     double turnover = c->turnover > 0 ? c->turnover : 0; /* NaN: unknown */
     return (ch->cfg->prefill_cost_per_block + ch->cfg->turnover_cost_per_block * turnover) *
-           to_prefill(ch, c);
+           ch->block_weight * to_prefill(ch, c);
 }
 
 static inline double queue_cost(const choice *ch, const kvg_policy_candidate *c)
@@ -358,6 +359,7 @@ void kvg_policy_choose_top(const kvg_policy_config *cfg, const kvg_policy_reques
     if (top == 0 || top > n)
         top = n;
     choice ch = {.cfg = cfg, .kind = cfg->kind, .blocks = req->blocks, .key = req->cold_key};
+    ch.block_weight = req->block_weight > 0 ? req->block_weight : 1; /* NaN: 1 */
     ch.bound = load_bound(cfg, cands, n);
     kvg_policy_reason why = KVG_POLICY_REASON_LOAD;
     bool prefix_aware = ch.kind == KVG_POLICY_COST || ch.kind == KVG_POLICY_PREFIX_ONLY;

@@ -132,6 +132,12 @@ static inline const kvg_policy_config *kvg_policy_config_of(const kvg_snapshot *
 typedef struct kvg_policy_request {
     uint32_t blocks;   /* full blocks (block keys) of the request, after max_blocks */
     uint64_t cold_key; /* key of block min(cold_blocks, blocks) - 1; unused when blocks is 0 */
+    /* What one of its blocks weighs against the block the per-block prices are set for
+     * (prefill_cost_per_block and turnover_cost_per_block price block_tokens tokens, or
+     * block_bytes bytes taken as that many): the engine's block size over block_tokens for
+     * token-exact keys (4 for an engine with 64-token blocks, 1/16 for one with 1-token pages),
+     * 1 otherwise. 0, negative or NaN: 1. */
+    double block_weight;
 } kvg_policy_request;
 
 /* Why the first candidate won. */
@@ -149,8 +155,8 @@ const char *kvg_policy_reason_str(kvg_policy_reason r);
 /* Every term of one candidate's score, for /admin/v1/route/explain. */
 typedef struct kvg_policy_terms {
     uint32_t index;      /* the candidate's caller identifier */
-    double prefill_cost; /* prefill_cost_per_block x (blocks - matched + (1 - cpu_block_weight)
-                            x matched_cpu) */
+    double prefill_cost; /* (prefill_cost_per_block + turnover terms) x block_weight x (blocks -
+                            matched + (1 - cpu_block_weight) x matched_cpu) */
     double queue_cost;   /* queue_cost_per_request x inflight + waiting + kv_usage terms */
     double pending_cost; /* pending_cost_per_block x pending, times pending_hit_weight unless
                             every candidate holds the same number of blocks */

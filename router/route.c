@@ -5,6 +5,7 @@
 #include "router_int.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -468,11 +469,16 @@ int kvg_router_choose(kvg_router *rt, const kvg_route_request *req, kvg_arena *a
     kvg_policy_terms *terms = kvg_arena_alloc(arena, (ranked ? ranked : 1) * sizeof(*terms));
     if (!terms)
         return -ENOMEM;
-    kvg_policy_request preq = {.blocks = d->nkeys};
+    /* The per-block prices are for block_tokens tokens; an engine's block may hold more or
+     * fewer (docs/policies.md, "Block sizes"). */
+    kvg_policy_request preq = {.blocks = d->nkeys, .block_weight = 1};
+    if (d->mode == KVG_ROUTE_MODE_TOKEN_EXACT && pc->block_tokens)
+        preq.block_weight = (double)d->block_size / pc->block_tokens;
     if (d->nkeys) {
         uint32_t cold = KVG_MIN(pc->cold_blocks ? pc->cold_blocks : 1, d->nkeys);
         preq.cold_key = d->keys[cold - 1];
     }
+    d->block_weight = preq.block_weight;
     kvg_policy_choose_top(pc, &preq, d->pcs, m, req->rank_limit, req->rotation, terms, &d->reason);
     /* Only the ranked places are candidates: past them the order means nothing. */
     d->cands = kvg_arena_alloc(arena, (ranked ? ranked : 1) * sizeof(*d->cands));
@@ -565,6 +571,13 @@ uint64_t kvg_route_predicted_tokens(const kvg_route_decision *d, uint32_t matche
     double units = (double)matched * d->block_size;
     double frac = units >= (double)d->stream_units ? 1.0 : units / (double)d->stream_units;
     return (uint64_t)((double)prompt_tokens * frac + 0.5);
+}
+
+uint32_t kvg_route_pending_units(const kvg_route_decision *d, uint32_t missing)
+{
+    double w = d->block_weight > 0 ? d->block_weight : 1; /* unset (no decision taken): 1 */
+    double units = ceil((double)missing * w);
+    return units < (double)UINT32_MAX ? (uint32_t)units : UINT32_MAX;
 }
 
 /* The sum over the stripes of the counter at offset in route_stats. */

@@ -884,6 +884,8 @@ struct kvg_route_decision {
     uint32_t nkeys;
     kvg_hash_unit unit;
     uint32_t block_size; /* bytes or tokens per block */
+    double block_weight; /* one block against the policy's priced block (block_tokens tokens):
+                            block_size / block_tokens in token-exact mode, else 1 */
     size_t stream_units; /* length of the prefix stream, in bytes or tokens */
     uint64_t root;       /* the chain's root: scope salt, model, unit and block size (the shared
                             prefix map's hash tag) */
@@ -969,6 +971,10 @@ int kvg_router_record(kvg_router *rt, kvg_redis_client *c, const kvg_worker *w,
  *  units: prompt_tokens x (matched x block_size / stream_units), at most prompt_tokens. */
 uint64_t kvg_route_predicted_tokens(const kvg_route_decision *d, uint32_t matched,
                                     int64_t prompt_tokens);
+/** The prefill work of `missing` blocks of the decision in the policy's priced blocks (the
+ *  unit of a worker's pending count, kvg_worker_pending_add): missing x block_weight, rounded
+ *  up, at most UINT32_MAX. */
+uint32_t kvg_route_pending_units(const kvg_route_decision *d, uint32_t missing);
 /** Append the index's and the decisions' Prometheus series. */
 void kvg_router_write_metrics(kvg_router *rt, kvg_buf *out);
 

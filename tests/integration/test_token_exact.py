@@ -69,6 +69,26 @@ def test_explain_gives_the_engine_hashes(simworker, kvgate, family):
         assert got["first_block_hashes"] == want
 
 
+def test_prefill_price_follows_the_engine_block(simworker, kvgate):
+    """The policy's per-block prices are for 16 tokens (block_tokens): a cold candidate's
+    prefill cost is the same per token whatever the engine's block size (explain's terms), so
+    a model with 64-token blocks is not priced at a quarter of one with 16."""
+    sw = simworker(time_scale=0, model="m")
+    prompt = {"model": "m", "prompt": "Once upon a time " * 100}
+    per_token = {}
+    for block in (16, 64, 1):
+        gw = kvgate(sw, config=models_config(block_size=block))
+        got = explain(gw, prompt)
+        assert got["mode"] == "token_exact" and got["prefix"]["block_size"] == block, got
+        blocks = got["prefix"]["blocks"]
+        assert blocks == got["prefix"]["length"] // block
+        cost = got["candidates"][0]["prefill_cost"]
+        assert cost == pytest.approx(200 * blocks * block / 16), got  # prefill_cost_per_block 200
+        per_token[block] = cost / (blocks * block)
+        gw.stop()
+    assert per_token[16] == pytest.approx(per_token[64]) == pytest.approx(per_token[1])
+
+
 def test_fallback_and_byte_mode(simworker, kvgate):
     """A request token-exact mode does not cover goes in byte mode with the reason (explain, and
     counted); a model without a definition is in byte mode."""

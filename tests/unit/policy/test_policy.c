@@ -329,6 +329,38 @@ static void test_cost_cpu_tier(void **state)
     assert_true(fabs(t1.prefill_cost - 200 * 0.5 * 4) < 1e-6);
 }
 
+/* block_weight scales the prefill price of each block (an engine block of 64 tokens is four of
+ * the 16-token blocks the prices are set for): the same holder loses at weight 1 and 1/4 and
+ * wins at 4. Unset (0), negative and NaN weigh 1. */
+static void test_cost_block_weight(void **state)
+{
+    (void)state;
+    kvg_policy_config cfg = cfg_of(KVG_POLICY_COST);
+    const struct {
+        double weight;
+        uint32_t best;
+        double a_prefill, b_prefill;
+    } cases[] = {{1, 1, 2000, 4000}, {4, 0, 8000, 16000}, {0.25, 1, 500, 1000},
+                 {0, 1, 2000, 4000}, {-2, 1, 2000, 4000}, {NAN, 1, 2000, 4000}};
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        kvg_policy_request req = {.blocks = 20, .cold_key = 7, .block_weight = cases[k].weight};
+        kvg_policy_candidate c[2] = {
+            {.index = 0, .inflight = 1, .matched = 10, .id_hash = 11}, /* 5000 of queue */
+            {.index = 1, .id_hash = 12},
+        };
+        kvg_policy_terms t[2];
+        kvg_policy_reason why;
+        kvg_policy_choose(&cfg, &req, c, 2, 0, t, &why);
+        assert_int_equal(c[0].index, cases[k].best);
+        assert_int_equal(why, cases[k].best == 0 ? KVG_POLICY_REASON_HIT : KVG_POLICY_REASON_COLD);
+        const kvg_policy_terms *ta = t[0].index == 0 ? &t[0] : &t[1];
+        const kvg_policy_terms *tb = t[0].index == 1 ? &t[0] : &t[1];
+        assert_true(fabs(ta->prefill_cost - cases[k].a_prefill) < 1e-6);
+        assert_true(fabs(tb->prefill_cost - cases[k].b_prefill) < 1e-6);
+        assert_true(fabs(ta->queue_cost - 5000) < 1e-6);
+    }
+}
+
 /* The holder is much busier: an idle-ish cold worker is cheaper, and the reason is cold. */
 static void test_cost_busy_holder_loses(void **state)
 {
@@ -1439,6 +1471,7 @@ int main(void)
         cmocka_unit_test(test_rendezvous),
         cmocka_unit_test(test_cost_hit_vs_cold),
         cmocka_unit_test(test_cost_cpu_tier),
+        cmocka_unit_test(test_cost_block_weight),
         cmocka_unit_test(test_cost_busy_holder_loses),
         cmocka_unit_test(test_cost_bound),
         cmocka_unit_test(test_cold_stable),

@@ -173,6 +173,17 @@ static void test_decide_token_exact(void **state)
     assert_ptr_equal(d.cands[0].worker, holder);
     assert_int_equal(d.cands[0].matched, 5);
     assert_int_equal(kvg_route_predicted_tokens(&d, 5, 80), 80);
+    /* The engine's block is the policy's (16 tokens): pending work counts block for block. */
+    assert_true(d.block_weight == 1.0);
+    assert_int_equal(kvg_route_pending_units(&d, 5), 5);
+    kvg_route_decision w = {.block_weight = 4};
+    assert_int_equal(kvg_route_pending_units(&w, 3), 12);
+    w.block_weight = 1.0 / 16; /* 1-token pages: 17 of them are 2 priced blocks, rounded up */
+    assert_int_equal(kvg_route_pending_units(&w, 17), 2);
+    w.block_weight = 0; /* no decision taken */
+    assert_int_equal(kvg_route_pending_units(&w, 3), 3);
+    w.block_weight = 4096;
+    assert_int_equal(kvg_route_pending_units(&w, 1048576), UINT32_MAX);
 
     /* A batch of prompts: byte mode, with the reason. */
     n = snprintf(body, sizeof(body), "{\"model\":\"m\",\"prompt\":[\"%0200d\",\"b\"]}", 7);
