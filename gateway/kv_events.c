@@ -140,14 +140,17 @@ static void sub_free(sub *s)
     free(s);
 }
 
-/* The index learns a worker's entries from its events only while they flow; connecting or stale,
- * it falls back to the model. Set at each change, and asked again every second (set when it
- * differs): a worker that leaves the index and comes back starts at the model. */
+/* The index learns a worker's entries from its events only while they flow; connecting, stale
+ * or with its publisher gone (before the grace makes it stale: no speculative entries for a
+ * process that died, which a restarted engine could find standing), it falls back to the model. Set
+ * at each change, and asked again every second (set when it differs): a worker that leaves the
+ * index and comes back starts at the model. */
 static void sync_source(kvg_kv_consumer *c, sub *s)
 {
-    kvg_index_source want = atomic_load_explicit(&s->state, memory_order_relaxed) == KVG_KV_EVENTS
-                                ? KVG_INDEX_SOURCE_EVENTS
-                                : KVG_INDEX_SOURCE_EVENTS_STALE;
+    kvg_index_source want =
+        s->connected && atomic_load_explicit(&s->state, memory_order_relaxed) == KVG_KV_EVENTS
+            ? KVG_INDEX_SOURCE_EVENTS
+            : KVG_INDEX_SOURCE_EVENTS_STALE;
     kvg_prefix_index *idx = kvg_router_index(c->rt);
     if (kvg_index_get_source(idx, s->worker_id) != want)
         kvg_index_set_source(idx, s->worker_id, want);
@@ -419,6 +422,8 @@ static void on_replay(kvg_kv_consumer *c, sub *s, int64_t seq, const void *data,
     apply(c, s, seq, data, len, true);
 }
 
+static void read_all(kvg_kv_consumer *c, sub *s, void *sock, bool replay);
+
 /* The SUB socket's connection events. A disconnect clears the worker's entries at once: the
  * engine's process may be gone with its cache, and a restarted engine can be back in rotation
  * (its health check passing) before libzmq's next reconnect tells us, so waiting for the
@@ -447,9 +452,14 @@ static void read_monitor(kvg_kv_consumer *c, sub *s)
             zmq_msg_close(&addr);
         }
         if (what == ZMQ_EVENT_DISCONNECTED) {
+            /* What the publisher sent before it went is still queued on the SUB socket: taken
+             * first, so that the clear comes after it (not the dead process's last batches
+             * after the clear). */
+            read_all(c, s, s->sock, false);
             s->connected = false;
             s->down_since_ns = kvg_now_ns();
             clear_worker(c, s);
+            sync_source(c, s);
             kvg_log_info("KV events of worker %s: publisher gone; its entries cleared", s->name);
             continue;
         }
@@ -466,6 +476,7 @@ static void read_monitor(kvg_kv_consumer *c, sub *s)
             kvg_log_info("KV events of worker %s: publisher back; its entries cleared", s->name);
         }
         s->was_up = true;
+        sync_source(c, s);
     }
 }
 

@@ -200,3 +200,13 @@ def test_a_publisher_gone_clears_its_entries_at_once(simworker, kvgate, tmp_path
     while gw.metric("kvgate_index_worker_entries", worker=ev.name) > 0:
         assert time.monotonic() < deadline, "the dead publisher's entries are still indexed"
         time.sleep(0.05)
+    # Nor does it take new guesses for it while its publisher is gone: a request routed there
+    # (its health checks have not caught up yet) leaves no speculative entries, which a restarted
+    # engine's health check could otherwise find still standing.
+    with httpx.Client(base_url=gw.url, timeout=10) as c:
+        r = c.post("/v1/completions", json=prompt(4))
+    assert r.status_code >= 500, r.text
+    assert gw.metric("kvgate_route_decisions_total", reason="cold") >= 1
+    for _ in range(6):
+        assert gw.metric("kvgate_index_worker_entries", worker=ev.name) == 0
+        time.sleep(0.05)
