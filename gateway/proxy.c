@@ -678,6 +678,7 @@ static void try_next(proxy_req *r)
         r->pending_held = kvg_route_pending_units(
             &r->route, r->route.nkeys - KVG_MIN(r->attempt_matched, r->route.nkeys));
         kvg_worker_pending_add(w, r->pending_held);
+        kvg_router_speculate(x->thread->gw->router, w, &r->route);
         x->worker_name = kvg_arena_strdup(&x->arena, kvg_worker_name(w));
         int rc = 0;
         struct evbuffer *body = body_for(r, w, &rc);

@@ -524,25 +524,29 @@ void kvg_router_count(kvg_router *rt, const kvg_route_decision *d)
         atomic_fetch_add_explicit(&st->decisions[d->policy][d->reason], 1, memory_order_relaxed);
     if ((unsigned)d->mode < KVG_ROUTE_MODE_COUNT)
         atomic_fetch_add_explicit(&st->modes[d->mode], 1, memory_order_relaxed);
+}
+
+void kvg_router_speculate(kvg_router *rt, const kvg_worker *w, const kvg_route_decision *d)
+{
     /* Speculative indexing (docs/kv-events.md, "Sources"). For a worker whose KV events flow,
-     * the decision's keys go into the index now, as speculative entries, rather than at its
-     * 200: a burst of the same prefix arriving before the first one's head (a prefill under
-     * load takes seconds; the head comes after the engine took the request) then keeps its
-     * affinity, where recording at the head would send the whole burst by rendezvous and load
-     * before any entry exists. Speculative entries cost little when wrong: they go after the
-     * TTL unless the engine's BlockStored confirms them. A model worker (no events) is still
-     * recorded at its 200 only: its entries are permanent, and a request that fails must not
-     * leave them. This is the one place the router sees a decision really taken (the admin's
-     * explain never counts) before its first attempt; that attempt goes to cands[0] unless it
-     * is full (then its guess expires unconfirmed). */
-    /* A worker without an event endpoint is never an events source: the look at the index's
-     * lock is only for those that have one (not a shared cache line per request for all). */
-    if (d->ncands && d->nkeys && d->cands[0].worker->spec->kv_events) {
-        uint64_t id = kvg_worker_id(d->cands[0].worker);
-        if (kvg_index_get_source(rt->index, id) == KVG_INDEX_SOURCE_EVENTS &&
-            kvg_index_record(rt->index, id, d->keys, d->nkeys) < 0)
-            atomic_fetch_add_explicit(&st->record_failures, 1, memory_order_relaxed);
-    }
+     * the decision's keys go into the index as the attempt is made, as speculative entries,
+     * rather than at its 200: a burst of the same prefix arriving before the first one's head
+     * (a prefill under load takes seconds; the head comes after the engine took the request)
+     * then keeps its affinity, where recording at the head would send the whole burst by
+     * rendezvous and load before any entry exists. Speculative entries cost little when wrong:
+     * they go after the TTL unless the engine's BlockStored confirms them (an attempt that
+     * fails leaves its guess to expire). A model worker (no events) is still recorded at its
+     * 200 only: its entries are permanent, and a request that fails must not leave them. Per
+     * attempt, not per decision: when the best candidate is full or fails, the worker that
+     * gets the request is the one to hold its blocks. A worker without an event endpoint is
+     * never an events source: the look at the index's lock is only for those that have one
+     * (not a shared cache line per request for all). */
+    if (!d->nkeys || !w->spec->kv_events)
+        return;
+    uint64_t id = kvg_worker_id(w);
+    if (kvg_index_get_source(rt->index, id) == KVG_INDEX_SOURCE_EVENTS &&
+        kvg_index_record(rt->index, id, d->keys, d->nkeys) < 0)
+        atomic_fetch_add_explicit(&my_stats(rt)->record_failures, 1, memory_order_relaxed);
 }
 
 int kvg_router_record(kvg_router *rt, kvg_redis_client *c, const kvg_worker *w,

@@ -956,11 +956,14 @@ void kvg_router_fallback(kvg_router *rt, kvg_route_decision *d);
 int kvg_router_choose(kvg_router *rt, const kvg_route_request *req, kvg_arena *arena,
                       kvg_route_decision *d);
 
-/** Count a decision in the metrics (stage histograms, blocks, decisions by policy and reason),
- *  and, when its best candidate's index source is KVG_INDEX_SOURCE_EVENTS, record its keys there
- *  at once as speculative entries (docs/kv-events.md, "Sources"). Call it once per decision
- *  really taken, before its first attempt. */
+/** Count a decision in the metrics (stage histograms, blocks, decisions by policy and reason).
+ *  Call it once per decision really taken, before its first attempt. */
 void kvg_router_count(kvg_router *rt, const kvg_route_decision *d);
+/** An attempt of the decision goes to w: when w's index source is KVG_INDEX_SOURCE_EVENTS,
+ *  record the decision's keys for it at once as speculative entries (docs/kv-events.md,
+ *  "Sources"); for any other worker nothing (it is recorded at its 200). Call it at each
+ *  attempt, before the request is sent. */
+void kvg_router_speculate(kvg_router *rt, const kvg_worker *w, const kvg_route_decision *d);
 /** The worker answered 200: it now holds the decision's blocks; matched is how many of them
  *  it was predicted to hold (its candidate's matched, counted in kvgate_route_blocks_total).
  *  Recorded in the embedded index, and in Redis too when c is not NULL (sent, not waited

@@ -11,12 +11,12 @@ from test_simworker_events import start as events_worker
 from test_token_exact import explain, models_config
 
 
-def gateway(kvgate, workers, tmp_path, **extra):
+def gateway(kvgate, workers, tmp_path, worker_extra=None, **extra):
     cfg = models_config()
     cfg["models"][0]["hash_seed"] = SEED
     cfg["workers"] = []
     for w in workers:
-        d = {"name": w.name, "url": w.url, "models": ["m"]}
+        d = dict({"name": w.name, "url": w.url, "models": ["m"]}, **(worker_extra or {}))
         if getattr(w, "events_ep", None):
             d["kv_events"] = w.events_ep
             if w.replay_ep:
@@ -210,3 +210,59 @@ def test_a_publisher_gone_clears_its_entries_at_once(simworker, kvgate, tmp_path
     for _ in range(6):
         assert gw.metric("kvgate_index_worker_entries", worker=ev.name) == 0
         time.sleep(0.05)
+
+
+def test_the_attempted_worker_gets_the_speculative_entries(simworker, kvgate, tmp_path):
+    """Speculative entries go to the worker an attempt is made to, not to the decision's best
+    candidate: with the holder full (max_inflight 1), the same prompt goes to the other
+    worker, and the index holds its blocks there at once, while that engine still has the
+    request queued (no BlockStored yet: its one running slot is busy for two seconds) and
+    long before its answer (non-streamed: the record at the 200 comes at the end)."""
+    import threading
+    slow = dict(time_scale=1, max_running=1)  # decode 5 ms a token
+    ws = [events_worker(simworker, tmp_path, model="m", name=n, **slow) for n in ("a", "b")]
+    gw = gateway(kvgate, ws, tmp_path, worker_extra={"max_inflight": 1})
+    body = prompt(7)
+    blocks = explain(gw, body)["prefix"]["blocks"]
+    assert blocks > 10
+    answers = {}
+
+    def send(key, url, b):
+        with httpx.Client(base_url=url, timeout=30) as c:
+            r = c.post("/v1/completions", json=b)
+            answers[key] = (r.status_code, r.headers.get("x-simworker-name"))
+
+    def start(key, url, b):
+        t = threading.Thread(target=send, args=(key, url, b))
+        t.start()
+        return t
+
+    def inflight():
+        got = gw.admin.get("/admin/v1/workers").json()["workers"]
+        return {w["name"]: w["inflight"] for w in got}
+
+    def wait(cond, what):
+        deadline = time.monotonic() + 5
+        while not cond():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.01)
+    # Each engine's one running slot taken for ~2 s by a request of its own, sent to it directly
+    # (400 tokens to decode); its prompt's BlockStored puts the worker's index source at events.
+    threads = [start(w.name, w.url, dict(prompt(100 + i, words=10), max_tokens=400))
+               for i, w in enumerate(ws)]
+    wait(lambda: all(w["kv_events_status"]["index_source"] == "events"
+                     for w in gw.admin.get("/admin/v1/workers").json()["workers"]),
+         "the workers' events do not flow")
+    threads.append(start("first", gw.url, body))
+    wait(lambda: 1 in inflight().values(), "the first request is not in flight")
+    holder = next(n for n, v in inflight().items() if v == 1)
+    other = next(w.name for w in ws if w.name != holder)
+    assert gw.metric("kvgate_index_worker_entries", worker=holder) >= blocks
+    threads.append(start("second", gw.url, body))
+    wait(lambda: inflight()[other] == 1, "the second request did not go to the other worker")
+    n = gw.metric("kvgate_index_worker_entries", worker=other)
+    assert not answers, f"too slow to tell a guess from a store: {answers}"
+    assert n >= blocks, f"{other} holds {n} entries while its engine has the request queued"
+    for t in threads:
+        t.join()
+    assert answers["first"] == (200, holder) and answers["second"] == (200, other), answers
